@@ -1,0 +1,2 @@
+//! Safetensors reader (stub; filled in by the workspace-foundation issue).
+#![deny(missing_docs)]

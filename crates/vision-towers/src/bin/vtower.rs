@@ -1,0 +1,2 @@
+//! The `vtower` command line (stub).
+fn main() {}
