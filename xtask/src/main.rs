@@ -1,13 +1,19 @@
 //! `cargo xtask <command>`: the project's automation, in the rust-analyzer manner.
 
+mod fixtures;
+mod gpu;
+mod parity;
+
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 
-const USAGE: &str = "usage: cargo xtask <command>
+const USAGE: &str = "usage: cargo xtask <command> [args]
 
 commands:
   fixtures   regenerate the oracle fixtures from upstream (makes its own Python venv)
   parity     compare every available path against the oracle fixtures and print the table
+  ptx        compile kernels/*.cu to committed PTX with nvcc (CUDA machine only)
+  gpu-test   run the GPU-only (ignored) tests; needs a CUDA device
 ";
 
 fn main() -> Result<()> {
@@ -18,12 +24,15 @@ fn main() -> Result<()> {
     };
     let rest = &args[1..];
     match cmd.as_str() {
+        "fixtures" => fixtures::run(rest),
+        "parity" => parity::run(rest),
+        "ptx" => gpu::ptx(rest),
+        "gpu-test" => gpu::gpu_test(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())
         }
         other => {
-            let _ = rest;
             eprint!("{USAGE}");
             bail!("unknown command `{other}`")
         }
@@ -31,8 +40,7 @@ fn main() -> Result<()> {
 }
 
 /// The workspace root (the parent of `xtask/`).
-#[allow(dead_code)]
-fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     here.parent().map(PathBuf::from).unwrap_or(here)
 }

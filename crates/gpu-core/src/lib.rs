@@ -1,0 +1,2 @@
+//! gpu-core (stub; filled in by the gpu-core issue).
+#![deny(missing_docs)]

@@ -1,0 +1,2 @@
+//! vision-prep (stub; filled in by the vision-prep issue).
+#![deny(missing_docs)]
