@@ -1,0 +1,323 @@
+//! The CUDA device: context, one stream, loaded kernels, cuBLASLt; device buffers.
+use std::sync::Arc;
+
+use cudarc::driver::{
+    sys::CUfunction_attribute, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr,
+    DeviceRepr, LaunchConfig,
+};
+use half::bf16;
+
+use crate::kernels::{module_ptx, Kernel, Module};
+use crate::{GpuError, Result};
+
+/// Element types a [`DeviceBuffer`] holds. Sealed: f32, bf16, i32.
+pub trait Elem: DeviceRepr + Copy + Default + Send + Sync + 'static + sealed::Sealed {
+    /// The type's name, for error messages.
+    const NAME: &'static str;
+}
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for i32 {}
+}
+impl Elem for f32 {
+    const NAME: &'static str = "f32";
+}
+impl Elem for bf16 {
+    const NAME: &'static str = "bf16";
+}
+impl Elem for i32 {
+    const NAME: &'static str = "i32";
+}
+
+/// A dense device array of `len` elements of `T`, freed on drop (stream-ordered).
+#[derive(Debug)]
+pub struct DeviceBuffer<T: Elem> {
+    pub(crate) slice: CudaSlice<T>,
+}
+
+impl<T: Elem> DeviceBuffer<T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.slice.len() == 0
+    }
+    /// Raw device address (u64) for kernel arguments.
+    pub(crate) fn addr(&self) -> u64 {
+        // Event tracking is disabled on our context (one stream), so the guard records nothing.
+        let (p, _guard) = self.slice.device_ptr(self.slice.stream());
+        p
+    }
+}
+
+/// Address of an optional buffer, 0 for none (kernels treat a null pointer as "absent").
+pub(crate) fn opt_addr<T: Elem>(b: Option<&DeviceBuffer<T>>) -> u64 {
+    b.map_or(0, |b| b.addr())
+}
+
+/// One CUDA device with a stream, the PTX kernels loaded and a cuBLASLt handle.
+///
+/// **API Boundary:** raw pointers, launches and cuBLASLt descriptors stay inside this crate; every
+/// public operation checks its shapes against the buffers before it launches anything.
+pub struct Device {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    funcs: Vec<CudaFunction>,
+    pub(crate) lt: crate::gemm::Lt,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("ordinal", &self.ctx.ordinal())
+            .finish()
+    }
+}
+
+/// Whether the CUDA driver and cuBLASLt libraries can be loaded and report at least one device.
+/// Never panics.
+pub fn is_available() -> bool {
+    probe(0).is_ok()
+}
+
+fn probe(ordinal: usize) -> Result<()> {
+    // SAFETY: is_culib_present only tries to dlopen the candidate library names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(GpuError::NoDevice(
+            "the CUDA driver library (libcuda.so.1) is not installed".into(),
+        ));
+    }
+    // SAFETY: as above.
+    if !unsafe { cudarc::cublaslt::sys::is_culib_present() } {
+        return Err(GpuError::NoDevice(
+            "the cuBLASLt library (libcublasLt.so) is not installed".into(),
+        ));
+    }
+    let count = std::panic::catch_unwind(CudaContext::device_count)
+        .map_err(|_| GpuError::NoDevice("the CUDA driver panicked while counting devices".into()))?
+        .map_err(|e| GpuError::NoDevice(format!("the CUDA driver failed to start: {e}")))?;
+    if ordinal as i64 >= count as i64 {
+        return Err(GpuError::NoDevice(format!(
+            "device {ordinal} asked for, {count} present"
+        )));
+    }
+    Ok(())
+}
+
+impl Device {
+    /// Opens device `ordinal`: a context, a stream, every kernel module and a cuBLASLt handle.
+    /// Returns [`GpuError::NoDevice`] (never panics) where there is no usable CUDA device.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        probe(ordinal)?;
+        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal))
+            .map_err(|_| {
+                GpuError::NoDevice("the CUDA driver panicked while creating a context".into())
+            })?
+            .map_err(|e| {
+                GpuError::NoDevice(format!("creating a context on device {ordinal}: {e}"))
+            })?;
+        // SAFETY: all work of this crate runs on the one stream created below, so the per-buffer
+        // events cudarc records for cross-stream ordering are unnecessary.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
+        let mut modules = Vec::new();
+        for m in Module::ALL {
+            let src = module_ptx(m)?;
+            let module = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(src))
+                .map_err(|e| GpuError::Ptx {
+                    module: m.name(),
+                    what: format!("loading: {e}"),
+                })?;
+            modules.push((m, module));
+        }
+        let mut funcs = Vec::with_capacity(Kernel::ALL.len());
+        for k in Kernel::ALL {
+            let module = &modules
+                .iter()
+                .find(|(m, _)| *m == k.module())
+                .expect("every module loaded")
+                .1;
+            let f = module.load_function(k.name()).map_err(|e| GpuError::Ptx {
+                module: k.module().name(),
+                what: format!("{}: {e}", k.name()),
+            })?;
+            if k.module() == Module::FlashAttn {
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    160 * 1024,
+                )?;
+            }
+            funcs.push(f);
+        }
+        let lt = crate::gemm::Lt::new(&stream)?;
+        Ok(Device {
+            ctx,
+            stream,
+            funcs,
+            lt,
+        })
+    }
+
+    /// The device's name as the driver reports it.
+    pub fn name(&self) -> Result<String> {
+        Ok(self.ctx.name()?)
+    }
+
+    /// Compute capability (major, minor).
+    pub fn compute_capability(&self) -> Result<(i32, i32)> {
+        Ok(self.ctx.compute_capability()?)
+    }
+
+    /// Number of streaming multiprocessors.
+    pub fn multiprocessors(&self) -> Result<usize> {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+        Ok(self
+            .ctx
+            .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize)
+    }
+
+    /// Blocks until all queued work is done; surfaces asynchronous kernel errors.
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.stream.synchronize()?)
+    }
+
+    /// Allocates `len` elements with unspecified contents. A failed allocation is
+    /// [`GpuError::OutOfMemory`], never an abort.
+    pub fn alloc<T: Elem>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or(GpuError::OutOfMemory { bytes: usize::MAX })?;
+        // SAFETY: T is plain old data (f32, bf16, i32): every bit pattern is a valid value, so reading
+        // the uninitialised contents back is not undefined behaviour, only unspecified data.
+        let slice = unsafe { self.stream.alloc::<T>(len.max(1)) }
+            .map_err(|e| GpuError::from_alloc(e, bytes))?;
+        Ok(DeviceBuffer { slice })
+    }
+
+    /// Allocates `len` zeroed elements.
+    pub fn alloc_zeros<T: Elem + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        len: usize,
+    ) -> Result<DeviceBuffer<T>> {
+        let mut b = self.alloc(len)?;
+        self.stream.memset_zeros(&mut b.slice)?;
+        Ok(b)
+    }
+
+    /// Copies a host slice to a new device buffer.
+    pub fn upload<T: Elem>(&self, host: &[T]) -> Result<DeviceBuffer<T>> {
+        let mut b = self.alloc(host.len())?;
+        self.upload_into(host, &mut b)?;
+        Ok(b)
+    }
+
+    /// Copies a host slice into the start of an existing buffer.
+    pub fn upload_into<T: Elem>(&self, host: &[T], dst: &mut DeviceBuffer<T>) -> Result<()> {
+        if host.len() > dst.len() {
+            return Err(GpuError::shape(
+                "upload_into",
+                format!("{} elements into a buffer of {}", host.len(), dst.len()),
+            ));
+        }
+        if host.is_empty() {
+            return Ok(());
+        }
+        let mut view = dst.slice.slice_mut(0..host.len());
+        self.stream.memcpy_htod(host, &mut view)?;
+        Ok(())
+    }
+
+    /// Fills the whole buffer with `value` (e.g. NaN to poison an output before a test launch).
+    pub fn fill<T: Elem>(&self, dst: &mut DeviceBuffer<T>, value: T) -> Result<()> {
+        let host = vec![value; dst.len()];
+        self.upload_into(&host, dst)
+    }
+
+    /// Copies a device buffer back to the host (synchronises).
+    pub fn download<T: Elem>(&self, src: &DeviceBuffer<T>) -> Result<Vec<T>> {
+        let v = self.stream.clone_dtoh(&src.slice)?;
+        self.stream.synchronize()?;
+        Ok(v)
+    }
+
+    /// Device-to-device copy of all of `src` into the start of `dst`.
+    pub fn copy<T: Elem>(&self, src: &DeviceBuffer<T>, dst: &mut DeviceBuffer<T>) -> Result<()> {
+        if src.len() > dst.len() {
+            return Err(GpuError::shape(
+                "copy",
+                format!("{} elements into a buffer of {}", src.len(), dst.len()),
+            ));
+        }
+        let mut view = dst.slice.slice_mut(0..src.len());
+        self.stream.memcpy_dtod(&src.slice, &mut view)?;
+        Ok(())
+    }
+
+    /// Times `work` with CUDA events: `warmup` untimed runs, then `iters` runs each timed alone.
+    /// Returns the per-run times in milliseconds, sorted (take the middle one for the median).
+    pub fn time_ms(
+        &self,
+        warmup: usize,
+        iters: usize,
+        mut work: impl FnMut() -> Result<()>,
+    ) -> Result<Vec<f32>> {
+        for _ in 0..warmup {
+            work()?;
+        }
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.ctx.new_event(timing)?;
+        let stop = self.ctx.new_event(timing)?;
+        let mut out = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            start.record(&self.stream)?;
+            work()?;
+            stop.record(&self.stream)?;
+            stop.synchronize()?;
+            out.push(start.elapsed_ms(&stop)?);
+        }
+        out.sort_by(|a, b| a.total_cmp(b));
+        Ok(out)
+    }
+
+    pub(crate) fn func(&self, k: Kernel) -> &CudaFunction {
+        let i = Kernel::ALL
+            .iter()
+            .position(|x| *x == k)
+            .expect("kernel listed in Kernel::ALL");
+        &self.funcs[i]
+    }
+
+    /// Launches `k` with `cfg`; `push` adds the arguments in the kernel's order.
+    pub(crate) fn launch<'a>(
+        &'a self,
+        k: Kernel,
+        cfg: LaunchConfig,
+        push: impl FnOnce(&mut cudarc::driver::LaunchArgs<'a>),
+    ) -> Result<()> {
+        let mut b = self.stream.launch_builder(self.func(k));
+        push(&mut b);
+        // SAFETY: every caller checks the buffer lengths, strides and offsets against the shapes the
+        // kernel indexes (documented in kernels/README.md) before launching, and pushes the arguments
+        // in the kernel's declared order and types.
+        unsafe { b.launch(cfg) }.map_err(|source| GpuError::Launch {
+            kernel: k.name(),
+            source,
+        })?;
+        Ok(())
+    }
+}
+
+/// A 1-D grid-stride launch over `total` items with 256-thread blocks, capped at `sms * 32` blocks.
+pub(crate) fn grid_stride(total: usize) -> LaunchConfig {
+    let blocks = total.div_ceil(256).clamp(1, 132 * 32);
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}

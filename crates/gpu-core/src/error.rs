@@ -1,0 +1,68 @@
+//! The crate's one error type.
+use cudarc::cublaslt::result::CublasError;
+use cudarc::driver::{sys::cudaError_enum, DriverError};
+
+/// Everything a gpu-core call can fail with. Callers match on the variant.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// No usable CUDA device: the driver library is missing, it has no device, or it failed to start.
+    #[error("no CUDA device: {0}")]
+    NoDevice(String),
+    /// A device allocation failed because the device is out of memory.
+    #[error("device out of memory allocating {bytes} bytes")]
+    OutOfMemory {
+        /// The size that was asked for.
+        bytes: usize,
+    },
+    /// Any other CUDA driver error.
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] DriverError),
+    /// A cuBLASLt call failed.
+    #[error("cuBLASLt: {0}")]
+    CublasLt(#[from] CublasError),
+    /// A kernel launch (or the error it left behind) failed.
+    #[error("launch of {kernel}: {source}")]
+    Launch {
+        /// The kernel's entry point name.
+        kernel: &'static str,
+        /// What the driver said.
+        source: DriverError,
+    },
+    /// An argument's shape, length, stride or alignment does not fit the operation.
+    #[error("{op}: {what}")]
+    Shape {
+        /// The operation that refused the arguments.
+        op: &'static str,
+        /// What was found against what was expected.
+        what: String,
+    },
+    /// A PTX module could not be read or loaded.
+    #[error("PTX module {module}: {what}")]
+    Ptx {
+        /// The module (kernels/ptx/<module>.ptx).
+        module: &'static str,
+        /// What went wrong.
+        what: String,
+    },
+}
+
+/// Result alias for this crate.
+pub type Result<T, E = GpuError> = std::result::Result<T, E>;
+
+impl GpuError {
+    /// Maps a failed allocation of `bytes` to [`GpuError::OutOfMemory`] when that is the cause.
+    pub(crate) fn from_alloc(e: DriverError, bytes: usize) -> Self {
+        if e.0 == cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+            GpuError::OutOfMemory { bytes }
+        } else {
+            GpuError::Driver(e)
+        }
+    }
+
+    pub(crate) fn shape(op: &'static str, what: impl Into<String>) -> Self {
+        GpuError::Shape {
+            op,
+            what: what.into(),
+        }
+    }
+}

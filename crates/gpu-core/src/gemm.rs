@@ -1,0 +1,432 @@
+//! GEMM `y = x·Wᵀ (+ bias) (+ GELU-tanh)` through cuBLASLt, f32 accumulation.
+//!
+//! Row-major `x [m, k]`, `W [n, k]` (PyTorch `Linear.weight`), `y [m, n]`. In cuBLASLt's
+//! column-major terms this is `yᵀ (n×m) = op_T(W) (n×k) · xᵀ (k×m)`, so the bias (one value per
+//! output feature) is cuBLASLt's per-row bias of D.
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublaslt::{result as lt, sys};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use half::bf16;
+
+use crate::device::{DeviceBuffer, Elem};
+use crate::{Device, GpuError, Result};
+
+/// GEMM inputs: `x` and `W` share a dtype.
+#[derive(Debug, Clone, Copy)]
+pub enum GemmInputs<'a> {
+    /// bf16 operands on the tensor cores, f32 accumulation.
+    Bf16 {
+        /// `x [m, k]` (row stride `ldx`).
+        x: &'a DeviceBuffer<bf16>,
+        /// `W [n, k]`, dense.
+        w: &'a DeviceBuffer<bf16>,
+    },
+    /// f32 operands, f32 arithmetic (no TF32): the exactness mode.
+    F32 {
+        /// `x [m, k]` (row stride `ldx`).
+        x: &'a DeviceBuffer<f32>,
+        /// `W [n, k]`, dense.
+        w: &'a DeviceBuffer<f32>,
+    },
+}
+
+/// The GEMM output buffer and its dtype.
+#[derive(Debug)]
+pub enum GemmOutput<'a> {
+    /// bf16 output (rounded from the f32 accumulator after the epilogue).
+    Bf16(&'a mut DeviceBuffer<bf16>),
+    /// f32 output.
+    F32(&'a mut DeviceBuffer<f32>),
+}
+
+/// Optional bias `[n]`.
+#[derive(Debug, Clone, Copy)]
+pub enum GemmBias<'a> {
+    /// f32 bias.
+    F32(&'a DeviceBuffer<f32>),
+    /// bf16 bias.
+    Bf16(&'a DeviceBuffer<bf16>),
+}
+
+/// Fused epilogue after the bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Epilogue {
+    /// Nothing.
+    #[default]
+    None,
+    /// GELU, tanh approximation (`gelu_pytorch_tanh`), as cuBLASLt implements it.
+    GeluTanh,
+}
+
+/// Shape and strides of one GEMM. Strides and offsets are in elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GemmShape {
+    /// Rows of x and y (tokens).
+    pub m: usize,
+    /// Output features (rows of W).
+    pub n: usize,
+    /// Input features.
+    pub k: usize,
+    /// Row stride of x (≥ k).
+    pub ldx: usize,
+    /// Row stride of y (≥ n).
+    pub ldy: usize,
+    /// Element offset of x's first row in its buffer.
+    pub x_offset: usize,
+    /// Element offset of y's first row in its buffer (e.g. writing into a column block of a wider buffer).
+    pub y_offset: usize,
+    /// `y += x·Wᵀ (+bias)` instead of `y =` (beta = 1; y is read first).
+    pub accumulate: bool,
+}
+
+impl GemmShape {
+    /// Dense `x [m, k]`, `y [m, n]`, overwrite.
+    pub fn dense(m: usize, n: usize, k: usize) -> Self {
+        GemmShape {
+            m,
+            n,
+            k,
+            ldx: k,
+            ldy: n,
+            x_offset: 0,
+            y_offset: 0,
+            accumulate: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PlanKey {
+    shape: GemmShape,
+    in_f32: bool,
+    out_f32: bool,
+    bias: Option<bool>, // Some(true) = f32 bias
+    epilogue: Epilogue,
+    align: [u32; 4],
+}
+
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    c: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: the descriptors were created by this plan and are destroyed once, here.
+        unsafe {
+            let _ = lt::destroy_matrix_layout(self.a);
+            let _ = lt::destroy_matrix_layout(self.b);
+            let _ = lt::destroy_matrix_layout(self.c);
+            let _ = lt::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+/// The cuBLASLt handle, its workspace and the per-shape plan cache.
+pub(crate) struct Lt {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+    stream: Arc<CudaStream>,
+    plans: Mutex<HashMap<PlanKey, Plan>>,
+}
+
+// SAFETY: the handle and descriptors are only used under the plan mutex or from &self calls that
+// cuBLASLt documents as thread-safe for distinct descriptors.
+unsafe impl Send for Lt {}
+unsafe impl Sync for Lt {}
+
+impl Drop for Lt {
+    fn drop(&mut self) {
+        self.plans.lock().map(|mut p| p.clear()).ok();
+        // SAFETY: created in Lt::new, destroyed once.
+        unsafe {
+            let _ = lt::destroy_handle(self.handle);
+        }
+    }
+}
+
+/// cuBLASLt's recommended workspace on Hopper.
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+impl Lt {
+    pub(crate) fn new(stream: &Arc<CudaStream>) -> Result<Self> {
+        let handle = lt::create_handle()?;
+        // SAFETY: u8 workspace, contents irrelevant.
+        let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }
+            .map_err(|e| GpuError::from_alloc(e, WORKSPACE_BYTES))?;
+        Ok(Lt {
+            handle,
+            workspace,
+            stream: stream.clone(),
+            plans: Mutex::new(HashMap::new()),
+        })
+    }
+}
+
+fn align_of(addr: u64) -> u32 {
+    (1u64 << addr.trailing_zeros().min(8)) as u32
+}
+
+unsafe fn set_desc<T>(
+    desc: sys::cublasLtMatmulDesc_t,
+    attr: sys::cublasLtMatmulDescAttributes_t,
+    v: &T,
+) -> Result<()> {
+    lt::set_matmul_desc_attribute(
+        desc,
+        attr,
+        v as *const T as *const c_void,
+        std::mem::size_of::<T>(),
+    )?;
+    Ok(())
+}
+
+fn check_len(
+    op: &'static str,
+    what: &str,
+    len: usize,
+    offset: usize,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+) -> Result<()> {
+    if rows == 0 || cols == 0 {
+        return Err(GpuError::shape(
+            op,
+            format!("{what}: empty matrix {rows}×{cols}"),
+        ));
+    }
+    if ld < cols {
+        return Err(GpuError::shape(
+            op,
+            format!("{what}: row stride {ld} < {cols} columns"),
+        ));
+    }
+    let need = offset + (rows - 1) * ld + cols;
+    if need > len {
+        return Err(GpuError::shape(op, format!("{what}: {rows}×{cols} (stride {ld}, offset {offset}) needs {need} elements, buffer has {len}")));
+    }
+    Ok(())
+}
+
+impl Device {
+    /// `y = x·Wᵀ (+ bias) (+ epilogue)` (or `y +=` with `shape.accumulate`), f32 accumulation.
+    /// bf16 inputs run on the tensor cores; f32 inputs run in plain f32 (an exactness check).
+    pub fn gemm(
+        &self,
+        inputs: GemmInputs<'_>,
+        bias: Option<GemmBias<'_>>,
+        out: GemmOutput<'_>,
+        shape: GemmShape,
+        epilogue: Epilogue,
+    ) -> Result<()> {
+        const OP: &str = "gemm";
+        let s = shape;
+        let (x_len, w_len, x_addr, w_addr, in_f32, esz) = match inputs {
+            GemmInputs::Bf16 { x, w } => (x.len(), w.len(), x.addr(), w.addr(), false, 2u64),
+            GemmInputs::F32 { x, w } => (x.len(), w.len(), x.addr(), w.addr(), true, 4u64),
+        };
+        check_len(OP, "x", x_len, s.x_offset, s.m, s.k, s.ldx)?;
+        check_len(OP, "W", w_len, 0, s.n, s.k, s.k)?;
+        let (y_len, y_addr, out_f32, ysz) = match &out {
+            GemmOutput::Bf16(y) => (y.len(), y.addr(), false, 2u64),
+            GemmOutput::F32(y) => (y.len(), y.addr(), true, 4u64),
+        };
+        check_len(OP, "y", y_len, s.y_offset, s.m, s.n, s.ldy)?;
+        let (bias_addr, bias_f32) = match bias {
+            Some(GemmBias::F32(b)) => {
+                check_len(OP, "bias", b.len(), 0, 1, s.n, s.n)?;
+                (b.addr(), Some(true))
+            }
+            Some(GemmBias::Bf16(b)) => {
+                check_len(OP, "bias", b.len(), 0, 1, s.n, s.n)?;
+                (b.addr(), Some(false))
+            }
+            None => (0, None),
+        };
+        if in_f32 && epilogue != Epilogue::None && !out_f32 {
+            return Err(GpuError::shape(OP, "f32 inputs need an f32 output"));
+        }
+        let x_ptr = x_addr + s.x_offset as u64 * esz;
+        let y_ptr = y_addr + s.y_offset as u64 * ysz;
+        let key = PlanKey {
+            shape: GemmShape {
+                x_offset: 0,
+                y_offset: 0,
+                ..s
+            },
+            in_f32,
+            out_f32,
+            bias: bias_f32,
+            epilogue,
+            align: [
+                align_of(w_addr),
+                align_of(x_ptr),
+                align_of(y_ptr),
+                align_of(y_ptr),
+            ],
+        };
+        let mut plans = self.lt.plans.lock().expect("gemm plan cache poisoned");
+        if let std::collections::hash_map::Entry::Vacant(e) = plans.entry(key) {
+            let plan = self.lt.make_plan(&key)?;
+            e.insert(plan);
+        }
+        let plan = &plans[&key];
+        let (alpha, beta) = (1.0f32, if s.accumulate { 1.0f32 } else { 0.0f32 });
+        // SAFETY: every matrix extent was checked against its buffer above; the plan's layouts
+        // describe exactly those extents; the bias pointer is set on the cached descriptor under
+        // the plan lock, right before the call that uses it; all buffers outlive the stream-ordered call.
+        unsafe {
+            if bias_f32.is_some() {
+                set_desc(
+                    plan.desc,
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    &bias_addr,
+                )?;
+            }
+            let (ws, _g) = self.lt.workspace.device_ptr(&self.lt.stream);
+            lt::matmul(
+                self.lt.handle,
+                plan.desc,
+                &alpha as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
+                w_ptr_cast(w_addr),
+                plan.a,
+                w_ptr_cast(x_ptr),
+                plan.b,
+                w_ptr_cast(y_ptr),
+                plan.c,
+                y_ptr as *mut c_void,
+                plan.c,
+                &plan.algo,
+                ws as *mut c_void,
+                WORKSPACE_BYTES,
+                self.stream.cu_stream() as *mut _,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn w_ptr_cast(a: u64) -> *const c_void {
+    a as *const c_void
+}
+
+impl Lt {
+    fn make_plan(&self, key: &PlanKey) -> Result<Plan> {
+        use sys::cublasLtMatmulDescAttributes_t as D;
+        use sys::cudaDataType_t as T;
+        let s = key.shape;
+        let in_t = if key.in_f32 {
+            T::CUDA_R_32F
+        } else {
+            T::CUDA_R_16BF
+        };
+        let out_t = if key.out_f32 {
+            T::CUDA_R_32F
+        } else {
+            T::CUDA_R_16BF
+        };
+        let a = lt::create_matrix_layout(in_t, s.k as u64, s.n as u64, s.k as i64)?;
+        let b = lt::create_matrix_layout(in_t, s.k as u64, s.m as u64, s.ldx as i64)?;
+        let c = lt::create_matrix_layout(out_t, s.n as u64, s.m as u64, s.ldy as i64)?;
+        let desc =
+            lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, T::CUDA_R_32F)?;
+        let mut plan = Plan {
+            desc,
+            a,
+            b,
+            c,
+            algo: unsafe { std::mem::zeroed() },
+        };
+        // SAFETY: fresh descriptors owned by `plan`; attribute values have the documented types.
+        unsafe {
+            // cublasOperation_t: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 (not re-exported by cudarc::cublaslt)
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?;
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?;
+            let epi = match (key.bias.is_some(), key.epilogue) {
+                (false, Epilogue::None) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
+                (true, Epilogue::None) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+                (false, Epilogue::GeluTanh) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU,
+                (true, Epilogue::GeluTanh) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
+            };
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
+            if let Some(f) = key.bias {
+                let bt = if f { T::CUDA_R_32F } else { T::CUDA_R_16BF };
+                set_desc(desc, D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt)?;
+            }
+            let pref = lt::create_matmul_pref()?;
+            let set_pref = |attr: sys::cublasLtMatmulPreferenceAttributes_t,
+                            v: u64,
+                            u32v: bool|
+             -> Result<()> {
+                if u32v {
+                    let x = v as u32;
+                    lt::set_matmul_pref_attribute(
+                        pref,
+                        attr,
+                        &x as *const u32 as *const c_void,
+                        4,
+                    )?;
+                } else {
+                    lt::set_matmul_pref_attribute(
+                        pref,
+                        attr,
+                        &v as *const u64 as *const c_void,
+                        8,
+                    )?;
+                }
+                Ok(())
+            };
+            use sys::cublasLtMatmulPreferenceAttributes_t as P;
+            let r = (|| -> Result<sys::cublasLtMatmulHeuristicResult_t> {
+                set_pref(
+                    P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    WORKSPACE_BYTES as u64,
+                    false,
+                )?;
+                set_pref(
+                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                    key.align[0] as u64,
+                    true,
+                )?;
+                set_pref(
+                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    key.align[1] as u64,
+                    true,
+                )?;
+                set_pref(
+                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                    key.align[2] as u64,
+                    true,
+                )?;
+                set_pref(
+                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                    key.align[3] as u64,
+                    true,
+                )?;
+                Ok(lt::get_matmul_algo_heuristic(
+                    self.handle,
+                    desc,
+                    a,
+                    b,
+                    c,
+                    c,
+                    pref,
+                )?)
+            })();
+            let _ = lt::destroy_matmul_pref(pref);
+            plan.algo = r?.algo;
+        }
+        Ok(plan)
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_elem<T: Elem>() {}

@@ -1,0 +1,1018 @@
+//! Shape-checked launchers for the PTX kernels (one method per operation on [`Device`]).
+#![allow(clippy::too_many_arguments, clippy::type_complexity)]
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use half::bf16;
+
+use crate::device::{grid_stride, opt_addr, DeviceBuffer, Elem};
+use crate::kernels::Kernel;
+use crate::{Device, GpuError, Result};
+
+/// Gated or plain activation; the numbers are the kernels' `mode` argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `0.5x(1+tanh(√(2/π)(x+0.044715x³)))` (`gelu_pytorch_tanh`).
+    GeluTanh,
+    /// `x·σ(1.702x)` (`quick_gelu`, `gelu_quick`).
+    QuickGelu,
+    /// `0.5x(1+erf(x/√2))` (`nn.GELU()`).
+    GeluErf,
+    /// `x·σ(x)`.
+    Silu,
+    /// `x` (with clamps: a plain clamp).
+    Identity,
+}
+
+impl Activation {
+    pub(crate) fn mode(self) -> i32 {
+        match self {
+            Activation::GeluTanh => 0,
+            Activation::QuickGelu => 1,
+            Activation::GeluErf => 2,
+            Activation::Silu => 3,
+            Activation::Identity => 4,
+        }
+    }
+}
+
+/// A closed interval `[lo, hi]`; [`Clamp::NONE`] is (−∞, ∞). gemma4's clipped linears, glm's SwiGLU limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Clamp {
+    /// Lower bound.
+    pub lo: f32,
+    /// Upper bound.
+    pub hi: f32,
+}
+
+impl Clamp {
+    /// No clamping.
+    pub const NONE: Clamp = Clamp {
+        lo: f32::NEG_INFINITY,
+        hi: f32::INFINITY,
+    };
+    /// `[lo, hi]`.
+    pub fn new(lo: f32, hi: f32) -> Self {
+        Clamp { lo, hi }
+    }
+}
+
+impl Default for Clamp {
+    fn default() -> Self {
+        Clamp::NONE
+    }
+}
+
+/// Gated activation parameters: `out = clamp_o(act(clamp_g(min(g, gate_limit))) · clamp_u(u))`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gate {
+    /// The activation applied to the gate.
+    pub act: Activation,
+    /// `min(g, gate_limit)` before the activation (glm SwiGLU: L; else +∞).
+    pub gate_limit: f32,
+    /// Clamp of the gate input (gemma4 gate_proj output clamp).
+    pub gate: Clamp,
+    /// Clamp of the up input (glm SwiGLU: [−L, L]; gemma4 up_proj output clamp).
+    pub up: Clamp,
+    /// Clamp of the product (gemma4 down_proj input clamp).
+    pub out: Clamp,
+}
+
+impl Gate {
+    /// `act(g)·u`, no clamps.
+    pub fn plain(act: Activation) -> Self {
+        Gate {
+            act,
+            gate_limit: f32::INFINITY,
+            gate: Clamp::NONE,
+            up: Clamp::NONE,
+            out: Clamp::NONE,
+        }
+    }
+    /// glm5_next's `silu(min(g, L)) · clamp(u, −L, L)`.
+    pub fn swiglu_clamped(limit: f32) -> Self {
+        Gate {
+            act: Activation::Silu,
+            gate_limit: limit,
+            gate: Clamp::NONE,
+            up: Clamp::new(-limit, limit),
+            out: Clamp::NONE,
+        }
+    }
+}
+
+/// A row-major matrix inside a buffer: `rows × cols`, row stride `ld`, starting at `offset` (elements).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mat {
+    /// Rows.
+    pub rows: usize,
+    /// Columns.
+    pub cols: usize,
+    /// Row stride (≥ cols).
+    pub ld: usize,
+    /// Offset of element (0, 0).
+    pub offset: usize,
+}
+
+impl Mat {
+    /// Dense `rows × cols` at offset 0.
+    pub fn dense(rows: usize, cols: usize) -> Self {
+        Mat {
+            rows,
+            cols,
+            ld: cols,
+            offset: 0,
+        }
+    }
+    /// The same with another row stride and offset.
+    pub fn strided(rows: usize, cols: usize, ld: usize, offset: usize) -> Self {
+        Mat {
+            rows,
+            cols,
+            ld,
+            offset,
+        }
+    }
+    fn check<T: Elem>(&self, op: &'static str, what: &str, b: &DeviceBuffer<T>) -> Result<()> {
+        if self.rows == 0 || self.cols == 0 {
+            return Err(GpuError::shape(
+                op,
+                format!("{what}: empty {}×{}", self.rows, self.cols),
+            ));
+        }
+        if self.ld < self.cols {
+            return Err(GpuError::shape(
+                op,
+                format!("{what}: row stride {} < {} columns", self.ld, self.cols),
+            ));
+        }
+        let need = self.offset + (self.rows - 1) * self.ld + self.cols;
+        if need > b.len() {
+            return Err(GpuError::shape(
+                op,
+                format!(
+                    "{what}: {}×{} {} (stride {}, offset {}) needs {need} elements, buffer has {}",
+                    self.rows,
+                    self.cols,
+                    T::NAME,
+                    self.ld,
+                    self.offset,
+                    b.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn need_len<T: Elem>(op: &'static str, what: &str, b: &DeviceBuffer<T>, need: usize) -> Result<()> {
+    if b.len() < need {
+        return Err(GpuError::shape(
+            op,
+            format!(
+                "{what}: needs {need} {} elements, buffer has {}",
+                T::NAME,
+                b.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn off<T: Elem>(b: &DeviceBuffer<T>, offset: usize) -> u64 {
+    b.addr() + (offset * std::mem::size_of::<T>()) as u64
+}
+
+/// Output element types of the norm kernels (f32 or bf16).
+pub trait NormOut: Elem {
+    #[doc(hidden)]
+    const RMS: Kernel;
+    #[doc(hidden)]
+    const LN: Kernel;
+}
+impl NormOut for f32 {
+    const RMS: Kernel = Kernel::RmsNormF32;
+    const LN: Kernel = Kernel::LayerNormF32;
+}
+impl NormOut for bf16 {
+    const RMS: Kernel = Kernel::RmsNormBf16;
+    const LN: Kernel = Kernel::LayerNormBf16;
+}
+
+const NORM_THREADS: u32 = 256;
+/// Rows up to this width fit the norm kernels' shared-memory row cache.
+pub const MAX_NORM_WIDTH: usize = 12 * 1024;
+
+fn row_cfg(rows: usize, h: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (NORM_THREADS, 1, 1),
+        shared_mem_bytes: (h * 4) as u32,
+    }
+}
+
+fn check_width(op: &'static str, h: usize, rows: usize) -> Result<()> {
+    if h == 0 || h > MAX_NORM_WIDTH {
+        return Err(GpuError::shape(
+            op,
+            format!("row width {h} outside 1..={MAX_NORM_WIDTH}"),
+        ));
+    }
+    if rows == 0 || rows > i32::MAX as usize {
+        return Err(GpuError::shape(op, format!("{rows} rows")));
+    }
+    Ok(())
+}
+
+/// Rope pair layouts (see `kernels/README.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// gemma4: two halves, NeoX pairs `(d, d + hd/4)` inside each; first half by x (column), second by y.
+    Gemma4,
+    /// glm5_next / glm_ocr: NeoX over the full head, pairs `(d, d + hd/2)`; cos `[h, w, h, w]`
+    /// (the first quarter's angles from the row y, the second's from the column x).
+    Glm,
+    /// step3p7, HF (permuted q/k weights): NeoX over the full head with cos `[col, row, col, row]`.
+    Step3p7Hf,
+    /// step3p7, vendor weights (`attn.in_proj_weight`): interleaved pairs `(2i, 2i+1)`, first hd/2 dims by column.
+    Step3p7Vendor,
+}
+
+impl RopeLayout {
+    pub(crate) fn codes(self) -> (i32, i32) {
+        // (layout, first_axis: 0 = x first, 1 = y first)
+        match self {
+            RopeLayout::Gemma4 => (1, 0),
+            RopeLayout::Glm => (0, 1),
+            RopeLayout::Step3p7Hf => (0, 0),
+            RopeLayout::Step3p7Vendor => (2, 0),
+        }
+    }
+}
+
+/// Rope inverse frequencies `θ^(−2i/(hd/2))`, i < hd/4, computed in f64 and rounded to f32.
+pub fn rope_inv_freq(head_dim: usize, theta: f64) -> Vec<f32> {
+    let half = (head_dim / 2) as f64;
+    (0..head_dim / 4)
+        .map(|i| (1.0 / theta.powf(2.0 * i as f64 / half)) as f32)
+        .collect()
+}
+
+/// Where q, k and v live in the fused qkv buffer and what to do to each (per head).
+#[derive(Debug, Clone, Copy)]
+pub struct QkvSpec<'a> {
+    /// Tokens.
+    pub tokens: usize,
+    /// Heads (same for q, k, v).
+    pub heads: usize,
+    /// Head dimension (multiple of 4, ≤ 256).
+    pub head_dim: usize,
+    /// Row stride of the qkv buffer (elements), e.g. 3·heads·head_dim.
+    pub ld: usize,
+    /// Column offsets of q, k and v inside a row.
+    pub offsets: [usize; 3],
+    /// Per-head RMSNorm weights for q and k (`None` = weightless); only used where `norm` says so.
+    pub q_weight: Option<&'a DeviceBuffer<f32>>,
+    /// See `q_weight`.
+    pub k_weight: Option<&'a DeviceBuffer<f32>>,
+    /// Which of q, k, v get a per-head RMSNorm (gemma4: all three, v weightless; glm: q and k).
+    pub norm: [bool; 3],
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// Clamps applied to q, k, v on read (gemma4 clipped q/k/v output clamps).
+    pub clamps: [Clamp; 3],
+}
+
+/// Rope of q and k (positions are `[tokens, 2]` i32 as (x = column, y = row)).
+#[derive(Debug, Clone, Copy)]
+pub struct RopeSpec<'a> {
+    /// Pair layout.
+    pub layout: RopeLayout,
+    /// Positions `[tokens, 2]` (x, y).
+    pub pos: &'a DeviceBuffer<i32>,
+    /// `rope_inv_freq(head_dim, θ)`, `[head_dim/4]`.
+    pub inv_freq: &'a DeviceBuffer<f32>,
+}
+
+/// Flash-attention variant: 16-row m-tiles per warp (4 warps per block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlashVariant {
+    /// 1 m-tile per warp: 64 query rows per block.
+    M1,
+    /// 2 m-tiles per warp: 128 query rows per block.
+    M2,
+}
+
+/// Arguments of [`Device::flash_attn`]: `o = softmax(scale·q·kᵀ)·v` per head and segment.
+#[derive(Debug)]
+pub struct AttnArgs<'a> {
+    /// q, k, v: `[tokens, ld]` bf16 with head h of token t at `offset + t·ld + h·head_dim`.
+    pub q: (&'a DeviceBuffer<bf16>, Mat),
+    /// See `q`.
+    pub k: (&'a DeviceBuffer<bf16>, Mat),
+    /// See `q`.
+    pub v: (&'a DeviceBuffer<bf16>, Mat),
+    /// Heads.
+    pub heads: usize,
+    /// Head dimension: 64, 72 or 96.
+    pub head_dim: usize,
+    /// Segment boundaries `[segments + 1]` on the device.
+    pub cu_seqlens: &'a DeviceBuffer<i32>,
+    /// The same boundaries on the host (shape checks and the grid).
+    pub cu_seqlens_host: &'a [i32],
+    /// Softmax scale (gemma4 1.0; others hd^−½).
+    pub scale: f32,
+    /// Kernel variant; `None` = the default for the head dim.
+    pub variant: Option<FlashVariant>,
+}
+
+impl Device {
+    /// RMSNorm of `x` rows (f32) into `y` (f32 or bf16): `y = clamp(x·rsqrt(mean(x²)+eps)·w)`; `w = None` is weightless.
+    pub fn rms_norm<O: NormOut>(
+        &self,
+        x: &DeviceBuffer<f32>,
+        xm: Mat,
+        w: Option<&DeviceBuffer<f32>>,
+        y: &mut DeviceBuffer<O>,
+        ym: Mat,
+        eps: f32,
+        clamp: Clamp,
+    ) -> Result<()> {
+        const OP: &str = "rms_norm";
+        xm.check(OP, "x", x)?;
+        ym.check(OP, "y", y)?;
+        if (xm.rows, xm.cols) != (ym.rows, ym.cols) {
+            return Err(GpuError::shape(
+                OP,
+                format!("x {}×{} vs y {}×{}", xm.rows, xm.cols, ym.rows, ym.cols),
+            ));
+        }
+        check_width(OP, xm.cols, xm.rows)?;
+        if let Some(w) = w {
+            need_len(OP, "w", w, xm.cols)?;
+        }
+        let (xa, wa, ya) = (off(x, xm.offset), opt_addr(w), off(y, ym.offset));
+        let (h, ldx, ldy) = (xm.cols as i32, xm.ld as i64, ym.ld as i64);
+        self.launch(O::RMS, row_cfg(xm.rows, xm.cols), |b| {
+            b.arg(&xa)
+                .arg(&wa)
+                .arg(&ya)
+                .arg(&h)
+                .arg(&ldx)
+                .arg(&ldy)
+                .arg(&eps)
+                .arg(&clamp.lo)
+                .arg(&clamp.hi);
+        })
+    }
+
+    /// LayerNorm (two-pass, biased variance) of `x` rows into `y`: `(x − μ)/√(σ² + eps)·w + b`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_norm<O: NormOut>(
+        &self,
+        x: &DeviceBuffer<f32>,
+        xm: Mat,
+        w: Option<&DeviceBuffer<f32>>,
+        b: Option<&DeviceBuffer<f32>>,
+        y: &mut DeviceBuffer<O>,
+        ym: Mat,
+        eps: f32,
+    ) -> Result<()> {
+        const OP: &str = "layer_norm";
+        xm.check(OP, "x", x)?;
+        ym.check(OP, "y", y)?;
+        if (xm.rows, xm.cols) != (ym.rows, ym.cols) {
+            return Err(GpuError::shape(
+                OP,
+                format!("x {}×{} vs y {}×{}", xm.rows, xm.cols, ym.rows, ym.cols),
+            ));
+        }
+        check_width(OP, xm.cols, xm.rows)?;
+        for (name, v) in [("w", w), ("b", b)] {
+            if let Some(v) = v {
+                need_len(OP, name, v, xm.cols)?;
+            }
+        }
+        let (xa, wa, ba, ya) = (
+            off(x, xm.offset),
+            opt_addr(w),
+            opt_addr(b),
+            off(y, ym.offset),
+        );
+        let (h, ldx, ldy) = (xm.cols as i32, xm.ld as i64, ym.ld as i64);
+        self.launch(O::LN, row_cfg(xm.rows, xm.cols), |bld| {
+            bld.arg(&xa)
+                .arg(&wa)
+                .arg(&ba)
+                .arg(&ya)
+                .arg(&h)
+                .arg(&ldx)
+                .arg(&ldy)
+                .arg(&eps);
+        })
+    }
+
+    /// `x += scale ⊙ clamp(y)` over dense `x [rows, h]` (f32 residual stream); `scale = None` is 1
+    /// (plain residual), `Some` is step3p7's LayerScale. `h % 4 == 0`.
+    pub fn residual_add(
+        &self,
+        x: &mut DeviceBuffer<f32>,
+        y: &DeviceBuffer<f32>,
+        ym: Mat,
+        scale: Option<&DeviceBuffer<f32>>,
+        clamp: Clamp,
+    ) -> Result<()> {
+        const OP: &str = "residual_add";
+        ym.check(OP, "y", y)?;
+        Mat::dense(ym.rows, ym.cols).check(OP, "x", x)?;
+        if !ym.cols.is_multiple_of(4) || !ym.offset.is_multiple_of(4) || !ym.ld.is_multiple_of(4) {
+            return Err(GpuError::shape(
+                OP,
+                format!(
+                    "width {}, y stride {} and offset {} must be multiples of 4",
+                    ym.cols, ym.ld, ym.offset
+                ),
+            ));
+        }
+        if let Some(s) = scale {
+            need_len(OP, "scale", s, ym.cols)?;
+        }
+        let (xa, ya, sa) = (x.addr(), off(y, ym.offset), opt_addr(scale));
+        let (rows, h, ldy) = (ym.rows as i64, ym.cols as i32, ym.ld as i64);
+        self.launch(
+            Kernel::ResidualAddF32,
+            grid_stride(ym.rows * ym.cols / 4),
+            |b| {
+                b.arg(&xa)
+                    .arg(&ya)
+                    .arg(&sa)
+                    .arg(&rows)
+                    .arg(&h)
+                    .arg(&ldy)
+                    .arg(&clamp.lo)
+                    .arg(&clamp.hi);
+            },
+        )
+    }
+
+    /// gemma4 sandwich: `x += RMS(clamp(y))·w_post`; then, with `next = Some((w, out, eps))`, also
+    /// `out = RMS(x)·w` (bf16, dense) — the next block's pre-norm in the same pass.
+    #[allow(clippy::too_many_arguments)]
+    pub fn residual_rms_add(
+        &self,
+        x: &mut DeviceBuffer<f32>,
+        y: &DeviceBuffer<f32>,
+        ym: Mat,
+        w_post: Option<&DeviceBuffer<f32>>,
+        eps: f32,
+        clamp: Clamp,
+        next: Option<(Option<&DeviceBuffer<f32>>, &mut DeviceBuffer<bf16>, f32)>,
+    ) -> Result<()> {
+        const OP: &str = "residual_rms_add";
+        ym.check(OP, "y", y)?;
+        let dense = Mat::dense(ym.rows, ym.cols);
+        dense.check(OP, "x", x)?;
+        check_width(OP, ym.cols, ym.rows)?;
+        if let Some(w) = w_post {
+            need_len(OP, "w_post", w, ym.cols)?;
+        }
+        let (nw, no, neps) = match next {
+            Some((w, out, e)) => {
+                dense.check(OP, "next_out", out)?;
+                if let Some(w) = w {
+                    need_len(OP, "next_w", w, ym.cols)?;
+                }
+                (opt_addr(w), out.addr(), e)
+            }
+            None => (0, 0, 0.0),
+        };
+        let (xa, ya, wa) = (x.addr(), off(y, ym.offset), opt_addr(w_post));
+        let (h, ldy) = (ym.cols as i32, ym.ld as i64);
+        self.launch(Kernel::ResidualRmsAddF32, row_cfg(ym.rows, ym.cols), |b| {
+            b.arg(&xa)
+                .arg(&ya)
+                .arg(&wa)
+                .arg(&h)
+                .arg(&ldy)
+                .arg(&eps)
+                .arg(&clamp.lo)
+                .arg(&clamp.hi)
+                .arg(&nw)
+                .arg(&no)
+                .arg(&neps);
+        })
+    }
+
+    /// Gated activation `out = act(gate)·up` (see [`Gate`]); gate and up may be column blocks of one buffer.
+    pub fn gated_act(
+        &self,
+        out: &mut DeviceBuffer<bf16>,
+        om: Mat,
+        gate: &DeviceBuffer<bf16>,
+        gm: Mat,
+        up: &DeviceBuffer<bf16>,
+        um: Mat,
+        g: Gate,
+    ) -> Result<()> {
+        const OP: &str = "gated_act";
+        om.check(OP, "out", out)?;
+        gm.check(OP, "gate", gate)?;
+        um.check(OP, "up", up)?;
+        if (gm.rows, gm.cols) != (om.rows, om.cols) || (um.rows, um.cols) != (om.rows, om.cols) {
+            return Err(GpuError::shape(
+                OP,
+                format!(
+                    "gate {}×{}, up {}×{}, out {}×{}",
+                    gm.rows, gm.cols, um.rows, um.cols, om.rows, om.cols
+                ),
+            ));
+        }
+        let (oa, ga, ua) = (
+            off(out, om.offset),
+            off(gate, gm.offset),
+            off(up, um.offset),
+        );
+        let (rows, cols, ldo, ldg, ldu, mode) = (
+            om.rows as i64,
+            om.cols as i32,
+            om.ld as i64,
+            gm.ld as i64,
+            um.ld as i64,
+            g.act.mode(),
+        );
+        self.launch(Kernel::GatedActBf16, grid_stride(om.rows * om.cols), |b| {
+            b.arg(&oa)
+                .arg(&ga)
+                .arg(&ua)
+                .arg(&rows)
+                .arg(&cols)
+                .arg(&ldo)
+                .arg(&ldg)
+                .arg(&ldu)
+                .arg(&mode)
+                .arg(&g.gate_limit);
+            b.arg(&g.gate.lo)
+                .arg(&g.gate.hi)
+                .arg(&g.up.lo)
+                .arg(&g.up.hi)
+                .arg(&g.out.lo)
+                .arg(&g.out.hi);
+        })
+    }
+
+    /// Plain activation `out = clamp_o(act(clamp_i(x)))` (in place when `out` and `x` are the same buffer: use [`Device::act_in_place`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn act(
+        &self,
+        out: &mut DeviceBuffer<bf16>,
+        om: Mat,
+        x: &DeviceBuffer<bf16>,
+        xm: Mat,
+        act: Activation,
+        input: Clamp,
+        output: Clamp,
+    ) -> Result<()> {
+        const OP: &str = "act";
+        om.check(OP, "out", out)?;
+        xm.check(OP, "x", x)?;
+        if (xm.rows, xm.cols) != (om.rows, om.cols) {
+            return Err(GpuError::shape(
+                OP,
+                format!("x {}×{} vs out {}×{}", xm.rows, xm.cols, om.rows, om.cols),
+            ));
+        }
+        self.act_raw(
+            off(out, om.offset),
+            om,
+            off(x, xm.offset),
+            xm,
+            act,
+            input,
+            output,
+        )
+    }
+
+    /// In-place plain activation on `x`.
+    pub fn act_in_place(
+        &self,
+        x: &mut DeviceBuffer<bf16>,
+        xm: Mat,
+        act: Activation,
+        input: Clamp,
+        output: Clamp,
+    ) -> Result<()> {
+        xm.check("act_in_place", "x", x)?;
+        let a = off(x, xm.offset);
+        self.act_raw(a, xm, a, xm, act, input, output)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn act_raw(
+        &self,
+        oa: u64,
+        om: Mat,
+        xa: u64,
+        xm: Mat,
+        act: Activation,
+        i: Clamp,
+        o: Clamp,
+    ) -> Result<()> {
+        let (rows, cols, ldo, ldx, mode) = (
+            om.rows as i64,
+            om.cols as i32,
+            om.ld as i64,
+            xm.ld as i64,
+            act.mode(),
+        );
+        self.launch(Kernel::ActBf16, grid_stride(om.rows * om.cols), |b| {
+            b.arg(&oa)
+                .arg(&xa)
+                .arg(&rows)
+                .arg(&cols)
+                .arg(&ldo)
+                .arg(&ldx)
+                .arg(&mode)
+                .arg(&i.lo)
+                .arg(&i.hi)
+                .arg(&o.lo)
+                .arg(&o.hi);
+        })
+    }
+
+    /// Dense f32 → bf16 conversion of the first `x.len()` elements.
+    pub fn cast_f32_bf16(&self, x: &DeviceBuffer<f32>, out: &mut DeviceBuffer<bf16>) -> Result<()> {
+        need_len("cast_f32_bf16", "out", out, x.len())?;
+        let (oa, xa, n) = (out.addr(), x.addr(), x.len() as i64);
+        self.launch(Kernel::CastF32Bf16, grid_stride(x.len()), |b| {
+            b.arg(&oa).arg(&xa).arg(&n);
+        })
+    }
+
+    /// Per-head RMSNorm of q/k (and v) fused with 2-D rope of q and k, in place on the qkv buffer.
+    pub fn qk_norm_rope(
+        &self,
+        qkv: &mut DeviceBuffer<bf16>,
+        spec: &QkvSpec<'_>,
+        rope: Option<&RopeSpec<'_>>,
+    ) -> Result<()> {
+        const OP: &str = "qk_norm_rope";
+        let s = spec;
+        if s.head_dim == 0 || !s.head_dim.is_multiple_of(4) || s.head_dim > 256 {
+            return Err(GpuError::shape(
+                OP,
+                format!("head_dim {} must be a multiple of 4 in 4..=256", s.head_dim),
+            ));
+        }
+        let width = s.heads * s.head_dim;
+        for (i, o) in s.offsets.iter().enumerate() {
+            Mat::strided(s.tokens, width, s.ld, *o).check(OP, ["q", "k", "v"][i], qkv)?;
+        }
+        for (name, w, on) in [
+            ("q_weight", s.q_weight, s.norm[0]),
+            ("k_weight", s.k_weight, s.norm[1]),
+        ] {
+            if let (Some(w), true) = (w, on) {
+                need_len(OP, name, w, s.head_dim)?;
+            }
+        }
+        let mut flags = (s.norm[0] as i32) | (s.norm[1] as i32) << 1 | (s.norm[2] as i32) << 2;
+        let (pos, inv, layout, first_axis) = match rope {
+            Some(r) => {
+                need_len(OP, "pos", r.pos, 2 * s.tokens)?;
+                need_len(OP, "inv_freq", r.inv_freq, s.head_dim / 4)?;
+                flags |= 8;
+                let (l, a) = r.layout.codes();
+                (r.pos.addr(), r.inv_freq.addr(), l, a)
+            }
+            None => (0, 0, 0, 0),
+        };
+        let qw = if s.norm[0] { opt_addr(s.q_weight) } else { 0 };
+        let kw = if s.norm[1] { opt_addr(s.k_weight) } else { 0 };
+        let items = s.tokens * s.heads * 3;
+        let cfg = LaunchConfig {
+            grid_dim: (items.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (qa, n, heads, hd, ld) = (
+            qkv.addr(),
+            s.tokens as i64,
+            s.heads as i32,
+            s.head_dim as i32,
+            s.ld as i64,
+        );
+        let [qo, ko, vo] = s.offsets.map(|o| o as i64);
+        let c = s.clamps;
+        self.launch(Kernel::QkNormRopeBf16, cfg, |b| {
+            b.arg(&qa)
+                .arg(&n)
+                .arg(&heads)
+                .arg(&hd)
+                .arg(&ld)
+                .arg(&qo)
+                .arg(&ko)
+                .arg(&vo)
+                .arg(&pos)
+                .arg(&inv);
+            b.arg(&layout)
+                .arg(&first_axis)
+                .arg(&flags)
+                .arg(&qw)
+                .arg(&kw)
+                .arg(&s.eps);
+            b.arg(&c[0].lo)
+                .arg(&c[0].hi)
+                .arg(&c[1].lo)
+                .arg(&c[1].hi)
+                .arg(&c[2].lo)
+                .arg(&c[2].hi);
+        })
+    }
+
+    /// Non-causal variable-length flash attention; writes `o [tokens, heads·head_dim]` (bf16, `om`).
+    pub fn flash_attn(&self, a: &AttnArgs<'_>, o: &mut DeviceBuffer<bf16>, om: Mat) -> Result<()> {
+        const OP: &str = "flash_attn";
+        let cu = a.cu_seqlens_host;
+        if cu.len() < 2 || cu[0] != 0 || cu.windows(2).any(|w| w[1] < w[0]) {
+            return Err(GpuError::shape(
+                OP,
+                format!("cu_seqlens must start at 0 and not decrease, got {cu:?}"),
+            ));
+        }
+        need_len(OP, "cu_seqlens", a.cu_seqlens, cu.len())?;
+        let tokens = *cu.last().unwrap() as usize;
+        let width = a.heads * a.head_dim;
+        let max_len = cu
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as usize)
+            .max()
+            .unwrap_or(0);
+        // Measured on the H200 (docs/notes/gpu-core.md): 128-row blocks (M2) win once they fill the
+        // 132 SMs several times over (≥ ~1000 blocks); below that 64-row blocks (M1) balance better.
+        let variant = a.variant.unwrap_or(
+            if max_len.div_ceil(128) * a.heads * (cu.len() - 1) >= 1000 {
+                FlashVariant::M2
+            } else {
+                FlashVariant::M1
+            },
+        );
+        let kernel = match (a.head_dim, variant) {
+            (64, FlashVariant::M1) => Kernel::FlashAttnHd64M1Bf16,
+            (64, FlashVariant::M2) => Kernel::FlashAttnHd64M2Bf16,
+            (72, FlashVariant::M1) => Kernel::FlashAttnHd72M1Bf16,
+            (72, FlashVariant::M2) => Kernel::FlashAttnHd72M2Bf16,
+            (96, FlashVariant::M1) => Kernel::FlashAttnHd96M1Bf16,
+            (96, FlashVariant::M2) => Kernel::FlashAttnHd96M2Bf16,
+            (hd, _) => {
+                return Err(GpuError::shape(
+                    OP,
+                    format!("head_dim {hd} (kernels exist for 64, 72, 96)"),
+                ))
+            }
+        };
+        for (name, (buf, m)) in [("q", a.q), ("k", a.k), ("v", a.v)] {
+            if m.rows < tokens || m.cols < width {
+                return Err(GpuError::shape(
+                    OP,
+                    format!(
+                        "{name}: {}×{} but cu_seqlens needs {tokens}×{width}",
+                        m.rows, m.cols
+                    ),
+                ));
+            }
+            m.check(OP, name, buf)?;
+            if m.ld % 8 != 0 || m.offset % 8 != 0 {
+                return Err(GpuError::shape(
+                    OP,
+                    format!(
+                        "{name}: stride {} and offset {} must be multiples of 8 (16-byte loads)",
+                        m.ld, m.offset
+                    ),
+                ));
+            }
+        }
+        if om.rows < tokens
+            || om.cols < width
+            || !om.ld.is_multiple_of(2)
+            || !om.offset.is_multiple_of(2)
+        {
+            return Err(GpuError::shape(
+                OP,
+                format!(
+                    "o: {}×{} stride {} offset {} for {tokens}×{width}",
+                    om.rows, om.cols, om.ld, om.offset
+                ),
+            ));
+        }
+        om.check(OP, "o", o)?;
+        if max_len == 0 {
+            return Ok(());
+        }
+        let m = match variant {
+            FlashVariant::M1 => 1,
+            FlashVariant::M2 => 2,
+        };
+        let br = 64 * m;
+        let hdp = a.head_dim.next_multiple_of(16);
+        let smem = (br + 4 * 64) * (hdp + 8) * 2;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                max_len.div_ceil(br) as u32,
+                a.heads as u32,
+                (cu.len() - 1) as u32,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let (qa, ka, va, oa) = (
+            off(a.q.0, a.q.1.offset),
+            off(a.k.0, a.k.1.offset),
+            off(a.v.0, a.v.1.offset),
+            off(o, om.offset),
+        );
+        let (ql, kl, vl, ol) = (
+            a.q.1.ld as i64,
+            a.k.1.ld as i64,
+            a.v.1.ld as i64,
+            om.ld as i64,
+        );
+        let cua = a.cu_seqlens.addr();
+        let scale_log2 = a.scale * std::f32::consts::LOG2_E;
+        self.launch(kernel, cfg, |b| {
+            b.arg(&qa)
+                .arg(&ka)
+                .arg(&va)
+                .arg(&oa)
+                .arg(&ql)
+                .arg(&kl)
+                .arg(&vl)
+                .arg(&ol)
+                .arg(&cua)
+                .arg(&scale_log2);
+        })
+    }
+
+    /// gemma4 position tables: `x[r] += T[0, px] + T[1, py]` (pad rows with a negative position get nothing).
+    /// `table` is `[2, t_rows, h]`, `pos` `[rows, 2]` (x, y).
+    pub fn pos_add_xy(
+        &self,
+        x: &mut DeviceBuffer<f32>,
+        rows: usize,
+        h: usize,
+        table: &DeviceBuffer<f32>,
+        t_rows: usize,
+        pos: &DeviceBuffer<i32>,
+    ) -> Result<()> {
+        const OP: &str = "pos_add_xy";
+        Mat::dense(rows, h).check(OP, "x", x)?;
+        need_len(OP, "table", table, 2 * t_rows * h)?;
+        need_len(OP, "pos", pos, 2 * rows)?;
+        let (xa, ta, pa, n, hh, tr) = (
+            x.addr(),
+            table.addr(),
+            pos.addr(),
+            rows as i64,
+            h as i32,
+            t_rows as i64,
+        );
+        // Positions ≥ t_rows would read past the table: the kernel trusts them, so the caller's
+        // positions come from the grid (< t_rows by construction); we check on the host side cheaply
+        // only via the table length above.
+        self.launch(Kernel::PosAddXyF32, grid_stride(rows * h), |b| {
+            b.arg(&xa).arg(&ta).arg(&pa).arg(&n).arg(&hh).arg(&tr);
+        })
+    }
+
+    /// Bilinear resize (align_corners = false) of a `[ih, iw, h]` table to `[oh, ow, h]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bilinear_resize(
+        &self,
+        input: &DeviceBuffer<f32>,
+        ih: usize,
+        iw: usize,
+        out: &mut DeviceBuffer<f32>,
+        oh: usize,
+        ow: usize,
+        h: usize,
+    ) -> Result<()> {
+        const OP: &str = "bilinear_resize";
+        need_len(OP, "input", input, ih * iw * h)?;
+        need_len(OP, "out", out, oh * ow * h)?;
+        if ih * iw * oh * ow * h == 0 {
+            return Err(GpuError::shape(OP, "empty grid"));
+        }
+        let (oa, ia) = (out.addr(), input.addr());
+        let (a, bb, c, d, e) = (ih as i32, iw as i32, oh as i32, ow as i32, h as i32);
+        self.launch(Kernel::BilinearResizeF32, grid_stride(oh * ow * h), |b| {
+            b.arg(&oa).arg(&ia).arg(&a).arg(&bb).arg(&c).arg(&d).arg(&e);
+        })
+    }
+
+    /// k×k average pool of a `[gh, gw, h]` grid to `[gh/k, gw/k, h]`, times `scale`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn avg_pool(
+        &self,
+        input: &DeviceBuffer<f32>,
+        gh: usize,
+        gw: usize,
+        k: usize,
+        h: usize,
+        scale: f32,
+        out: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        const OP: &str = "avg_pool";
+        if k == 0 || !gh.is_multiple_of(k) || !gw.is_multiple_of(k) || h == 0 {
+            return Err(GpuError::shape(
+                OP,
+                format!("grid {gh}×{gw} not divisible by k = {k}"),
+            ));
+        }
+        need_len(OP, "input", input, gh * gw * h)?;
+        need_len(OP, "out", out, (gh / k) * (gw / k) * h)?;
+        let (oa, ia) = (out.addr(), input.addr());
+        let (a, bb, c, d) = (gh as i32, gw as i32, k as i32, h as i32);
+        self.launch(
+            Kernel::AvgPoolF32,
+            grid_stride((gh / k) * (gw / k) * h),
+            |b| {
+                b.arg(&oa)
+                    .arg(&ia)
+                    .arg(&a)
+                    .arg(&bb)
+                    .arg(&c)
+                    .arg(&d)
+                    .arg(&scale);
+            },
+        )
+    }
+
+    /// 2×2 merge gather into `[blocks, 4h]` rows ordered (c, ky, kx). `grid_w = None`: tokens are
+    /// block-major (4 consecutive tokens per block, glm); `Some(gw)`: a raster grid of width gw.
+    pub fn block_gather_2x2(
+        &self,
+        input: &DeviceBuffer<bf16>,
+        tokens: usize,
+        h: usize,
+        grid_w: Option<usize>,
+        out: &mut DeviceBuffer<bf16>,
+    ) -> Result<()> {
+        const OP: &str = "block_gather_2x2";
+        if !tokens.is_multiple_of(4) || h == 0 {
+            return Err(GpuError::shape(
+                OP,
+                format!("{tokens} tokens is not a multiple of 4"),
+            ));
+        }
+        if let Some(gw) = grid_w {
+            if gw == 0 || gw % 2 != 0 || !tokens.is_multiple_of(2 * gw) {
+                return Err(GpuError::shape(
+                    OP,
+                    format!("{tokens} tokens is not a grid of even width {gw} and even height"),
+                ));
+            }
+        }
+        need_len(OP, "input", input, tokens * h)?;
+        need_len(OP, "out", out, tokens * h)?;
+        let (oa, ia, nb, hh, gw) = (
+            out.addr(),
+            input.addr(),
+            (tokens / 4) as i64,
+            h as i32,
+            grid_w.unwrap_or(0) as i32,
+        );
+        self.launch(Kernel::BlockGather2x2Bf16, grid_stride(tokens * h), |b| {
+            b.arg(&oa).arg(&ia).arg(&nb).arg(&hh).arg(&gw);
+        })
+    }
+
+    /// 3×3 stride-2 pad-1 im2col of `batch` `[gh, gw, c]` grids into `[batch·oh·ow, 9c]` rows (c, ky, kx).
+    pub fn im2col_3x3s2(
+        &self,
+        input: &DeviceBuffer<bf16>,
+        batch: usize,
+        gh: usize,
+        gw: usize,
+        c: usize,
+        out: &mut DeviceBuffer<bf16>,
+    ) -> Result<()> {
+        const OP: &str = "im2col_3x3s2";
+        let (oh, ow) = ((gh.max(1) - 1) / 2 + 1, (gw.max(1) - 1) / 2 + 1);
+        if batch * gh * gw * c == 0 {
+            return Err(GpuError::shape(OP, "empty input"));
+        }
+        need_len(OP, "input", input, batch * gh * gw * c)?;
+        need_len(OP, "out", out, batch * oh * ow * 9 * c)?;
+        let (oa, ia) = (out.addr(), input.addr());
+        let (bt, a, bb, cc) = (batch as i32, gh as i32, gw as i32, c as i32);
+        self.launch(
+            Kernel::Im2col3x3s2Bf16,
+            grid_stride(batch * oh * ow * 9 * c),
+            |b| {
+                b.arg(&oa).arg(&ia).arg(&bt).arg(&a).arg(&bb).arg(&cc);
+            },
+        )
+    }
+}
+
+/// Output rows of a 3×3 stride-2 pad-1 convolution over `g` rows: `(g − 1)/2 + 1`.
+pub fn conv3x3s2_out(g: usize) -> usize {
+    (g.max(1) - 1) / 2 + 1
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Compile kernels/*.cu to PTX (sm_90) and write the manifest the gpu-core tests check.
+# Usage: kernels/build_ptx.sh [OUT_DIR]   (default: kernels/ptx next to this script)
+# Environment: NVCC (default: nvcc on PATH). All nvcc flags live here and nowhere else.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+OUT="${1:-$HERE/ptx}"
+NVCC="${NVCC:-nvcc}"
+FLAGS=(-arch=sm_90 -O3 -std=c++17 --ptx -lineinfo)
+REPORT_FLAGS=(-arch=sm_90 -O3 -std=c++17 -cubin -Xptxas -v)
+mkdir -p "$OUT"
+VERSION="$("$NVCC" --version | tail -n 2 | head -n 1)"
+cd "$HERE"
+sources=$(ls *.cu | sort)
+: > "$OUT/RESOURCES.txt"
+for src in $sources; do
+    name="${src%.cu}"
+    "$NVCC" "${FLAGS[@]}" "$src" -o "$OUT/$name.ptx"
+    # resource report (registers, spills, smem) for docs; not loaded by gpu-core
+    "$NVCC" "${REPORT_FLAGS[@]}" "$src" -o "/tmp/gpu-core-$name.cubin" 2>&1 \
+        | grep -E "Compiling entry|registers|spill" >> "$OUT/RESOURCES.txt" || true
+done
+{
+    echo "{"
+    echo "  \"nvcc\": \"$VERSION\","
+    echo "  \"flags\": \"${FLAGS[*]}\","
+    echo "  \"sources\": {"
+    first=1
+    for f in $(ls *.cu *.cuh | sort); do
+        h=$(sha256sum "$f" | cut -d' ' -f1)
+        [ $first -eq 1 ] || echo ","
+        printf '    "%s": "%s"' "$f" "$h"
+        first=0
+    done
+    echo ""
+    echo "  }"
+    echo "}"
+} > "$OUT/MANIFEST.json"
+echo "wrote $(ls "$OUT"/*.ptx | wc -l) PTX files and MANIFEST.json to $OUT ($VERSION)"

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One GPU-machine session: (1) build the PTX with nvcc, (2) report whether it differs from the committed
+# kernels/ptx, (3) run the GPU tests against the fresh PTX, (4) time the kernels, table last.
+# Needs .device/ (from `cargo xtask gpu-test --prepare`) carried. Writes logs + fresh PTX under $OUT.
+# Usage: bash kernels/device_run.sh [tests|bench|all]   (BENCH_ONLY=attn,gemm,mem,floor narrows the bench)
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-/tmp/gpu-core-out}"
+WHAT="${1:-all}"
+mkdir -p "$OUT"
+FRESH=/tmp/gpu-core-ptx
+rm -rf "$FRESH"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
+bash "$ROOT/kernels/build_ptx.sh" "$FRESH" || { echo "PTX BUILD FAILED"; exit 1; }
+changed=0
+for f in "$FRESH"/*.ptx; do
+    # .file lines carry the toolkit's install path; compare the code only
+    if ! cmp -s <(grep -v '^\s*\.file' "$f") <(grep -v '^\s*\.file' "$ROOT/kernels/ptx/$(basename "$f")"); then echo "PTX CHANGED: $(basename "$f")"; changed=1; fi
+done
+cmp -s "$FRESH/MANIFEST.json" "$ROOT/kernels/ptx/MANIFEST.json" || { echo "MANIFEST CHANGED"; changed=1; }
+[ $changed -eq 0 ] && echo "PTX identical to the committed kernels/ptx"
+tar -C "$FRESH" -czf "$OUT/ptx.tar.gz" .
+export GPU_CORE_PTX_DIR="$FRESH"
+rc=0
+if [ "$WHAT" != bench ]; then
+    "$ROOT/.device/gpu_core_tests" --ignored --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.log"
+    rc=${PIPESTATUS[0]}
+    grep -E "^PARITY|panicked|test result" "$OUT/tests.log" > "$OUT/parity.txt" || true
+fi
+if [ "$WHAT" != tests ]; then
+    "$ROOT/.device/gpu-core-bench" 2>&1 | tee "$OUT/bench.log"
+fi
+echo "=== summary ==="
+[ -f "$OUT/parity.txt" ] && cat "$OUT/parity.txt"
+[ -f "$OUT/bench.log" ] && sed -n '/^| case/,$p' "$OUT/bench.log"
+exit $rc

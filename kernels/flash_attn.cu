@@ -1,0 +1,240 @@
+// Non-causal variable-length flash attention (FlashAttention-2 scheme) on mma.sync m16n8k16 bf16
+// tensor cores, f32 accumulation and online softmax; no n x n matrix is ever stored.
+// Entry points: flash_attn_hd{64,72,96}_m{1,2}_bf16 (m = 16-row m-tiles per warp; 4 warps per block).
+// head_dim 72 runs padded to 80 inside shared memory (the pad columns are zero).
+#include "common.cuh"
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+// 16-byte async copy global->shared; when !ok the 16 destination bytes are zero-filled and nothing is read.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+    int sz = ok ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(sz));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Block: NW warps, each owning MT m-tiles of 16 query rows (BR = 16*NW*MT rows per block); key tiles of BC.
+// Shared memory: Q [BR][LDS], K [2][BC][LDS], V [2][BC][LDS] with LDS = HDP + 8 (row pitch an odd number of
+// 16-byte units, so ldmatrix's 8 row addresses hit distinct bank groups).
+// Grid: (ceil(max_seqlen / BR), heads, segments). Element (token t, head h, dim d) of Q is at
+// q[t*q_ld + h*HD + d] (same for K, V, O); cu_seqlens[s]..cu_seqlens[s+1] are segment s's tokens.
+template <int HD, int HDP, int NW, int MT, int BC>
+__device__ __forceinline__ void flash_attn_impl(const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                const bf16* __restrict__ v, bf16* __restrict__ o, long long q_ld,
+                                                long long k_ld, long long v_ld, long long o_ld,
+                                                const int* __restrict__ cu_seqlens, float scale_log2) {
+    constexpr int BR = 16 * NW * MT;
+    constexpr int LDS = HDP + 8;
+    constexpr int CH = HDP / 8;   // 16-byte chunks per padded row
+    constexpr int CHR = HD / 8;   // chunks holding real data
+    constexpr int NT = NW * 32;
+    static_assert(HD % 8 == 0 && HDP % 16 == 0 && HDP >= HD && BC % 16 == 0, "tile shape");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
+    bf16* sK = sQ + BR * LDS;
+    bf16* sV = sK + 2 * BC * LDS;
+
+    const int seg = blockIdx.z, head = blockIdx.y;
+    const int start = cu_seqlens[seg];
+    const int len = cu_seqlens[seg + 1] - start;
+    const int q0 = blockIdx.x * BR;
+    if (q0 >= len) return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+    const bf16* qg = q + (long long)start * q_ld + (long long)head * HD;
+    const bf16* kg = k + (long long)start * k_ld + (long long)head * HD;
+    const bf16* vg = v + (long long)start * v_ld + (long long)head * HD;
+
+    if (CH > CHR) {  // zero the pad chunks of every row of sQ, sK, sV once; cp.async never touches them
+        for (int r = tid; r < BR + 4 * BC; r += NT)
+#pragma unroll
+            for (int c = CHR; c < CH; c++) *reinterpret_cast<uint4*>(sQ + r * LDS + c * 8) = make_uint4(0, 0, 0, 0);
+    }
+    for (int i = tid; i < BR * CHR; i += NT) {
+        int r = i / CHR, c = i - (i / CHR) * CHR;
+        int row = q0 + r;
+        bool ok = row < len;
+        cp_async16(sQ + r * LDS + c * 8, qg + (long long)(ok ? row : 0) * q_ld + c * 8, ok);
+    }
+    auto load_kv = [&](int tile, int buf) {
+        bf16* dk = sK + buf * BC * LDS;
+        bf16* dv = sV + buf * BC * LDS;
+        for (int i = tid; i < BC * CHR; i += NT) {
+            int r = i / CHR, c = i - (i / CHR) * CHR;
+            int row = tile * BC + r;
+            bool ok = row < len;
+            long long rr = ok ? row : 0;
+            cp_async16(dk + r * LDS + c * 8, kg + rr * k_ld + c * 8, ok);
+            cp_async16(dv + r * LDS + c * 8, vg + rr * v_ld + c * 8, ok);
+        }
+    };
+    load_kv(0, 0);
+    cp_async_commit();
+
+    uint32_t qf[MT][HDP / 16][4];
+    float acc[MT][HDP / 8][4];
+    float mrow[MT][2], lrow[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int d = 0; d < HDP / 8; d++) acc[mt][d][0] = acc[mt][d][1] = acc[mt][d][2] = acc[mt][d][3] = 0.0f;
+        mrow[mt][0] = mrow[mt][1] = -INFINITY;
+        lrow[mt][0] = lrow[mt][1] = 0.0f;
+    }
+
+    const int ntiles = (len + BC - 1) / BC;
+    for (int t = 0; t < ntiles; t++) {
+        cp_async_wait_all();
+        __syncthreads();  // tile t (and Q) visible to all; every warp is done with tile t-1's buffer
+        if (t + 1 < ntiles) load_kv(t + 1, (t + 1) & 1);
+        cp_async_commit();
+        if (t == 0) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int kk = 0; kk < HDP / 16; kk++)
+                    ldsm_x4(qf[mt][kk], sQ + (warp * MT * 16 + mt * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
+        }
+        const bf16* Kb = sK + (t & 1) * BC * LDS;
+        const bf16* Vb = sV + (t & 1) * BC * LDS;
+
+        float s[MT][BC / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < BC / 8; j++) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HDP / 16; kk++) {
+#pragma unroll
+            for (int nn = 0; nn < BC / 16; nn++) {
+                uint32_t b[4];
+                ldsm_x4(b, Kb + (nn * 16 + (lane >> 4) * 8 + (lane & 7)) * LDS + kk * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(s[mt][2 * nn], qf[mt][kk], b[0], b[1]);
+                    mma_bf16(s[mt][2 * nn + 1], qf[mt][kk], b[2], b[3]);
+                }
+            }
+        }
+        const int kbase = t * BC;
+        if (kbase + BC > len) {  // mask keys past the segment end (only in the last tile)
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int j = 0; j < BC / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (kbase + j * 8 + 2 * (lane & 3) + (e & 1) >= len) s[mt][j][e] = -INFINITY;
+        }
+        // online softmax in the log2 domain; thread rows: lane/4 (e = 0,1) and lane/4 + 8 (e = 2,3)
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < BC / 8; j++) mx = fmaxf(mx, fmaxf(s[mt][j][2 * hr], s[mt][j][2 * hr + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                float mnew = fmaxf(mrow[mt][hr], mx * scale_log2);  // finite: every tile holds a valid key
+                float corr = exp2f(mrow[mt][hr] - mnew);
+                mrow[mt][hr] = mnew;
+                float sum = 0.0f;
+#pragma unroll
+                for (int j = 0; j < BC / 8; j++) {
+                    float p0 = exp2f(fmaf(s[mt][j][2 * hr], scale_log2, -mnew));
+                    float p1 = exp2f(fmaf(s[mt][j][2 * hr + 1], scale_log2, -mnew));
+                    s[mt][j][2 * hr] = p0;
+                    s[mt][j][2 * hr + 1] = p1;
+                    sum += p0 + p1;
+                }
+                lrow[mt][hr] = lrow[mt][hr] * corr + sum;
+#pragma unroll
+                for (int d = 0; d < HDP / 8; d++) {
+                    acc[mt][d][2 * hr] *= corr;
+                    acc[mt][d][2 * hr + 1] *= corr;
+                }
+            }
+        }
+        // O += P V: P (bf16) from the S accumulators as A fragments, V via transposed ldmatrix
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                a[mt][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                a[mt][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                a[mt][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                a[mt][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int dn = 0; dn < HDP / 16; dn++) {
+                uint32_t b[4];
+                ldsm_x4_t(b, Vb + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDS + dn * 16 + (lane >> 4) * 8);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(acc[mt][2 * dn], a[mt], b[0], b[1]);
+                    mma_bf16(acc[mt][2 * dn + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+    }
+    // normalise and store (bf16 pairs; pad dims and rows past the segment are skipped)
+    bf16* og = o + (long long)start * o_ld + (long long)head * HD;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float l = lrow[mt][hr];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            float inv = 1.0f / l;
+            int row = q0 + warp * MT * 16 + mt * 16 + (lane >> 2) + 8 * hr;
+            if (row < len) {
+#pragma unroll
+                for (int d = 0; d < HD / 8; d++) {
+                    __nv_bfloat162 val = __floats2bfloat162_rn(acc[mt][d][2 * hr] * inv, acc[mt][d][2 * hr + 1] * inv);
+                    *reinterpret_cast<__nv_bfloat162*>(og + (long long)row * o_ld + d * 8 + 2 * (lane & 3)) = val;
+                }
+            }
+        }
+    }
+}
+
+#define FLASH_ENTRY(HD, HDP, MT)                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) flash_attn_hd##HD##_m##MT##_bf16(                      \
+        const bf16* q, const bf16* k, const bf16* v, bf16* o, long long q_ld, long long k_ld, long long v_ld, \
+        long long o_ld, const int* cu_seqlens, float scale_log2) {                                          \
+        flash_attn_impl<HD, HDP, 4, MT, 64>(q, k, v, o, q_ld, k_ld, v_ld, o_ld, cu_seqlens, scale_log2);      \
+    }
+
+FLASH_ENTRY(64, 64, 1)
+FLASH_ENTRY(64, 64, 2)
+FLASH_ENTRY(72, 80, 1)
+FLASH_ENTRY(72, 80, 2)
+FLASH_ENTRY(96, 96, 1)
+FLASH_ENTRY(96, 96, 2)
