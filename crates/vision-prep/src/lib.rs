@@ -1,2 +1,258 @@
-//! vision-prep (stub; filled in by the vision-prep issue).
+//! vision-prep: image bytes → the tensors and prompt token plan of the vendor image processors
+//! (HF transformers 5.23.0) for gemma4, glm5_next, glm_ocr (Glm46VImageProcessor) and step3p7.
+//!
+//! Pipeline: [`source::admit`] reads only the header (format from the magic bytes, dimensions,
+//! decode budget) → [`Plan`] follows from the header alone → [`source::decode`] decodes with the
+//! decoder capped to the admitted size → [`resize`] reproduces torchvision's antialiased uint8
+//! resize bit for bit → [`prepare`] patchifies into the upstream tensors.
+//!
+//! ```no_run
+//! use vision_prep::{ImageSource, ModelConfigs, PrepSettings, Preprocessor};
+//! # fn main() -> Result<(), vision_prep::PrepError> {
+//! let cfg = ModelConfigs { preprocessor_config: Some(serde_json::json!({"image_processor_type": "Gemma4ImageProcessor"})), ..Default::default() };
+//! let pre = Preprocessor::from_configs(&cfg, PrepSettings::default())?;
+//! let bytes = std::fs::read("cat.png").unwrap_or_default();
+//! let plan = pre.plan(ImageSource::Bytes(&bytes))?;          // header only
+//! let prepared = pre.prepare(ImageSource::Bytes(&bytes))?;   // decode + resize + patchify
+//! assert_eq!(plan, prepared.plan);
+//! # Ok(()) }
+//! ```
 #![deny(missing_docs)]
+
+pub mod config;
+pub mod error;
+pub mod law;
+pub mod plan;
+pub mod prepare;
+pub mod resize;
+pub mod source;
+
+#[cfg(test)]
+mod parity;
+
+#[cfg(test)]
+mod adversarial;
+
+pub use config::{ModelConfigs, PrepSettings, PromptTokens, Token};
+pub use error::{PrepError, Result};
+pub use law::Law;
+pub use plan::{Family, Geometry, Plan, PromptRun};
+pub use prepare::{DType, NamedTensor, Prepared, TensorData};
+pub use source::{AdmissionLimits, Header, ImageSource, RgbImage};
+
+/// A configured preprocessor for one model.
+#[derive(Debug, Clone)]
+pub struct Preprocessor {
+    law: Law,
+    tokens: PromptTokens,
+    family: Family,
+    settings: PrepSettings,
+}
+
+/// Explicit settings for a GGUF mmproj (gemma4), which carries no processor config.
+#[derive(Debug, Clone, Default)]
+pub struct GgufGemma4Settings {
+    /// `clip.vision.patch_size` (default 16).
+    pub patch_size: Option<u32>,
+    /// Soft token budget (default 280).
+    pub max_soft_tokens: Option<u32>,
+    /// `boi` token id, if known from the text model's GGUF.
+    pub boi_token_id: Option<u32>,
+    /// Image soft-token id.
+    pub image_token_id: Option<u32>,
+    /// `eoi` token id.
+    pub eoi_token_id: Option<u32>,
+}
+
+impl Preprocessor {
+    /// Build from the model directory's JSON configs: the law is the image processor class the
+    /// processor config names (as `AutoImageProcessor` resolves it), with that config's sizes and
+    /// budgets; `settings` override budgets. Unknown class → [`PrepError::UnknownProcessor`].
+    pub fn from_configs(cfg: &ModelConfigs, settings: PrepSettings) -> Result<Preprocessor> {
+        let law = config::law_from_configs(cfg, &settings)?;
+        let tokens = config::tokens_for(&law, cfg);
+        // The family follows the law (what the tower consumes), not the model_type string.
+        let family = match &law {
+            Law::Gemma4(_) => Family::Gemma4,
+            Law::Glm5Next(_) => Family::Glm5Next,
+            Law::Glm46V(_) => Family::GlmOcr,
+            Law::Step3p7(_) => Family::Step3p7,
+        };
+        Ok(Preprocessor {
+            law,
+            tokens,
+            family,
+            settings,
+        })
+    }
+
+    /// Build from an explicit law and token table (e.g. for tests or non-HF checkpoints).
+    pub fn from_law(
+        law: Law,
+        tokens: PromptTokens,
+        family: Family,
+        settings: PrepSettings,
+    ) -> Preprocessor {
+        Preprocessor {
+            law,
+            tokens,
+            family,
+            settings,
+        }
+    }
+
+    /// gemma4 for a GGUF mmproj: `Gemma4ImageProcessor` defaults with the GGUF's patch size.
+    /// The GGUF's image_mean/std are not used: the HF gemma4 processor does not normalize
+    /// (`do_normalize = False`); the tower applies `2·(x − 0.5)` itself.
+    pub fn gemma4_gguf(gguf: &GgufGemma4Settings, settings: PrepSettings) -> Result<Preprocessor> {
+        let mst = settings
+            .max_soft_tokens
+            .or(gguf.max_soft_tokens)
+            .unwrap_or(280);
+        if !law::GEMMA4_SUPPORTED_SOFT_TOKENS.contains(&mst) {
+            return Err(PrepError::BadSetting(format!(
+                "max_soft_tokens must be one of {:?}, got {mst}",
+                law::GEMMA4_SUPPORTED_SOFT_TOKENS
+            )));
+        }
+        let law = Law::Gemma4(law::Gemma4Law {
+            patch_size: gguf.patch_size.unwrap_or(16),
+            max_soft_tokens: mst,
+            ..Default::default()
+        });
+        let t = |text: &str, id| Token {
+            text: text.into(),
+            id,
+        };
+        let tokens = PromptTokens::Gemma4 {
+            boi: t("<|image>", gguf.boi_token_id),
+            image: t("<|image|>", gguf.image_token_id),
+            eoi: t("<image|>", gguf.eoi_token_id),
+        };
+        Ok(Preprocessor {
+            law,
+            tokens,
+            family: Family::Gemma4,
+            settings,
+        })
+    }
+
+    /// The law in use.
+    pub fn law(&self) -> &Law {
+        &self.law
+    }
+    /// The prompt token table in use.
+    pub fn tokens(&self) -> &PromptTokens {
+        &self.tokens
+    }
+    /// The family.
+    pub fn family(&self) -> Family {
+        self.family
+    }
+    /// The settings.
+    pub fn settings(&self) -> &PrepSettings {
+        &self.settings
+    }
+
+    /// Plan for a `width × height` image (no bytes needed). The admission rules on the size apply
+    /// (zero size → `ZeroSized`, over `limits.max_pixels` → `OverBudget`).
+    pub fn plan_size(&self, width: u32, height: u32) -> Result<Plan> {
+        if width == 0 || height == 0 {
+            return Err(PrepError::ZeroSized { width, height });
+        }
+        let pixels = u64::from(width) * u64::from(height);
+        if pixels > self.settings.limits.max_pixels {
+            return Err(PrepError::OverBudget {
+                width,
+                height,
+                pixels,
+                budget: self.settings.limits.max_pixels,
+            });
+        }
+        Plan::new(&self.law, &self.tokens, self.family, width, height)
+    }
+
+    fn check_output(&self, plan: &Plan) -> Result<()> {
+        let bytes = plan.output_bytes();
+        if bytes > self.settings.max_output_bytes {
+            return Err(PrepError::OutputTooLarge {
+                bytes,
+                budget: self.settings.max_output_bytes,
+                rows: plan.rows,
+            });
+        }
+        Ok(())
+    }
+
+    /// Plan from the header alone (admission applies; no pixel is decoded).
+    pub fn plan(&self, source: ImageSource<'_>) -> Result<Plan> {
+        let bytes = source.bytes(&self.settings.limits)?;
+        let h = source::admit(&bytes, &self.settings.limits)?;
+        self.plan_size(h.width, h.height)
+    }
+
+    /// Admit, plan, decode, convert to RGB, resize and patchify.
+    pub fn prepare(&self, source: ImageSource<'_>) -> Result<Prepared> {
+        let bytes = source.bytes(&self.settings.limits)?;
+        let header = source::admit(&bytes, &self.settings.limits)?;
+        let plan = self.plan_size(header.width, header.height)?;
+        self.check_output(&plan)?;
+        let rgb = source::decode(&bytes, &header)?;
+        Ok(prepare::prepare(
+            &self.law,
+            plan,
+            &rgb,
+            self.settings.parallel,
+        ))
+    }
+
+    /// Prepare an already decoded RGB image (admission limits still apply to its size).
+    pub fn prepare_rgb(&self, rgb: &RgbImage) -> Result<Prepared> {
+        let (w, h) = (
+            u32::try_from(rgb.width)
+                .map_err(|_| PrepError::BadSetting("width too large".into()))?,
+            u32::try_from(rgb.height)
+                .map_err(|_| PrepError::BadSetting("height too large".into()))?,
+        );
+        if w == 0 || h == 0 {
+            return Err(PrepError::ZeroSized {
+                width: w,
+                height: h,
+            });
+        }
+        if rgb.data.len() != rgb.width * rgb.height * 3 {
+            return Err(PrepError::BadSetting(format!(
+                "RGB buffer of {} bytes for {w}x{h}",
+                rgb.data.len()
+            )));
+        }
+        let pixels = u64::from(w) * u64::from(h);
+        if pixels > self.settings.limits.max_pixels {
+            return Err(PrepError::OverBudget {
+                width: w,
+                height: h,
+                pixels,
+                budget: self.settings.limits.max_pixels,
+            });
+        }
+        let plan = self.plan_size(w, h)?;
+        self.check_output(&plan)?;
+        Ok(prepare::prepare(
+            &self.law,
+            plan,
+            rgb,
+            self.settings.parallel,
+        ))
+    }
+
+    /// The resized u8 views upstream computes before normalisation (see [`prepare::resized_views`]).
+    pub fn resized_views(&self, rgb: &RgbImage) -> Result<Vec<RgbImage>> {
+        let plan = self.plan_size(rgb.width as u32, rgb.height as u32)?;
+        Ok(prepare::resized_views(
+            &self.law,
+            &plan,
+            rgb,
+            self.settings.parallel,
+        ))
+    }
+}

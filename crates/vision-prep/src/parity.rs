@@ -1,0 +1,357 @@
+//! Parity against the upstream processor fixtures in `fixtures/outputs/` (written by the oracle
+//! generator from transformers 5.23.0; see fixtures/README.md).
+//!
+//! Bounds (measured, then asserted):
+//! - plans, grids, position ids, crop counts, newline masks and prompt token ids/counts: exactly equal;
+//! - lossless sources (PNG, lossless WebP): resized u8 views and the f32 tensors bit-exact;
+//! - JPEG sources: the `image` crate's decoder (zune-jpeg) differs from Pillow's libjpeg-turbo, so the
+//!   resized views are compared with a bound on the max abs difference and the exact share reported.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::SafeTensors;
+use serde_json::Value;
+
+use crate::law::{Law, Step3p7Law};
+use crate::{config, ImageSource, ModelConfigs, PrepSettings, Preprocessor, RgbImage, TensorData};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+fn model_configs(dir: &Path) -> ModelConfigs {
+    ModelConfigs::from_dir(dir).expect("model configs")
+}
+
+fn preprocessor_for(meta: &Value) -> Preprocessor {
+    let model = meta["model"].as_str().unwrap_or("");
+    let variant = meta["variant"].as_str().unwrap_or("");
+    if let Some(p) = meta.get("processor").filter(|_| model.is_empty()) {
+        // step3p7 with an explicit (real) processor config: tokens from the step3p7 mini repo.
+        let cfg = model_configs(&fixtures().join("models").join(variant));
+        let law = Law::Step3p7(Step3p7Law {
+            image_size: p["size"].as_u64().expect("size") as u32,
+            patch_size: p["patch_size"].as_u64().expect("patch") as u32,
+            max_image_size: p["max_image_size"].as_u64().expect("max") as u32,
+            ..Default::default()
+        });
+        let tokens = config::tokens_for(&law, &cfg);
+        return Preprocessor::from_law(
+            law,
+            tokens,
+            crate::Family::Step3p7,
+            PrepSettings::default(),
+        );
+    }
+    Preprocessor::from_configs(
+        &model_configs(&fixtures().join(model)),
+        PrepSettings::default(),
+    )
+    .expect("configs")
+}
+
+fn u8_chw_to_hwc(st: &SafeTensors<'_>, name: &str, index: usize) -> Option<RgbImage> {
+    let t = st.tensor(name).ok()?;
+    let shape = t.shape();
+    let (h, w) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+    let plane = h * w;
+    let data = &t.data()[index * 3 * plane..(index + 1) * 3 * plane];
+    let mut out = vec![0u8; 3 * plane];
+    for c in 0..3 {
+        for i in 0..plane {
+            out[i * 3 + c] = data[c * plane + i];
+        }
+    }
+    Some(RgbImage {
+        width: w,
+        height: h,
+        data: out,
+    })
+}
+
+fn i64s(st: &SafeTensors<'_>, name: &str) -> Option<Vec<i64>> {
+    let t = st.tensor(name).ok()?;
+    Some(
+        t.data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+            .collect(),
+    )
+}
+
+fn f32s(st: &SafeTensors<'_>, name: &str) -> Option<Vec<f32>> {
+    let t = st.tensor(name).ok()?;
+    Some(
+        t.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap_or([0; 4])))
+            .collect(),
+    )
+}
+
+#[derive(Default, Debug)]
+struct Stat {
+    bytes: usize,
+    exact: usize,
+    max_diff: u8,
+}
+
+impl Stat {
+    fn add(&mut self, a: &[u8], b: &[u8]) {
+        self.bytes += a.len();
+        self.exact += a.iter().zip(b).filter(|(x, y)| x == y).count();
+        self.max_diff = self.max_diff.max(
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| x.abs_diff(*y))
+                .max()
+                .unwrap_or(0),
+        );
+    }
+}
+
+fn is_lossless(image: &str) -> bool {
+    image.ends_with(".png") || image.ends_with(".webp")
+}
+
+/// JPEG decode difference bound (zune-jpeg vs libjpeg-turbo), after resizing; measured on the fixtures.
+const JPEG_MAX_ABS_DIFF: u8 = 12;
+
+/// Processor fixtures (`proc_*`): plan, grid, ids, masks exact; resized u8 views exact for lossless
+/// sources, within [`JPEG_MAX_ABS_DIFF`] for JPEG.
+#[test]
+fn processor_fixtures() {
+    let out_dir = fixtures().join("outputs");
+    let Ok(variants) = std::fs::read_dir(&out_dir) else {
+        eprintln!("fixtures/outputs missing: skipped");
+        return;
+    };
+    let mut stats: BTreeMap<String, Stat> = BTreeMap::new();
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    let mut files: Vec<PathBuf> = variants
+        .flatten()
+        .flat_map(|v| {
+            std::fs::read_dir(v.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+        })
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    for path in files {
+        let bytes = std::fs::read(&path).expect("read");
+        let (_, header) = SafeTensors::read_metadata(&bytes).expect("header");
+        let st = SafeTensors::deserialize(&bytes).expect("safetensors");
+        let meta: Value = header
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get("fixture"))
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or(Value::Null);
+        let has_inputs = st.tensor("pixel_values").is_ok() || st.tensor("resized_u8").is_ok();
+        let crafted = path
+            .file_stem()
+            .is_some_and(|s| s.to_string_lossy().starts_with("video"));
+        if !has_inputs || crafted || meta["images"].as_array().is_none() {
+            continue;
+        }
+        let pre = preprocessor_for(&meta);
+        let images: Vec<String> = meta["images"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(String::from))
+            .collect();
+        let ctx = path
+            .strip_prefix(&out_dir)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        let mut glm_row = 0usize;
+        let mut local_row = 0usize;
+        for (b, image) in images.iter().enumerate() {
+            let data = std::fs::read(fixtures().join("images").join(image)).expect("image");
+            let prep = pre.prepare(ImageSource::Bytes(&data)).expect("prepare");
+            let plan_only = pre.plan(ImageSource::Bytes(&data)).expect("plan");
+            assert_eq!(plan_only, prep.plan, "{ctx}");
+            let fam = pre.family().name().to_string();
+            let key = format!(
+                "{fam} {}",
+                if is_lossless(image) {
+                    "lossless"
+                } else {
+                    "jpeg"
+                }
+            );
+            checked += 1;
+            // prompt plan: ids and counts (glm: the chat-template wrappers are not the processor's).
+            if let Some(pp) = meta["prompt_plan"].get(b).and_then(Value::as_array) {
+                let theirs: Vec<(Option<u64>, u64)> = pp
+                    .iter()
+                    .filter(|r| {
+                        !matches!(
+                            r["token"].as_str(),
+                            Some("<|begin_of_image|>" | "<|end_of_image|>")
+                        )
+                    })
+                    .map(|r| (r["id"].as_u64(), r["count"].as_u64().unwrap_or(0)))
+                    .collect();
+                let ours: Vec<(Option<u64>, u64)> = prep
+                    .plan
+                    .prompt_runs
+                    .iter()
+                    .map(|r| (r.token.id.map(u64::from), r.count))
+                    .collect();
+                if ours != theirs {
+                    failures.push(format!(
+                        "{ctx} {image}: prompt runs ours {ours:?} upstream {theirs:?}"
+                    ));
+                }
+            }
+            let views = pre
+                .resized_views(
+                    &crate::source::load(ImageSource::Bytes(&data), &Default::default())
+                        .expect("load")
+                        .1,
+                )
+                .expect("views");
+            let stat = stats.entry(key).or_default();
+            if let Some(r) = u8_chw_to_hwc(&st, "resized_u8", b) {
+                if (r.width, r.height) != (views[0].width, views[0].height) {
+                    failures.push(format!(
+                        "{ctx}: resized {}x{} vs ours {}x{}",
+                        r.width, r.height, views[0].width, views[0].height
+                    ));
+                } else {
+                    stat.add(&views[0].data, &r.data);
+                    if is_lossless(image) && views[0].data != r.data {
+                        failures.push(format!("{ctx} {image}: resized_u8 not bit-exact"));
+                    }
+                }
+            }
+            if let Some(idx) = i64s(&st, "resized_local_index") {
+                for (k, &tile) in idx.iter().enumerate() {
+                    let Some(r) = u8_chw_to_hwc(&st, "resized_local_u8", k) else {
+                        continue;
+                    };
+                    let ours = &views[1 + tile as usize];
+                    stat.add(&ours.data, &r.data);
+                    if is_lossless(image) && ours.data != r.data {
+                        failures.push(format!("{ctx} {image}: local tile {tile} not bit-exact"));
+                    }
+                }
+            }
+            // Integer tensors exact.
+            if let (Some(g), Some(ours)) = (i64s(&st, "image_grid_thw"), prep.glm()) {
+                if g[b * 3..b * 3 + 3] != ours.grid_thw {
+                    failures.push(format!(
+                        "{ctx}: grid {:?} vs {:?}",
+                        &g[b * 3..b * 3 + 3],
+                        ours.grid_thw
+                    ));
+                }
+            }
+            if let (Some(n), Some(ours)) = (i64s(&st, "num_local_patches"), prep.step3p7()) {
+                if n[b] as usize != ours.num_local {
+                    failures.push(format!("{ctx}: num_local {} vs {}", n[b], ours.num_local));
+                }
+                if let Some(m) = meta["patch_newline_masks"].get(b).and_then(Value::as_array) {
+                    let theirs: Vec<u8> = m
+                        .iter()
+                        .take(ours.num_local)
+                        .map(|v| u8::from(v.as_bool() == Some(true)))
+                        .collect();
+                    if theirs != ours.newline_mask {
+                        failures.push(format!(
+                            "{ctx}: newline mask {theirs:?} vs {:?}",
+                            ours.newline_mask
+                        ));
+                    }
+                }
+            }
+            if let (Some(pos), Some(ours)) = (i64s(&st, "image_position_ids"), prep.gemma4()) {
+                let per = pos.len() / images.len();
+                if pos[b * per..b * per + ours.positions.len()] != *ours.positions
+                    || pos[b * per + ours.positions.len()..(b + 1) * per]
+                        .iter()
+                        .any(|&v| v != -1)
+                {
+                    failures.push(format!("{ctx}: position ids differ"));
+                }
+            }
+            // Float tensors (tower cases store the processor's own pixel_values): bit-exact for lossless.
+            if let Some(pv) = f32s(&st, "pixel_values") {
+                let (ours, theirs): (Vec<f32>, Vec<f32>) =
+                    match (&prep.gemma4(), &prep.glm(), &prep.step3p7()) {
+                        (Some(g), _, _) => {
+                            let per = pv.len() / images.len();
+                            let s = &pv[b * per..b * per + g.patches.len()];
+                            (g.patches.to_vec(), s.to_vec())
+                        }
+                        (_, Some(g), _) => {
+                            let s = pv[glm_row..glm_row + g.rows.len()].to_vec();
+                            glm_row += g.rows.len();
+                            (g.rows.to_vec(), s)
+                        }
+                        (_, _, Some(s)) => {
+                            let per = pv.len() / images.len();
+                            (s.global.to_vec(), pv[b * per..(b + 1) * per].to_vec())
+                        }
+                        _ => (Vec::new(), Vec::new()),
+                    };
+                if is_lossless(image)
+                    && ours
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .ne(theirs.iter().map(|x| x.to_bits()))
+                {
+                    failures.push(format!("{ctx} {image}: pixel_values not bit-exact"));
+                }
+            }
+            if let (Some(pl), Some(s)) = (f32s(&st, "pixel_values_local"), prep.step3p7()) {
+                let n = s.local.len();
+                if is_lossless(image)
+                    && n > 0
+                    && s.local
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .ne(pl[local_row..local_row + n].iter().map(|x| x.to_bits()))
+                {
+                    failures.push(format!("{ctx} {image}: pixel_values_local not bit-exact"));
+                }
+                local_row += n;
+            }
+            if let Some(TensorData::F32(_)) = prep.tensor("pixel_values").map(|t| &t.data) {
+            } else {
+                failures.push(format!("{ctx}: no pixel_values"));
+            }
+        }
+    }
+    for (k, s) in &stats {
+        eprintln!(
+            "parity {k}: {}/{} resized bytes exact ({:.4}%), max diff {}",
+            s.exact,
+            s.bytes,
+            100.0 * s.exact as f64 / s.bytes.max(1) as f64,
+            s.max_diff
+        );
+        if k.ends_with("jpeg") {
+            assert!(
+                s.max_diff <= JPEG_MAX_ABS_DIFF,
+                "{k}: max diff {} > {JPEG_MAX_ABS_DIFF}",
+                s.max_diff
+            );
+        }
+    }
+    assert!(checked >= 30, "only {checked} fixture images checked");
+    assert!(
+        failures.is_empty(),
+        "{} failures: {:#?}",
+        failures.len(),
+        failures
+    );
+}
