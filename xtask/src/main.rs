@@ -3,6 +3,9 @@
 mod fixtures;
 mod gpu;
 mod parity;
+mod towers;
+mod towers_glm;
+mod towers_step;
 
 use anyhow::{bail, Result};
 use std::path::PathBuf;

@@ -1,0 +1,1068 @@
+//! The Gemma-4 tower on a CUDA device: the same op sequence as [`crate::forward_host`], on
+//! gpu-core's kernels and cuBLASLt GEMMs, for many images of different sizes in one padding-free
+//! pass (one attention segment per image).
+//!
+//! **Architecture Invariant:** nothing is copied to the host inside [`GemmaCuda::run`]; only the
+//! stages (when asked) and the final rows ([`GemmaCuda::rows`]) come back.
+//!
+//! Layout on the device:
+//! - linear weights in bf16 ([`CudaPrecision::Bf16`], the product mode) or f32
+//!   ([`CudaPrecision::F32`], the exactness mode: f32 GEMMs); norms, tables, clamps, the
+//!   standardisation and the residual stream in f32;
+//! - q/k/v fused into one `[3·nh·kd, H]` weight when their input clamps agree (else one GEMM per
+//!   linear, each on its own clamped pre-norm), gate/up likewise into `[2I, H]`;
+//! - the patch projection folds the input law `2(x − 0.5)`: `W·(2x − 1) = (2W)·x − W·1`, so the
+//!   weight is doubled (exact) and `−rowsum(W)` (f64, rounded once) is the GEMM's f32 bias;
+//! - head dims the attention kernels lack (they exist for 64, 72, 96) are zero-padded to the next
+//!   one: zero q/k/v weight rows and zero o columns, so the padded lanes contribute exact zeros.
+//!
+//! The f32 mode is f32 everywhere gpu-core has f32 kernels; the attention core (per-head
+//! norm + rope, flash attention) and the gated activation exist only in bf16 there, so those
+//! three steps round to bf16 in both modes (bf16 ↔ f32 conversions go through exact identity
+//! GEMMs).
+use std::sync::Arc;
+
+use gpu_core::{
+    bf16, rope_inv_freq, Activation, AttnArgs, Clamp, DeviceBuffer, Epilogue, Gate, GemmBias,
+    GemmInputs, GemmOutput, GemmShape, Mat, QkvSpec, RopeLayout, RopeSpec,
+};
+use rayon::prelude::*;
+
+use crate::config::GemmaConfig;
+use crate::error::GemmaError;
+use crate::forward::{GemmaImage, GemmaStages, ATTENTION_SCALE};
+use crate::weights::{GemmaWeights, Linear};
+
+/// The device type and its error, re-exported for callers of this path.
+pub use gpu_core::{Device, GpuError};
+
+/// Errors of the CUDA path.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// The device or a kernel launch failed (includes [`GpuError::NoDevice`]).
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// The tower refused its input or weights.
+    #[error(transparent)]
+    Gemma(#[from] GemmaError),
+    /// A shape the CUDA kernels cannot run (e.g. a head dim over 96).
+    #[error("unsupported on the CUDA path: {0}")]
+    Unsupported(String),
+}
+
+/// Short for `Result<T, CudaError>`.
+pub type CudaResult<T> = std::result::Result<T, CudaError>;
+
+/// The arithmetic of the GEMMs and of the buffers they read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaPrecision {
+    /// bf16 weights and GEMM inputs on the tensor cores, f32 accumulation (the product mode).
+    Bf16,
+    /// f32 weights and GEMMs (no TF32): the exactness mode.
+    F32,
+}
+
+/// Head dims the flash-attention kernels exist for.
+const KERNEL_HEAD_DIMS: [usize; 3] = [64, 72, 96];
+
+/// A device matrix in the GEMM precision.
+#[derive(Debug)]
+enum Buf {
+    B(DeviceBuffer<bf16>),
+    F(DeviceBuffer<f32>),
+}
+
+impl Buf {
+    fn bytes(&self) -> usize {
+        match self {
+            Buf::B(b) => 2 * b.len(),
+            Buf::F(b) => 4 * b.len(),
+        }
+    }
+    fn alloc(dev: &Device, p: CudaPrecision, len: usize) -> CudaResult<Buf> {
+        Ok(match p {
+            CudaPrecision::Bf16 => Buf::B(dev.alloc(len)?),
+            CudaPrecision::F32 => Buf::F(dev.alloc(len)?),
+        })
+    }
+    fn upload(dev: &Device, p: CudaPrecision, host: &[f32]) -> CudaResult<Buf> {
+        Ok(match p {
+            CudaPrecision::Bf16 => {
+                let v: Vec<bf16> = host.par_iter().map(|&x| bf16::from_f32(x)).collect();
+                Buf::B(dev.upload(&v)?)
+            }
+            CudaPrecision::F32 => Buf::F(dev.upload(host)?),
+        })
+    }
+}
+
+/// A mutable GEMM output in either precision.
+enum OutRef<'a> {
+    B(&'a mut DeviceBuffer<bf16>),
+    F(&'a mut DeviceBuffer<f32>),
+}
+
+impl Buf {
+    fn out(&mut self) -> OutRef<'_> {
+        match self {
+            Buf::B(b) => OutRef::B(b),
+            Buf::F(b) => OutRef::F(b),
+        }
+    }
+}
+
+fn gemm_in<'a>(x: &'a Buf, w: &'a Buf) -> CudaResult<GemmInputs<'a>> {
+    match (x, w) {
+        (Buf::B(x), Buf::B(w)) => Ok(GemmInputs::Bf16 { x, w }),
+        (Buf::F(x), Buf::F(w)) => Ok(GemmInputs::F32 { x, w }),
+        _ => Err(CudaError::Unsupported(
+            "GEMM operands of different precisions".into(),
+        )),
+    }
+}
+
+/// One GEMM writing a column block `[col, col + width)` of a wider output, on its own clamped input.
+#[derive(Debug)]
+struct Group {
+    w: Buf,
+    width: usize,
+    col: usize,
+    clamp_in: Clamp,
+}
+
+#[derive(Debug)]
+struct DevLayer {
+    ln_in: DeviceBuffer<f32>,
+    ln_post_attn: DeviceBuffer<f32>,
+    ln_pre_ffn: DeviceBuffer<f32>,
+    ln_post_ffn: DeviceBuffer<f32>,
+    qkv: Vec<Group>,
+    qkv_out: [Clamp; 3],
+    q_norm: DeviceBuffer<f32>,
+    k_norm: DeviceBuffer<f32>,
+    o: Buf,
+    o_in: Clamp,
+    o_out: Clamp,
+    mlp: Vec<Group>,
+    gate: Gate,
+    down: Buf,
+    down_out: Clamp,
+}
+
+/// Buffers sized for up to `cap` tokens and `cap_p` pooled rows.
+#[derive(Debug)]
+struct Workspace {
+    cap: usize,
+    cap_p: usize,
+    x: DeviceBuffer<f32>,
+    hn: Buf,
+    qkv_f: Option<DeviceBuffer<f32>>,
+    qkv: DeviceBuffer<bf16>,
+    attn: DeviceBuffer<bf16>,
+    attn_f: Option<DeviceBuffer<f32>>,
+    y: DeviceBuffer<f32>,
+    gu: Buf,
+    gu_b: Option<DeviceBuffer<bf16>>,
+    act: DeviceBuffer<bf16>,
+    act_f: Option<DeviceBuffer<f32>>,
+    pooled: DeviceBuffer<f32>,
+    std: DeviceBuffer<f32>,
+    normed: Buf,
+    rows: DeviceBuffer<f32>,
+}
+
+/// A batch of validated images on the device: pixels, positions, attention segments and grids.
+#[derive(Debug)]
+pub struct GemmaBatch {
+    n: usize,
+    pixels: Buf,
+    pos: DeviceBuffer<i32>,
+    cu_dev: DeviceBuffer<i32>,
+    cu: Vec<i32>,
+    /// `(gw, gh)` per image.
+    grids: Vec<(usize, usize)>,
+    pooled_rows: usize,
+}
+
+impl GemmaBatch {
+    /// Patches (tokens) in the batch.
+    pub fn tokens(&self) -> usize {
+        self.n
+    }
+    /// Soft tokens (pooled rows) in the batch.
+    pub fn pooled_rows(&self) -> usize {
+        self.pooled_rows
+    }
+    /// Images in the batch.
+    pub fn images(&self) -> usize {
+        self.grids.len()
+    }
+}
+
+/// The Gemma-4 tower's weights on a CUDA device, with a workspace kept between calls.
+#[derive(Debug)]
+pub struct GemmaCuda {
+    dev: Arc<Device>,
+    cfg: GemmaConfig,
+    precision: CudaPrecision,
+    /// Head dim the attention kernels run at (`head_dim`, or the next kernel size when padded).
+    kd: usize,
+    patch_w: Buf,
+    patch_b: DeviceBuffer<f32>,
+    pos: DeviceBuffer<f32>,
+    layers: Vec<DevLayer>,
+    /// `diag(std_scale)` `[H, H]` and `−std_bias ⊙ std_scale` `[H]` (f32).
+    std: Option<(DeviceBuffer<f32>, DeviceBuffer<f32>)>,
+    proj: Buf,
+    inv_freq: DeviceBuffer<f32>,
+    /// f32 identity `[H, H]`: exact row-block copies (pooling images at an offset).
+    eye_h: DeviceBuffer<f32>,
+    /// bf16 identities `[W', W']` and `[I, I]`: exact bf16 → f32 conversions (f32 mode only).
+    eye_w: Option<DeviceBuffer<bf16>>,
+    eye_i: Option<DeviceBuffer<bf16>>,
+    weight_bytes: usize,
+    ws: Option<Workspace>,
+}
+
+fn pad_rows(l: &Linear, heads: usize, hd: usize, kd: usize) -> Vec<f32> {
+    if hd == kd {
+        return l.w.clone();
+    }
+    let h = l.inp;
+    let mut out = vec![0.0f32; heads * kd * h];
+    for head in 0..heads {
+        for r in 0..hd {
+            let src = (head * hd + r) * h;
+            let dst = (head * kd + r) * h;
+            out[dst..dst + h].copy_from_slice(&l.w[src..src + h]);
+        }
+    }
+    out
+}
+
+fn pad_cols(l: &Linear, heads: usize, hd: usize, kd: usize) -> Vec<f32> {
+    if hd == kd {
+        return l.w.clone();
+    }
+    let (rows, wp) = (l.out, heads * kd);
+    let mut out = vec![0.0f32; rows * wp];
+    for j in 0..rows {
+        for head in 0..heads {
+            let src = j * l.inp + head * hd;
+            let dst = j * wp + head * kd;
+            out[dst..dst + hd].copy_from_slice(&l.w[src..src + hd]);
+        }
+    }
+    out
+}
+
+fn eye<T: Copy>(n: usize, one: T, zero: T) -> Vec<T> {
+    let mut v = vec![zero; n * n];
+    for i in 0..n {
+        v[i * n + i] = one;
+    }
+    v
+}
+
+/// Groups of linears sharing one input clamp: fused into one weight when all clamps agree.
+fn groups(
+    dev: &Device,
+    p: CudaPrecision,
+    parts: &[(&Linear, Vec<f32>, usize)],
+) -> CudaResult<Vec<Group>> {
+    let same = parts.windows(2).all(|w| w[0].0.clamp_in == w[1].0.clamp_in);
+    if same {
+        let width: usize = parts.iter().map(|(_, _, r)| r).sum();
+        let mut all = Vec::with_capacity(width * parts[0].0.inp);
+        for (_, w, _) in parts {
+            all.extend_from_slice(w);
+        }
+        Ok(vec![Group {
+            w: Buf::upload(dev, p, &all)?,
+            width,
+            col: 0,
+            clamp_in: parts[0].0.clamp_in,
+        }])
+    } else {
+        let mut col = 0;
+        let mut v = Vec::new();
+        for (l, w, r) in parts {
+            v.push(Group {
+                w: Buf::upload(dev, p, w)?,
+                width: *r,
+                col,
+                clamp_in: l.clamp_in,
+            });
+            col += r;
+        }
+        Ok(v)
+    }
+}
+
+impl GemmaCuda {
+    /// Uploads `w` once (see the module docs for the layout).
+    pub fn new(
+        dev: Arc<Device>,
+        cfg: &GemmaConfig,
+        w: &GemmaWeights,
+        precision: CudaPrecision,
+    ) -> CudaResult<GemmaCuda> {
+        let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
+        let kd = KERNEL_HEAD_DIMS
+            .iter()
+            .copied()
+            .find(|&k| k >= hd)
+            .ok_or_else(|| {
+                CudaError::Unsupported(format!(
+                    "head_dim {hd}: the attention kernels stop at {}",
+                    KERNEL_HEAD_DIMS[2]
+                ))
+            })?;
+        let wp = heads * kd;
+        let p = precision;
+        let d = &*dev;
+        // transformers Gemma4VisionPatchEmbedder: input_proj(2·(pixel − 0.5)) = (2W)·x − W·1.
+        let pd = cfg.patch_dim();
+        let patch2: Vec<f32> = w.patch.iter().map(|v| 2.0 * v).collect();
+        let bias: Vec<f32> = w
+            .patch
+            .chunks_exact(pd)
+            .map(|r| -(r.iter().map(|&v| v as f64).sum::<f64>()) as f32)
+            .collect();
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            let qkv = groups(
+                d,
+                p,
+                &[
+                    (&l.q, pad_rows(&l.q, heads, hd, kd), wp),
+                    (&l.k, pad_rows(&l.k, heads, hd, kd), wp),
+                    (&l.v, pad_rows(&l.v, heads, hd, kd), wp),
+                ],
+            )?;
+            let mi = cfg.intermediate;
+            let mlp = groups(
+                d,
+                p,
+                &[(&l.gate, l.gate.w.clone(), mi), (&l.up, l.up.w.clone(), mi)],
+            )?;
+            layers.push(DevLayer {
+                ln_in: d.upload(&l.ln_in)?,
+                ln_post_attn: d.upload(&l.ln_post_attn)?,
+                ln_pre_ffn: d.upload(&l.ln_pre_ffn)?,
+                ln_post_ffn: d.upload(&l.ln_post_ffn)?,
+                qkv,
+                qkv_out: [l.q.clamp_out, l.k.clamp_out, l.v.clamp_out],
+                q_norm: d.upload(&l.q_norm)?,
+                k_norm: d.upload(&l.k_norm)?,
+                o: Buf::upload(d, p, &pad_cols(&l.o, heads, hd, kd))?,
+                o_in: l.o.clamp_in,
+                o_out: l.o.clamp_out,
+                mlp,
+                gate: Gate {
+                    act: cfg.activation,
+                    gate_limit: f32::INFINITY,
+                    gate: l.gate.clamp_out,
+                    up: l.up.clamp_out,
+                    out: l.down.clamp_in,
+                },
+                down: Buf::upload(d, p, &l.down.w)?,
+                down_out: l.down.clamp_out,
+            });
+        }
+        let std = match &w.standardize {
+            Some((b, s)) => {
+                let mut diag = vec![0.0f32; h * h];
+                for i in 0..h {
+                    diag[i * h + i] = s[i];
+                }
+                let nb: Vec<f32> = b
+                    .iter()
+                    .zip(s)
+                    .map(|(b, s)| -((*b as f64) * (*s as f64)) as f32)
+                    .collect();
+                Some((d.upload(&diag)?, d.upload(&nb)?))
+            }
+            None => None,
+        };
+        let (eye_w, eye_i) = match p {
+            CudaPrecision::F32 => {
+                let (one, zero) = (bf16::from_f32(1.0), bf16::from_f32(0.0));
+                (
+                    Some(d.upload(&eye(wp, one, zero))?),
+                    Some(d.upload(&eye(cfg.intermediate, one, zero))?),
+                )
+            }
+            CudaPrecision::Bf16 => (None, None),
+        };
+        let mut t = GemmaCuda {
+            cfg: cfg.clone(),
+            precision,
+            kd,
+            patch_w: Buf::upload(d, p, &patch2)?,
+            patch_b: d.upload(&bias)?,
+            pos: d.upload(&w.pos)?,
+            layers,
+            std,
+            proj: Buf::upload(d, p, &w.proj)?,
+            inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
+            eye_h: d.upload(&eye(h, 1.0f32, 0.0))?,
+            eye_w,
+            eye_i,
+            weight_bytes: 0,
+            ws: None,
+            dev,
+        };
+        t.weight_bytes = t.count_weight_bytes();
+        t.dev.synchronize()?;
+        Ok(t)
+    }
+
+    fn count_weight_bytes(&self) -> usize {
+        let f = |b: &DeviceBuffer<f32>| 4 * b.len();
+        let mut n = self.patch_w.bytes() + f(&self.patch_b) + f(&self.pos) + self.proj.bytes();
+        n += f(&self.inv_freq);
+        if let Some((a, b)) = &self.std {
+            n += f(a) + f(b);
+        }
+        for l in &self.layers {
+            n += f(&l.ln_in) + f(&l.ln_post_attn) + f(&l.ln_pre_ffn) + f(&l.ln_post_ffn);
+            n += f(&l.q_norm) + f(&l.k_norm) + l.o.bytes() + l.down.bytes();
+            n += l
+                .qkv
+                .iter()
+                .chain(&l.mlp)
+                .map(|g| g.w.bytes())
+                .sum::<usize>();
+        }
+        n
+    }
+
+    /// Bytes of the model's tensors on the device (without the helper identities and workspace).
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// The device this tower runs on.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// The precision the weights were uploaded in.
+    pub fn precision(&self) -> CudaPrecision {
+        self.precision
+    }
+
+    /// Validates `images` (dropping padding rows) and uploads pixels, positions and segments.
+    pub fn prepare(&self, images: &[GemmaImage<'_>]) -> CudaResult<GemmaBatch> {
+        let cfg = &self.cfg;
+        let pd = cfg.patch_dim();
+        let mut pixels = Vec::new();
+        let mut pos = Vec::new();
+        let mut cu = vec![0i32];
+        let mut grids = Vec::with_capacity(images.len());
+        let mut pooled_rows = 0;
+        if images.is_empty() {
+            return Err(GemmaError::Input("no images".into()).into());
+        }
+        for (index, img) in images.iter().enumerate() {
+            let bad = |m: String| GemmaError::Input(format!("image {index}: {m}"));
+            if img.patches.len() % pd != 0 || img.positions.len() * pd != img.patches.len() * 2 {
+                return Err(bad(format!(
+                    "{} patch values and {} position values do not make rows of {pd} with (x, y) each",
+                    img.patches.len(),
+                    img.positions.len()
+                ))
+                .into());
+            }
+            let start = pos.len() / 2;
+            let (mut gw, mut gh) = (0i64, 0i64);
+            for (row, p) in img
+                .patches
+                .chunks_exact(pd)
+                .zip(img.positions.chunks_exact(2))
+            {
+                if p[0] == -1 && p[1] == -1 {
+                    continue;
+                }
+                if row.iter().any(|v| !v.is_finite()) {
+                    return Err(bad("non-finite pixel value".into()).into());
+                }
+                pixels.extend_from_slice(row);
+                pos.push(i32::try_from(p[0]).map_err(|_| bad(format!("position {p:?}")))?);
+                pos.push(i32::try_from(p[1]).map_err(|_| bad(format!("position {p:?}")))?);
+                gw = gw.max(p[0] + 1);
+                gh = gh.max(p[1] + 1);
+            }
+            let n = pos.len() / 2 - start;
+            if n == 0 {
+                return Err(bad("no patches".into()).into());
+            }
+            let (gw, gh) = (gw.max(1) as usize, gh.max(1) as usize);
+            // The processor emits the full grid in raster order; the pooler's slot law assumes it.
+            let raster = n == gw * gh
+                && pos[2 * start..]
+                    .chunks_exact(2)
+                    .enumerate()
+                    .all(|(i, p)| p[0] >= 0 && p[0] as usize == i % gw && p[1] as usize == i / gw);
+            if !raster {
+                return Err(bad(format!(
+                    "positions are not the full {gw}×{gh} grid in raster order"
+                ))
+                .into());
+            }
+            if gw % cfg.pool != 0 || gh % cfg.pool != 0 {
+                return Err(bad(format!(
+                    "grid {gw}×{gh} is not a multiple of the pooling kernel {}",
+                    cfg.pool
+                ))
+                .into());
+            }
+            if gw > cfg.pos_rows || gh > cfg.pos_rows {
+                return Err(bad(format!(
+                    "grid {gw}×{gh} exceeds the position tables' {} rows",
+                    cfg.pos_rows
+                ))
+                .into());
+            }
+            let last = *cu.last().unwrap_or(&0);
+            let next = i32::try_from(last as usize + n)
+                .map_err(|_| bad("more than 2³¹ tokens in one batch".into()))?;
+            cu.push(next);
+            grids.push((gw, gh));
+            pooled_rows += (gw / cfg.pool) * (gh / cfg.pool);
+        }
+        let d = &*self.dev;
+        Ok(GemmaBatch {
+            n: pos.len() / 2,
+            pixels: Buf::upload(d, self.precision, &pixels)?,
+            pos: d.upload(&pos)?,
+            cu_dev: d.upload(&cu)?,
+            cu,
+            grids,
+            pooled_rows,
+        })
+    }
+
+    fn ensure_workspace(&mut self, n: usize, np: usize) -> CudaResult<()> {
+        if let Some(ws) = &self.ws {
+            if ws.cap >= n && ws.cap_p >= np {
+                return Ok(());
+            }
+        }
+        let (cap, cap_p) = match &self.ws {
+            Some(ws) => (ws.cap.max(n), ws.cap_p.max(np)),
+            None => (n, np),
+        };
+        self.ws = None; // free the old one first
+        let c = &self.cfg;
+        let (h, wp, mi) = (c.hidden, c.heads * self.kd, c.intermediate);
+        let d = &*self.dev;
+        let p = self.precision;
+        let f32m = p == CudaPrecision::F32;
+        self.ws = Some(Workspace {
+            cap,
+            cap_p,
+            x: d.alloc(cap * h)?,
+            hn: Buf::alloc(d, p, cap * h)?,
+            qkv_f: if f32m {
+                Some(d.alloc(cap * 3 * wp)?)
+            } else {
+                None
+            },
+            qkv: d.alloc(cap * 3 * wp)?,
+            attn: d.alloc(cap * wp)?,
+            attn_f: if f32m { Some(d.alloc(cap * wp)?) } else { None },
+            y: d.alloc(cap * h)?,
+            gu: Buf::alloc(d, p, cap * 2 * mi)?,
+            gu_b: if f32m {
+                Some(d.alloc(cap * 2 * mi)?)
+            } else {
+                None
+            },
+            act: d.alloc(cap * mi)?,
+            act_f: if f32m { Some(d.alloc(cap * mi)?) } else { None },
+            pooled: d.alloc(cap_p * h)?,
+            std: d.alloc(cap_p * h)?,
+            normed: Buf::alloc(d, p, cap_p * h)?,
+            rows: d.alloc(cap_p * c.text_hidden)?,
+        });
+        Ok(())
+    }
+
+    /// Runs the whole forward on `batch` on the device; the rows stay there ([`GemmaCuda::rows`]).
+    /// With `keep_stages` the stage activations are downloaded as they are produced.
+    pub fn run(
+        &mut self,
+        batch: &GemmaBatch,
+        keep_stages: bool,
+    ) -> CudaResult<Option<GemmaStages>> {
+        self.ensure_workspace(batch.n, batch.pooled_rows)?;
+        let mut ws = self
+            .ws
+            .take()
+            .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
+        let r = self.run_in(&mut ws, batch, keep_stages);
+        self.ws = Some(ws);
+        r
+    }
+
+    /// Downloads the rows of the last [`GemmaCuda::run`] on `batch`, one `[n_i, text_hidden]` per image.
+    pub fn rows(&self, batch: &GemmaBatch) -> CudaResult<Vec<Vec<f32>>> {
+        let ws = self
+            .ws
+            .as_ref()
+            .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
+        let t = self.cfg.text_hidden;
+        let all = self.dev.download(&ws.rows)?;
+        let mut out = Vec::with_capacity(batch.grids.len());
+        let mut start = 0;
+        for &(gw, gh) in &batch.grids {
+            let np = (gw / self.cfg.pool) * (gh / self.cfg.pool);
+            out.push(all[start * t..(start + np) * t].to_vec());
+            start += np;
+        }
+        Ok(out)
+    }
+
+    /// [`GemmaCuda::prepare`], [`GemmaCuda::run`] and [`GemmaCuda::rows`] in one call.
+    pub fn encode(
+        &mut self,
+        images: &[GemmaImage<'_>],
+        keep_stages: bool,
+    ) -> CudaResult<(Vec<Vec<f32>>, Option<GemmaStages>)> {
+        let batch = self.prepare(images)?;
+        let stages = self.run(&batch, keep_stages)?;
+        Ok((self.rows(&batch)?, stages))
+    }
+
+    fn download_rows(
+        &self,
+        b: &DeviceBuffer<f32>,
+        rows: usize,
+        width: usize,
+    ) -> CudaResult<Vec<f32>> {
+        let mut v = self.dev.download(b)?;
+        v.truncate(rows * width);
+        Ok(v)
+    }
+
+    /// Pre-norm of `x` into `hn` with `clamp`, in the GEMM precision.
+    fn norm_into(
+        &self,
+        x: &DeviceBuffer<f32>,
+        w: Option<&DeviceBuffer<f32>>,
+        hn: &mut Buf,
+        rows: usize,
+        clamp: Clamp,
+    ) -> CudaResult<()> {
+        let h = self.cfg.hidden;
+        let m = Mat::dense(rows, h);
+        let eps = self.cfg.eps as f32;
+        match hn {
+            Buf::B(o) => self.dev.rms_norm(x, m, w, o, m, eps, clamp)?,
+            Buf::F(o) => self.dev.rms_norm(x, m, w, o, m, eps, clamp)?,
+        }
+        Ok(())
+    }
+
+    /// `out[:, g.col .. g.col + g.width] = hn · g.wᵀ` for every group, each on its own clamped pre-norm.
+    /// `hn` already holds the pre-norm when `prenormed` (one group, no clamp).
+    #[allow(clippy::too_many_arguments)]
+    fn grouped_gemm(
+        &self,
+        x: &DeviceBuffer<f32>,
+        norm_w: &DeviceBuffer<f32>,
+        hn: &mut Buf,
+        gs: &[Group],
+        mut out: OutRef<'_>,
+        ld: usize,
+        n: usize,
+        prenormed: bool,
+    ) -> CudaResult<()> {
+        let h = self.cfg.hidden;
+        for g in gs {
+            if !prenormed {
+                self.norm_into(x, Some(norm_w), hn, n, g.clamp_in)?;
+            }
+            let shape = GemmShape {
+                ldy: ld,
+                y_offset: g.col,
+                ..GemmShape::dense(n, g.width, h)
+            };
+            let o = match &mut out {
+                OutRef::B(o) => GemmOutput::Bf16(o),
+                OutRef::F(o) => GemmOutput::F32(o),
+            };
+            self.dev
+                .gemm(gemm_in(hn, &g.w)?, None, o, shape, Epilogue::None)?;
+        }
+        Ok(())
+    }
+
+    fn run_in(
+        &self,
+        ws: &mut Workspace,
+        batch: &GemmaBatch,
+        keep: bool,
+    ) -> CudaResult<Option<GemmaStages>> {
+        let c = &self.cfg;
+        let d = &*self.dev;
+        let (n, h, heads, hd, kd) = (batch.n, c.hidden, c.heads, c.head_dim, self.kd);
+        let (wp, mi, pd) = (heads * kd, c.intermediate, c.patch_dim());
+        let eps = c.eps as f32;
+        let bf16_mode = self.precision == CudaPrecision::Bf16;
+        let mut stages = keep.then(GemmaStages::default);
+
+        // Patch projection (input law folded into weight and bias) + position tables.
+        d.gemm(
+            gemm_in(&batch.pixels, &self.patch_w)?,
+            Some(GemmBias::F32(&self.patch_b)),
+            GemmOutput::F32(&mut ws.x),
+            GemmShape::dense(n, h, pd),
+            Epilogue::None,
+        )?;
+        d.pos_add_xy(&mut ws.x, n, h, &self.pos, c.pos_rows, &batch.pos)?;
+        if let Some(s) = stages.as_mut() {
+            s.patch_embed = self.download_rows(&ws.x, n, h)?;
+        }
+
+        let rope = RopeSpec {
+            layout: RopeLayout::Gemma4,
+            pos: &batch.pos,
+            inv_freq: &self.inv_freq,
+        };
+        let nl = self.layers.len();
+        // In bf16 mode a single unclamped group reads the pre-norm fused into the residual kernel.
+        let fusable = |gs: &[Group]| bf16_mode && gs.len() == 1 && gs[0].clamp_in == Clamp::NONE;
+        let mut prenormed = false;
+        for (li, l) in self.layers.iter().enumerate() {
+            // --- attention ---
+            if !prenormed && fusable(&l.qkv) {
+                self.norm_into(&ws.x, Some(&l.ln_in), &mut ws.hn, n, Clamp::NONE)?;
+                prenormed = true;
+            }
+            match (&mut ws.qkv_f, bf16_mode) {
+                (_, true) => {
+                    let out = OutRef::B(&mut ws.qkv);
+                    self.grouped_gemm(
+                        &ws.x,
+                        &l.ln_in,
+                        &mut ws.hn,
+                        &l.qkv,
+                        out,
+                        3 * wp,
+                        n,
+                        prenormed,
+                    )?;
+                }
+                (Some(qf), false) => {
+                    let out = OutRef::F(qf);
+                    self.grouped_gemm(&ws.x, &l.ln_in, &mut ws.hn, &l.qkv, out, 3 * wp, n, false)?;
+                    d.cast_f32_bf16(qf, &mut ws.qkv)?;
+                }
+                (None, false) => {
+                    return Err(CudaError::Unsupported("f32 workspace missing".into()))
+                }
+            }
+            // Per-head RMS (q, k weighted; v weightless) with the q/k/v output clamps, rope on q, k.
+            let per_head: Vec<(usize, usize)> = if kd == hd {
+                vec![(0, heads)]
+            } else {
+                (0..heads).map(|i| (i * kd, 1)).collect()
+            };
+            for (off, nh) in per_head {
+                let spec = QkvSpec {
+                    tokens: n,
+                    heads: nh,
+                    head_dim: hd,
+                    ld: 3 * wp,
+                    offsets: [off, wp + off, 2 * wp + off],
+                    q_weight: Some(&l.q_norm),
+                    k_weight: Some(&l.k_norm),
+                    norm: [true, true, true],
+                    eps,
+                    clamps: l.qkv_out,
+                };
+                d.qk_norm_rope(&mut ws.qkv, &spec, Some(&rope))?;
+            }
+            let args = AttnArgs {
+                q: (&ws.qkv, Mat::strided(n, wp, 3 * wp, 0)),
+                k: (&ws.qkv, Mat::strided(n, wp, 3 * wp, wp)),
+                v: (&ws.qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
+                heads,
+                head_dim: kd,
+                cu_seqlens: &batch.cu_dev,
+                cu_seqlens_host: &batch.cu,
+                scale: ATTENTION_SCALE,
+                variant: None,
+            };
+            d.flash_attn(&args, &mut ws.attn, Mat::dense(n, wp))?;
+            if l.o_in != Clamp::NONE {
+                d.act_in_place(
+                    &mut ws.attn,
+                    Mat::dense(n, wp),
+                    Activation::Identity,
+                    l.o_in,
+                    Clamp::NONE,
+                )?;
+            }
+            match (&l.o, &mut ws.attn_f, &self.eye_w) {
+                (Buf::B(w), _, _) => d.gemm(
+                    GemmInputs::Bf16 { x: &ws.attn, w },
+                    None,
+                    GemmOutput::F32(&mut ws.y),
+                    GemmShape::dense(n, h, wp),
+                    Epilogue::None,
+                )?,
+                (Buf::F(w), Some(af), Some(eye)) => {
+                    d.gemm(
+                        GemmInputs::Bf16 {
+                            x: &ws.attn,
+                            w: eye,
+                        },
+                        None,
+                        GemmOutput::F32(af),
+                        GemmShape::dense(n, wp, wp),
+                        Epilogue::None,
+                    )?;
+                    d.gemm(
+                        GemmInputs::F32 { x: af, w },
+                        None,
+                        GemmOutput::F32(&mut ws.y),
+                        GemmShape::dense(n, h, wp),
+                        Epilogue::None,
+                    )?;
+                }
+                _ => return Err(CudaError::Unsupported("f32 workspace missing".into())),
+            }
+            let fuse_ffn = fusable(&l.mlp);
+            {
+                let next = match (&mut ws.hn, fuse_ffn) {
+                    (Buf::B(hn), true) => Some((Some(&l.ln_pre_ffn), hn, eps)),
+                    _ => None,
+                };
+                d.residual_rms_add(
+                    &mut ws.x,
+                    &ws.y,
+                    Mat::dense(n, h),
+                    Some(&l.ln_post_attn),
+                    eps,
+                    l.o_out,
+                    next,
+                )?;
+            }
+            // --- MLP ---
+            self.grouped_gemm(
+                &ws.x,
+                &l.ln_pre_ffn,
+                &mut ws.hn,
+                &l.mlp,
+                ws.gu.out(),
+                2 * mi,
+                n,
+                fuse_ffn,
+            )?;
+            let gate_m = Mat::strided(n, mi, 2 * mi, 0);
+            let up_m = Mat::strided(n, mi, 2 * mi, mi);
+            match (&ws.gu, &mut ws.gu_b) {
+                (Buf::B(gu), _) => {
+                    d.gated_act(&mut ws.act, Mat::dense(n, mi), gu, gate_m, gu, up_m, l.gate)?
+                }
+                (Buf::F(gu), Some(gb)) => {
+                    d.cast_f32_bf16(gu, gb)?;
+                    d.gated_act(&mut ws.act, Mat::dense(n, mi), gb, gate_m, gb, up_m, l.gate)?;
+                }
+                _ => return Err(CudaError::Unsupported("f32 workspace missing".into())),
+            }
+            match (&l.down, &mut ws.act_f, &self.eye_i) {
+                (Buf::B(w), _, _) => d.gemm(
+                    GemmInputs::Bf16 { x: &ws.act, w },
+                    None,
+                    GemmOutput::F32(&mut ws.y),
+                    GemmShape::dense(n, h, mi),
+                    Epilogue::None,
+                )?,
+                (Buf::F(w), Some(af), Some(eye)) => {
+                    d.gemm(
+                        GemmInputs::Bf16 { x: &ws.act, w: eye },
+                        None,
+                        GemmOutput::F32(af),
+                        GemmShape::dense(n, mi, mi),
+                        Epilogue::None,
+                    )?;
+                    d.gemm(
+                        GemmInputs::F32 { x: af, w },
+                        None,
+                        GemmOutput::F32(&mut ws.y),
+                        GemmShape::dense(n, h, mi),
+                        Epilogue::None,
+                    )?;
+                }
+                _ => return Err(CudaError::Unsupported("f32 workspace missing".into())),
+            }
+            {
+                let fuse_next = li + 1 < nl && fusable(&self.layers[li + 1].qkv);
+                let next = match (&mut ws.hn, fuse_next) {
+                    (Buf::B(hn), true) => Some((Some(&self.layers[li + 1].ln_in), hn, eps)),
+                    _ => None,
+                };
+                prenormed = next.is_some();
+                d.residual_rms_add(
+                    &mut ws.x,
+                    &ws.y,
+                    Mat::dense(n, h),
+                    Some(&l.ln_post_ffn),
+                    eps,
+                    l.down_out,
+                    next,
+                )?;
+            }
+            if let (Some(s), 0) = (stages.as_mut(), li) {
+                s.block_0 = self.download_rows(&ws.x, n, h)?;
+            }
+        }
+        if let Some(s) = stages.as_mut() {
+            s.blocks_out = self.download_rows(&ws.x, n, h)?;
+        }
+
+        // transformers Gemma4VisionPooler: k×k average by position, then × sqrt(H) in f32.
+        self.pool(ws, batch)?;
+        let np = batch.pooled_rows;
+        if let Some(s) = stages.as_mut() {
+            s.pooled = self.download_rows(&ws.pooled, np, h)?;
+        }
+        // Standardisation `(p − b)·s` = `p·diag(s) + (−b·s)` as one f32 GEMM.
+        let std_buf = match &self.std {
+            Some((diag, nb)) => {
+                d.gemm(
+                    GemmInputs::F32 {
+                        x: &ws.pooled,
+                        w: diag,
+                    },
+                    Some(GemmBias::F32(nb)),
+                    GemmOutput::F32(&mut ws.std),
+                    GemmShape::dense(np, h, h),
+                    Epilogue::None,
+                )?;
+                &ws.std
+            }
+            None => &ws.pooled,
+        };
+        if let Some(s) = stages.as_mut() {
+            s.standardized = self.download_rows(std_buf, np, h)?;
+        }
+        // Gemma4MultimodalEmbedder: weightless RMSNorm, then the projection to the LM width.
+        let m = Mat::dense(np, h);
+        match &mut ws.normed {
+            Buf::B(o) => d.rms_norm(std_buf, m, None, o, m, eps, Clamp::NONE)?,
+            Buf::F(o) => d.rms_norm(std_buf, m, None, o, m, eps, Clamp::NONE)?,
+        }
+        d.gemm(
+            gemm_in(&ws.normed, &self.proj)?,
+            None,
+            GemmOutput::F32(&mut ws.rows),
+            GemmShape::dense(np, c.text_hidden, h),
+            Epilogue::None,
+        )?;
+        if let Some(s) = stages.as_mut() {
+            s.rows = self.download_rows(&ws.rows, np, c.text_hidden)?;
+        }
+        Ok(stages)
+    }
+
+    /// Pools every image of `ws.x` into `ws.pooled` (rows concatenated in image order). Consecutive
+    /// images of one width pool as one taller grid (k divides every height, so no window crosses
+    /// an image); a run that does not start at row 0 is copied through exact identity GEMMs first.
+    fn pool(&self, ws: &mut Workspace, batch: &GemmaBatch) -> CudaResult<()> {
+        let (c, d) = (&self.cfg, &*self.dev);
+        let (h, k) = (c.hidden, c.pool);
+        let root_h = (h as f64).sqrt() as f32;
+        let mut i = 0;
+        let (mut tok, mut prow) = (0usize, 0usize);
+        while i < batch.grids.len() {
+            let gw = batch.grids[i].0;
+            let mut j = i;
+            let mut gh_sum = 0;
+            while j < batch.grids.len() && batch.grids[j].0 == gw {
+                gh_sum += batch.grids[j].1;
+                j += 1;
+            }
+            let (nt, npr) = (gw * gh_sum, (gw / k) * (gh_sum / k));
+            if tok == 0 {
+                d.avg_pool(&ws.x, gh_sum, gw, k, h, root_h, &mut ws.pooled)?;
+            } else {
+                let mut src = d.alloc::<f32>(nt * h)?;
+                let mut dst = d.alloc::<f32>(npr * h)?;
+                let copy = |x: &DeviceBuffer<f32>, y: &mut DeviceBuffer<f32>, rows, xo, yo| {
+                    d.gemm(
+                        GemmInputs::F32 { x, w: &self.eye_h },
+                        None,
+                        GemmOutput::F32(y),
+                        GemmShape {
+                            x_offset: xo,
+                            y_offset: yo,
+                            ..GemmShape::dense(rows, h, h)
+                        },
+                        Epilogue::None,
+                    )
+                };
+                copy(&ws.x, &mut src, nt, tok * h, 0)?;
+                d.avg_pool(&src, gh_sum, gw, k, h, root_h, &mut dst)?;
+                copy(&dst, &mut ws.pooled, npr, 0, prow * h)?;
+            }
+            tok += nt;
+            prow += npr;
+            i = j;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpu_core::host;
+
+    fn lin(out: usize, inp: usize, seed: u32) -> Linear {
+        let w = (0..out * inp)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0
+            })
+            .collect();
+        Linear {
+            w,
+            out,
+            inp,
+            clamp_in: Clamp::NONE,
+            clamp_out: Clamp::NONE,
+        }
+    }
+
+    /// Zero-padded heads (hd 24 → kernel 64) compute the same q/k/v lanes and the same o output.
+    #[test]
+    fn padded_heads_are_exact() {
+        let (heads, hd, kd, h, n) = (3, 24, 64, 40, 5);
+        let x: Vec<f32> = (0..n * h).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
+        let q = lin(heads * hd, h, 1);
+        let y = host::gemm(&x, &q.w, None, n, heads * hd, h);
+        let yp = host::gemm(&x, &pad_rows(&q, heads, hd, kd), None, n, heads * kd, h);
+        for t in 0..n {
+            for head in 0..heads {
+                for r in 0..kd {
+                    let got = yp[t * heads * kd + head * kd + r];
+                    let want = if r < hd {
+                        y[t * heads * hd + head * hd + r]
+                    } else {
+                        0.0
+                    };
+                    assert_eq!(got, want, "token {t} head {head} lane {r}");
+                }
+            }
+        }
+        let o = lin(h, heads * hd, 2);
+        let out = host::gemm(&y, &o.w, None, n, h, heads * hd);
+        let out_p = host::gemm(&yp, &pad_cols(&o, heads, hd, kd), None, n, h, heads * kd);
+        assert_eq!(out, out_p);
+    }
+}

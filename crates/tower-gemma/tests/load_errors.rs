@@ -1,0 +1,102 @@
+//! Loading refuses what it cannot honour: a missing or misshapen tensor names itself, an
+//! unknown vision tensor is refused, a text-only checkpoint says it has no vision weights.
+
+use serde_json::{json, Map, Value};
+use std::path::{Path, PathBuf};
+use tower_gemma::{GemmaError, GemmaTower};
+
+fn fixture_repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/gemma4")
+}
+
+/// Rewrites the fixture repo into a temp dir, letting `edit` drop, reshape or add tensors.
+fn variant(tag: &str, edit: impl Fn(&str, &[usize], &[u8]) -> Vec<(String, Vec<usize>, Vec<u8>)>) -> PathBuf {
+    let src = st_reader::Checkpoint::open(fixture_repo()).unwrap();
+    let dir = std::env::temp_dir().join(format!("tower-gemma-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(fixture_repo().join("config.json"), dir.join("config.json")).unwrap();
+    let mut header = Map::new();
+    let mut data = Vec::new();
+    for info in src.tensors() {
+        let view = src.tensor(&info.name).unwrap();
+        for (name, shape, bytes) in edit(&info.name, view.shape(), view.bytes()) {
+            let begin = data.len();
+            data.extend_from_slice(&bytes);
+            header.insert(name, json!({"dtype": "BF16", "shape": shape, "data_offsets": [begin, data.len()]}));
+        }
+    }
+    let mut h = Value::Object(header).to_string().into_bytes();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut file = (h.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(&h);
+    file.extend_from_slice(&data);
+    std::fs::write(dir.join("model.safetensors"), file).unwrap();
+    dir
+}
+
+fn open(dir: &Path) -> Result<GemmaTower, GemmaError> {
+    GemmaTower::from_checkpoint(&st_reader::Checkpoint::open(dir).unwrap())
+}
+
+const K_PROJ: &str = "model.vision_tower.encoder.layers.1.self_attn.k_proj.linear.weight";
+
+#[test]
+fn the_fixture_itself_loads() {
+    let t = open(&fixture_repo()).unwrap();
+    assert_eq!((t.config.hidden, t.config.heads, t.config.head_dim, t.config.layers), (72, 3, 24, 2));
+}
+
+#[test]
+fn a_missing_tensor_is_named() {
+    let dir = variant("missing", |n, s, b| if n == K_PROJ { vec![] } else { vec![(n.into(), s.to_vec(), b.to_vec())] });
+    match open(&dir) {
+        Err(GemmaError::MissingTensor(name)) => assert_eq!(name, K_PROJ),
+        other => panic!("expected MissingTensor, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_misshapen_tensor_is_named_with_both_shapes() {
+    let q_norm = "model.vision_tower.encoder.layers.0.self_attn.q_norm.weight";
+    let dir = variant("shape", |n, s, b| {
+        let shape = if n == q_norm { vec![2, s[0] / 2] } else { s.to_vec() };
+        vec![(n.into(), shape, b.to_vec())]
+    });
+    match open(&dir) {
+        Err(GemmaError::Shape { name, found, expected }) => {
+            assert_eq!(name, q_norm);
+            assert_eq!((found, expected), (vec![2, 12], vec![24]));
+        }
+        other => panic!("expected Shape, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_unknown_vision_tensor_is_refused() {
+    let extra = "model.vision_tower.encoder.layers.0.out_scale.weight";
+    let dir = variant("unknown", |n, s, b| {
+        let mut v = vec![(n.to_string(), s.to_vec(), b.to_vec())];
+        if n == K_PROJ {
+            v.push((extra.to_string(), vec![1], vec![0, 0]));
+        }
+        v
+    });
+    match open(&dir) {
+        Err(GemmaError::UnknownTensor(name)) => assert_eq!(name, extra),
+        other => panic!("expected UnknownTensor, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_text_only_checkpoint_has_no_vision_weights() {
+    let dir = variant("text-only", |n, s, b| {
+        if n.starts_with("model.vision_tower.") || n.starts_with("model.embed_vision.") {
+            vec![]
+        } else {
+            vec![(n.into(), s.to_vec(), b.to_vec())]
+        }
+    });
+    assert!(matches!(open(&dir), Err(GemmaError::NoVisionWeights(_))), "{:?}", open(&dir));
+}

@@ -1,0 +1,80 @@
+//! tower-glm5: the GLM vision towers — transformers 5.23 `Glm5NextVisionModel` (glm5_next)
+//! and `GlmOcrVisionModel` (glm_ocr) — loaded from an HF checkpoint, giving the merger rows
+//! that replace the image tokens in the LM.
+//!
+//! The two families are one program; the config states their differences (see [`GlmConfig`]):
+//! the SwiGLU clamp limit (glm5_next `swiglu_limit`, glm_ocr none) and the merger's inner
+//! width (glm5_next `projection_intermediate_size`, glm_ocr `out_hidden_size · in_channels`).
+#![deny(missing_docs)]
+
+mod config;
+mod error;
+mod forward;
+mod weights;
+
+pub use config::{
+    GlmConfig, GlmFamily, DEFAULT_PROJECTION_INTERMEDIATE_SIZE, DEFAULT_RMS_NORM_EPS,
+    DEFAULT_ROPE_THETA, DEFAULT_SWIGLU_LIMIT, MAX_DIMENSION, MERGER_LAYER_NORM_EPS,
+};
+pub use error::{GlmError, Result};
+pub use forward::{
+    attention_scale, forward_host, vision_cu_seqlens, vision_positions, GlmImage, GlmStages,
+};
+pub use weights::{load_hf, load_hf_with_config, Block, GlmWeights, Linear, PROBE_TENSOR};
+
+/// How the LM attends over the image rows this tower produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LmAttention {
+    /// Plain causal attention: image tokens get no bidirectional island.
+    Causal,
+}
+
+/// A loaded GLM vision tower (host weights; the CUDA path is added by the tower issue).
+#[derive(Debug, Clone)]
+pub struct Glm5Tower {
+    /// Dimensions and laws.
+    pub config: GlmConfig,
+    /// Weights in f32, exactly the file's values.
+    pub weights: GlmWeights,
+}
+
+impl Glm5Tower {
+    /// Loads from an opened HF checkpoint (`model.visual.*` + `config.json`).
+    pub fn from_checkpoint(ck: &st_reader::Checkpoint) -> Result<Glm5Tower> {
+        let (config, weights) = load_hf(ck)?;
+        Ok(Glm5Tower { config, weights })
+    }
+
+    /// Dimensions and laws.
+    pub fn config(&self) -> &GlmConfig {
+        &self.config
+    }
+
+    /// Runs the host reference on `images` and returns each image's rows `[t·h·w/4, out_hidden]`.
+    pub fn encode_host(&self, images: &[GlmImage<'_>]) -> Result<Vec<Vec<f32>>> {
+        Ok(forward_host(&self.config, &self.weights, images, false)?.0)
+    }
+
+    /// Runs the host reference and also returns the stage activations when `keep_stages`.
+    pub fn forward_host(
+        &self,
+        images: &[GlmImage<'_>],
+        keep_stages: bool,
+    ) -> Result<(Vec<Vec<f32>>, Option<GlmStages>)> {
+        forward_host(&self.config, &self.weights, images, keep_stages)
+    }
+
+    /// The LM's attention over image tokens: causal for both families.
+    ///
+    /// glm5_next's LM is causal (KDA linear attention + DSA indexer over a 2-D padding mask,
+    /// `Glm5NextModel.create_masks_for_generate`, modeling_glm5_next.py:2354-2375; no
+    /// bidirectional image islands). glm_ocr's LM builds `create_causal_mask`
+    /// (modeling_glm_ocr.py:771; `GlmOcrTextAttention.is_causal = True`, :183) and places image
+    /// tokens with 3-D mRoPE positions only.
+    pub fn lm_attention_law(&self) -> LmAttention {
+        match self.config.family {
+            GlmFamily::Glm5Next | GlmFamily::GlmOcr => LmAttention::Causal,
+        }
+    }
+}
