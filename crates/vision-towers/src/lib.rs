@@ -1,4 +1,88 @@
-//! vision-towers: facade over the readers, preparation and towers (stub).
+//! vision-towers: image bytes plus a model's weight file in, the embedding rows a
+//! vision-language model splices into its prompt out.
+//!
+//! This facade re-exports the narrow crates that do the work, opens a weight file of either
+//! format ([`WeightFile`]), and detects which model family it belongs to ([`Family`]).
 #![deny(missing_docs)]
+
+mod family;
+mod inspect;
+mod prep;
+mod st_write;
+mod tower;
+mod weights;
+
+pub use family::{detect_family, family_from_gguf_projector, family_from_model_type, Family};
+pub use inspect::inspect_json;
+pub use prep::{preprocessor_for, read_image_arg, ImageArg, PrepOpenError, MAX_IMAGE_FILE_BYTES};
+pub use st_write::{safetensors_bytes, write_safetensors, OutDtype, OutTensor, WriteError};
+pub use tower::{Device, Rows, Tower, TowerError};
+pub use weights::WeightFile;
+
 pub use gguf_reader;
 pub use st_reader;
+pub use tower_gemma;
+pub use tower_glm5;
+pub use tower_step;
+pub use vision_prep;
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in the facade, by cause.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The GGUF reader refused the file.
+    #[error("{path}: {source}")]
+    Gguf {
+        /// The file that was read.
+        path: PathBuf,
+        /// What the reader found wrong.
+        #[source]
+        source: gguf_reader::GgufError,
+    },
+    /// The safetensors reader refused the file or directory (its message names the file).
+    #[error("{}", with_path(path, source))]
+    SafeTensors {
+        /// The file or directory that was read.
+        path: PathBuf,
+        /// What the reader found wrong.
+        #[source]
+        source: st_reader::StError,
+    },
+    /// The path could not be read at all.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path that failed.
+        path: PathBuf,
+        /// The operating system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A directory holds GGUF files but no safetensors checkpoint: name the file to use.
+    #[error("{path}: a directory of GGUF files ({files}); name one of them")]
+    GgufDirectory {
+        /// The directory.
+        path: PathBuf,
+        /// The GGUF files in it, comma-separated.
+        files: String,
+    },
+    /// The file is neither GGUF nor safetensors.
+    #[error("{path}: not a GGUF or safetensors file (magic bytes {magic})")]
+    UnknownFormat {
+        /// The file that was read.
+        path: PathBuf,
+        /// The first bytes found, in hex.
+        magic: String,
+    },
+}
+
+/// `source`'s message, prefixed with `path` unless the message already names it.
+fn with_path(path: &std::path::Path, source: &dyn std::fmt::Display) -> String {
+    let msg = source.to_string();
+    let shown = path.display().to_string();
+    if msg.contains(&shown) {
+        msg
+    } else {
+        format!("{shown}: {msg}")
+    }
+}

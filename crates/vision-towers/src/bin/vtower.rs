@@ -1,2 +1,212 @@
-//! The `vtower` command line (stub).
-fn main() {}
+//! `vtower`: the command line of vision-towers.
+//!
+//! Every subcommand prints its answer on stdout and exits 0, or prints one line naming the file
+//! and the problem on stderr and exits 1.
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use vision_towers::vision_prep::{PrepSettings, Prepared, TensorData};
+use vision_towers::{
+    inspect_json, preprocessor_for, read_image_arg, write_safetensors, Device, OutTensor, Tower, WeightFile,
+};
+
+/// Image bytes plus a model's weight file in, embedding rows out.
+#[derive(Parser)]
+#[command(name = "vtower", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print one JSON object describing a GGUF or safetensors weight file (file, model
+    /// directory or sharded directory): format, family, tensors and metadata.
+    Inspect {
+        /// The weight file or model directory.
+        path: PathBuf,
+    },
+    /// Print the plan for one image from its header alone (target size, grid, rows, prompt
+    /// token runs) as one JSON object; no pixel is decoded.
+    Plan {
+        /// The model: a GGUF mmproj file, or a safetensors file or model directory.
+        #[arg(long)]
+        model: PathBuf,
+        /// The image: a file path or a `data:` URI (network schemes are refused).
+        image: String,
+        #[command(flatten)]
+        budget: Budget,
+    },
+    /// Run the model's image processor on one image and write its tensors under the upstream
+    /// names and dtypes to a safetensors file.
+    Prep {
+        /// The model: a GGUF mmproj file, or a safetensors file or model directory.
+        #[arg(long)]
+        model: PathBuf,
+        /// The image: a file path or a `data:` URI (network schemes are refused).
+        image: String,
+        /// Where to write the tensors.
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        budget: Budget,
+    },
+    /// Encode images into embedding rows in the LM's width and write them as
+    /// `embeddings` F32 [rows, width] to a safetensors file.
+    Encode {
+        /// The model: a GGUF mmproj file, or a safetensors file or model directory.
+        #[arg(long)]
+        model: PathBuf,
+        /// The image (a file path or a `data:` URI), prepared by the model's own processor.
+        #[arg(long, conflicts_with = "inputs", required_unless_present = "inputs")]
+        image: Option<String>,
+        /// The processor's tensors instead of an image (as `vtower prep` or the upstream
+        /// processor writes them).
+        #[arg(long)]
+        inputs: Option<PathBuf>,
+        /// Where to write the rows.
+        #[arg(long)]
+        out: PathBuf,
+        /// Where the tower runs.
+        #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+        device: DeviceArg,
+        /// Arithmetic: f32 (host reference) or bf16 (CUDA tensor cores).
+        #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
+        precision: PrecisionArg,
+    },
+}
+
+/// Budgets that override the model's processor config.
+#[derive(clap::Args, Clone, Copy)]
+struct Budget {
+    /// gemma4 soft-token budget per image: 70, 140, 280, 560 or 1120.
+    #[arg(long)]
+    max_soft_tokens: Option<u32>,
+    /// glm5_next upper token budget per image.
+    #[arg(long)]
+    max_image_tokens: Option<u64>,
+    /// Refuse images over this many megapixels before decoding.
+    #[arg(long, default_value_t = 50)]
+    max_megapixels: u64,
+}
+
+impl Budget {
+    fn settings(self) -> PrepSettings {
+        let mut s = PrepSettings { max_soft_tokens: self.max_soft_tokens, max_image_tokens: self.max_image_tokens, ..Default::default() };
+        s.limits.max_pixels = self.max_megapixels.saturating_mul(1_000_000);
+        s
+    }
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DeviceArg {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PrecisionArg {
+    F32,
+    Bf16,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("vtower: {}", one_line(&err));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Inspect { path } => {
+            let file = WeightFile::open(&path)?;
+            print_json(&inspect_json(&file))
+        }
+        Command::Plan { model, image, budget } => {
+            let file = WeightFile::open(&model)?;
+            let pre = preprocessor_for(&model, &file, budget.settings())?;
+            let img = read_image_arg(&image)?;
+            let plan = pre.plan(img.source()).with_context(|| img.label().display().to_string())?;
+            print_json(&plan.to_json())
+        }
+        Command::Prep { model, image, out, budget } => {
+            let file = WeightFile::open(&model)?;
+            let pre = preprocessor_for(&model, &file, budget.settings())?;
+            let img = read_image_arg(&image)?;
+            let prepared = pre.prepare(img.source()).with_context(|| img.label().display().to_string())?;
+            let meta = [("plan".to_string(), prepared.plan.to_json().to_string())];
+            write_safetensors(&out, &out_tensors(&prepared), &meta)?;
+            Ok(())
+        }
+        Command::Encode { model, image, inputs, out, device, precision } => {
+            let device = match device {
+                DeviceArg::Cpu => Device::Cpu,
+                DeviceArg::Cuda => Device::Cuda,
+            };
+            if device == Device::Cpu && precision == PrecisionArg::Bf16 {
+                anyhow::bail!("--precision bf16 runs on CUDA only; the CPU path is the f32 reference");
+            }
+            let tower = Tower::open(&model, device)?;
+            let rows = match (image, inputs) {
+                (Some(image), _) => {
+                    let file = WeightFile::open(&model)?;
+                    let pre = preprocessor_for(&model, &file, PrepSettings::default())?;
+                    let img = read_image_arg(&image)?;
+                    let prepared = pre.prepare(img.source()).with_context(|| img.label().display().to_string())?;
+                    tower.encode_prepared(&prepared)?
+                }
+                (None, Some(inputs)) => tower.encode_prepared_file(&inputs)?,
+                (None, None) => anyhow::bail!("give --image or --inputs"),
+            };
+            let all: Vec<f32> = rows.per_image.concat();
+            let n = all.len() / rows.width.max(1);
+            let meta = [
+                ("family".to_string(), tower.family().name().to_string()),
+                ("rows_per_image".to_string(), serde_json::to_string(&rows.per_image.iter().map(|r| r.len() / rows.width.max(1)).collect::<Vec<_>>())?),
+            ];
+            write_safetensors(&out, &[OutTensor::f32("embeddings", vec![n, rows.width], &all)], &meta)?;
+            eprintln!("vtower: wrote {n} rows × {} to {}", rows.width, out.display());
+            Ok(())
+        }
+    }
+}
+
+/// The prepared tensors as safetensors entries, under their upstream names and dtypes.
+fn out_tensors(p: &Prepared) -> Vec<OutTensor> {
+    p.tensors
+        .iter()
+        .map(|t| match &t.data {
+            TensorData::F32(v) => OutTensor::f32(t.name, t.shape.clone(), v),
+            TensorData::I64(v) => OutTensor::i64(t.name, t.shape.clone(), v),
+            TensorData::U8(v) => OutTensor::u8(t.name, t.shape.clone(), v.clone()),
+        })
+        .collect()
+}
+
+fn print_json(value: &serde_json::Value) -> Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    serde_json::to_writer(&mut out, value).context("writing to stdout")?;
+    writeln!(out).context("writing to stdout")?;
+    Ok(())
+}
+
+/// The error and its causes on one line, newlines flattened.
+fn one_line(err: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in err.chain() {
+        let text = cause.to_string().replace('\n', " ");
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}

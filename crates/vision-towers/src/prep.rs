@@ -1,0 +1,146 @@
+//! The model's preprocessor (from its config files, or a GGUF's defaults) and image reading.
+
+use crate::WeightFile;
+use std::path::{Path, PathBuf};
+use vision_prep::{GgufGemma4Settings, ImageSource, ModelConfigs, PrepSettings, Preprocessor, PromptTokens, Token};
+
+/// An image file larger than this is refused before it is read (the decode budget applies
+/// after; this only bounds the read).
+pub const MAX_IMAGE_FILE_BYTES: u64 = 512 << 20;
+
+/// Why a preprocessor could not be built or an image not read.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepOpenError {
+    /// vision-prep refused the configs or the image.
+    #[error("{path}: {source}")]
+    Prep {
+        /// The model or image the problem is about.
+        path: PathBuf,
+        /// What vision-prep found wrong.
+        #[source]
+        source: vision_prep::PrepError,
+    },
+    /// The model's tokenizer.json could not be read.
+    #[error(transparent)]
+    Tokenizer(#[from] st_reader::StError),
+    /// The image file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The image path.
+        path: PathBuf,
+        /// The operating system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The image file is larger than [`MAX_IMAGE_FILE_BYTES`].
+    #[error("{path}: {len} bytes is over the {MAX_IMAGE_FILE_BYTES}-byte image file limit")]
+    TooLarge {
+        /// The image path.
+        path: PathBuf,
+        /// Its size.
+        len: u64,
+    },
+}
+
+/// The preprocessor the model at `model` (already opened as `file`) asks for.
+///
+/// Safetensors checkpoints name their image processor in `preprocessor_config.json` /
+/// `processor_config.json`; token ids come from `config.json`, `tokenizer_config.json` and, only
+/// when those lack an id, `tokenizer.json`. A GGUF mmproj carries no processor config: Gemma-4
+/// defaults with the file's patch size, token ids unknown.
+pub fn preprocessor_for(
+    model: &Path,
+    file: &WeightFile,
+    settings: PrepSettings,
+) -> Result<Preprocessor, PrepOpenError> {
+    let prep_err = |source| PrepOpenError::Prep { path: model.to_path_buf(), source };
+    match file {
+        WeightFile::Gguf(g) => {
+            let patch_size = g.get("clip.vision.patch_size").and_then(|v| v.as_u32());
+            let gguf = GgufGemma4Settings { patch_size, ..Default::default() };
+            Preprocessor::gemma4_gguf(&gguf, settings).map_err(prep_err)
+        }
+        WeightFile::SafeTensors(ck) => {
+            let mut cfg = ModelConfigs {
+                config: ck.config().cloned(),
+                preprocessor_config: ck.preprocessor_config().cloned(),
+                processor_config: ck.processor_config().cloned(),
+                tokenizer_config: ck.tokenizer_config().cloned(),
+                tokenizer_json: None,
+            };
+            let pre = Preprocessor::from_configs(&cfg, settings).map_err(prep_err)?;
+            if all_ids_known(pre.tokens()) {
+                return Ok(pre);
+            }
+            cfg.tokenizer_json = ck.tokenizer_json()?;
+            Preprocessor::from_configs(&cfg, settings).map_err(prep_err)
+        }
+    }
+}
+
+/// Whether every prompt token of the table has an id.
+fn all_ids_known(tokens: &PromptTokens) -> bool {
+    let list: Vec<&Token> = match tokens {
+        PromptTokens::Gemma4 { boi, image, eoi } => vec![boi, image, eoi],
+        PromptTokens::Glm { image } => vec![image],
+        PromptTokens::Step3p7 { patch_start, patch_end, patch_newline, im_start, im_end, im_patch } => {
+            vec![patch_start, patch_end, patch_newline, im_start, im_end, im_patch]
+        }
+    };
+    list.iter().all(|t| t.id.is_some())
+}
+
+/// Image bytes from a command-line argument: a `data:` URI, a refused scheme (`http:`, …), or
+/// a file path.
+pub fn read_image_arg(arg: &str) -> Result<ImageArg, PrepOpenError> {
+    let looks_like_uri = arg.trim_start().to_ascii_lowercase().starts_with("data:") || arg.contains("://");
+    if looks_like_uri {
+        return ImageSource::parse_uri(arg)
+            .map(|_| ImageArg::Uri(arg.to_string()))
+            .map_err(|source| PrepOpenError::Prep { path: PathBuf::from(short(arg)), source });
+    }
+    let path = PathBuf::from(arg);
+    let io = |source| PrepOpenError::Io { path: path.clone(), source };
+    let len = std::fs::metadata(&path).map_err(io)?.len();
+    if len > MAX_IMAGE_FILE_BYTES {
+        return Err(PrepOpenError::TooLarge { path, len });
+    }
+    Ok(ImageArg::Bytes(std::fs::read(&path).map_err(io)?, path))
+}
+
+/// An image named on the command line, read.
+#[derive(Debug)]
+pub enum ImageArg {
+    /// A file's bytes and its path.
+    Bytes(Vec<u8>, PathBuf),
+    /// A `data:` URI.
+    Uri(String),
+}
+
+impl ImageArg {
+    /// The bytes or URI as vision-prep takes them.
+    pub fn source(&self) -> ImageSource<'_> {
+        match self {
+            ImageArg::Bytes(b, _) => ImageSource::Bytes(b),
+            ImageArg::Uri(u) => ImageSource::DataUri(u),
+        }
+    }
+
+    /// How errors name this image.
+    pub fn label(&self) -> PathBuf {
+        match self {
+            ImageArg::Bytes(_, p) => p.clone(),
+            ImageArg::Uri(u) => PathBuf::from(short(u)),
+        }
+    }
+}
+
+/// The first 40 characters of a URI, for error messages.
+fn short(uri: &str) -> String {
+    let s: String = uri.chars().take(40).collect();
+    if s.len() < uri.len() {
+        format!("{s}…")
+    } else {
+        s
+    }
+}
