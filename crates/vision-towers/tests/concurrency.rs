@@ -1,0 +1,46 @@
+//! A tower is `Send + Sync`, and encodes from several threads at once give results identical,
+//! bit for bit, to serial ones on the host path.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use vision_towers::vision_prep::{ImageSource, PrepSettings};
+use vision_towers::{preprocessor_for, Device, Tower, WeightFile};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+const fn assert_send_sync<T: Send + Sync>() {}
+const _: () = assert_send_sync::<Tower>();
+
+#[test]
+fn concurrent_host_encodes_equal_serial_ones_bitwise() {
+    let images = ["tiny_20x15.png", "coffee_144x96.jpg", "logo_rgba_112x84.png", "chelsea_168x112.webp"];
+    for model in ["models/gemma4", "models/glm5_next", "models/step3p7"] {
+        let path = fixtures().join(model);
+        let tower = Arc::new(Tower::open(&path, Device::Cpu).unwrap());
+        let file = WeightFile::open(&path).unwrap();
+        let pre = Arc::new(preprocessor_for(&path, &file, PrepSettings::default()).unwrap());
+        let bytes: Vec<Vec<u8>> = images.iter().map(|i| std::fs::read(fixtures().join("images").join(i)).unwrap()).collect();
+        let encode = |tower: &Tower, pre: &vision_towers::vision_prep::Preprocessor, b: &[u8]| {
+            let prepared = pre.prepare(ImageSource::Bytes(b)).unwrap();
+            tower.encode_prepared(&prepared).unwrap().per_image.concat()
+        };
+        let serial: Vec<Vec<f32>> = bytes.iter().map(|b| encode(&tower, &pre, b)).collect();
+        let bytes = Arc::new(bytes);
+        let handles: Vec<_> = (0..8)
+            .map(|t| {
+                let (tower, pre, bytes) = (Arc::clone(&tower), Arc::clone(&pre), Arc::clone(&bytes));
+                std::thread::spawn(move || {
+                    let i = t % bytes.len();
+                    (i, encode(&tower, &pre, &bytes[i]))
+                })
+            })
+            .collect();
+        for h in handles {
+            let (i, rows) = h.join().unwrap();
+            let same = rows.len() == serial[i].len() && rows.iter().zip(&serial[i]).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{model}: thread result for {} differs from the serial one", images[i]);
+        }
+    }
+}
