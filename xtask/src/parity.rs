@@ -295,6 +295,37 @@ pub trait Runner {
     fn run(&self, fixtures: &Path, case: &Case) -> Outcome;
 }
 
+/// A runner made of its table slot and a function from a case to its stage activations: the
+/// shape every host tower path shares.
+pub struct CaseRunner<F> {
+    /// Variants the path applies to.
+    pub variants: &'static [&'static str],
+    /// Weight source label.
+    pub source: &'static str,
+    /// Arithmetic.
+    pub precision: Precision,
+    /// The case → stage activations function.
+    pub run: F,
+}
+
+impl<F: Fn(&Path, &Case) -> Result<BTreeMap<String, Vec<f64>>>> Runner for CaseRunner<F> {
+    fn source(&self) -> &str {
+        self.source
+    }
+    fn precision(&self) -> Precision {
+        self.precision
+    }
+    fn applies(&self, variant: &str) -> bool {
+        self.variants.contains(&variant)
+    }
+    fn run(&self, fixtures: &Path, case: &Case) -> Outcome {
+        match (self.run)(fixtures, case) {
+            Ok(m) => Outcome::Ran(m),
+            Err(e) => Outcome::Error(format!("{e:#}")),
+        }
+    }
+}
+
 /// Placeholder for a path that has no implementation yet.
 struct Pending {
     variants: &'static [&'static str],

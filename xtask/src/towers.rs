@@ -1,7 +1,7 @@
 //! The tower paths `cargo xtask parity` runs: each family's host reference (and, on a CUDA
 //! machine, its device paths) wrapped as a [`Runner`].
 
-use crate::parity::{inputs_case, Case, Outcome, Precision, Runner};
+use crate::parity::{inputs_case, Case, CaseRunner, Outcome, Precision, Runner};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,7 +17,12 @@ pub fn runner(
 ) -> Option<Box<dyn Runner>> {
     let gemma = variants.iter().all(|v| v.starts_with("gemma4"));
     match (gemma, precision) {
-        (true, Precision::HostF32) => Some(Box::new(GemmaHost { variants, source })),
+        (true, Precision::HostF32) => Some(Box::new(CaseRunner {
+            variants,
+            source,
+            precision,
+            run: move |f: &Path, c: &Case| GemmaHost { variants, source }.run_case(f, c),
+        })),
         (true, Precision::CudaF32 | Precision::CudaBf16) => Some(Box::new(GemmaCudaRunner {
             host: GemmaHost { variants, source },
             precision,
@@ -105,24 +110,6 @@ fn stage_map(s: GemmaStages) -> BTreeMap<String, Vec<f64>> {
     all.into_iter()
         .map(|(k, v)| (k.to_string(), v.into_iter().map(f64::from).collect()))
         .collect()
-}
-
-impl Runner for GemmaHost {
-    fn source(&self) -> &str {
-        self.source
-    }
-    fn precision(&self) -> Precision {
-        Precision::HostF32
-    }
-    fn applies(&self, variant: &str) -> bool {
-        self.variants.contains(&variant)
-    }
-    fn run(&self, fixtures: &Path, case: &Case) -> Outcome {
-        match self.run_case(fixtures, case) {
-            Ok(m) => Outcome::Ran(m),
-            Err(e) => Outcome::Error(format!("{e:#}")),
-        }
-    }
 }
 
 /// One CUDA device for every CUDA runner of the process, opened on first use; the error text

@@ -1,7 +1,7 @@
 //! The Step-3.7 tower's parity runners: the host reference on each weight source (`vendor`,
 //! `sharded`, `hf-layout`).
 
-use crate::parity::{inputs_case, Case, Outcome, Precision, Runner, Tensor};
+use crate::parity::{inputs_case, Case, CaseRunner, Precision, Runner, Tensor};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,14 +16,18 @@ pub fn runner(
     let step = variants.iter().all(|v| *v == "step3p7");
     let known = matches!(source, "vendor" | "sharded" | "hf-layout");
     match (step && known, precision) {
-        (true, Precision::HostF32) => Some(Box::new(StepHost { variants, source })),
+        (true, Precision::HostF32) => Some(Box::new(CaseRunner {
+            variants,
+            source,
+            precision,
+            run: move |f: &Path, c: &Case| StepHost { source }.run_case(f, c),
+        })),
         _ => None,
     }
 }
 
 /// The Step-3.7 host reference on one weight source.
 struct StepHost {
-    variants: &'static [&'static str],
     source: &'static str,
 }
 
@@ -100,23 +104,5 @@ impl StepHost {
             s.rows.iter().map(|&x| f64::from(x)).collect(),
         );
         Ok(out)
-    }
-}
-
-impl Runner for StepHost {
-    fn source(&self) -> &str {
-        self.source
-    }
-    fn precision(&self) -> Precision {
-        Precision::HostF32
-    }
-    fn applies(&self, variant: &str) -> bool {
-        self.variants.contains(&variant)
-    }
-    fn run(&self, fixtures: &Path, case: &Case) -> Outcome {
-        match self.run_case(fixtures, case) {
-            Ok(m) => Outcome::Ran(m),
-            Err(e) => Outcome::Error(format!("{e:#}")),
-        }
     }
 }
