@@ -7,6 +7,7 @@
 
 mod family;
 mod inspect;
+mod model;
 mod prep;
 mod st_write;
 mod tower;
@@ -14,6 +15,7 @@ mod weights;
 
 pub use family::{detect_family, family_from_gguf_projector, family_from_model_type, Family};
 pub use inspect::inspect_json;
+pub use model::{Encoded, LmAttention, Model, ModelError};
 pub use prep::{preprocessor_for, read_image_arg, ImageArg, PrepOpenError, MAX_IMAGE_FILE_BYTES};
 pub use st_write::{safetensors_bytes, write_safetensors, OutDtype, OutTensor, WriteError};
 pub use tower::{Device, Rows, Tower, TowerError};

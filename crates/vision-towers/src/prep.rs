@@ -2,7 +2,9 @@
 
 use crate::WeightFile;
 use std::path::{Path, PathBuf};
-use vision_prep::{GgufGemma4Settings, ImageSource, ModelConfigs, PrepSettings, Preprocessor, PromptTokens, Token};
+use vision_prep::{
+    GgufGemma4Settings, ImageSource, ModelConfigs, PrepSettings, Preprocessor, PromptTokens, Token,
+};
 
 /// An image file larger than this is refused before it is read (the decode budget applies
 /// after; this only bounds the read).
@@ -53,11 +55,17 @@ pub fn preprocessor_for(
     file: &WeightFile,
     settings: PrepSettings,
 ) -> Result<Preprocessor, PrepOpenError> {
-    let prep_err = |source| PrepOpenError::Prep { path: model.to_path_buf(), source };
+    let prep_err = |source| PrepOpenError::Prep {
+        path: model.to_path_buf(),
+        source,
+    };
     match file {
         WeightFile::Gguf(g) => {
             let patch_size = g.get("clip.vision.patch_size").and_then(|v| v.as_u32());
-            let gguf = GgufGemma4Settings { patch_size, ..Default::default() };
+            let gguf = GgufGemma4Settings {
+                patch_size,
+                ..Default::default()
+            };
             Preprocessor::gemma4_gguf(&gguf, settings).map_err(prep_err)
         }
         WeightFile::SafeTensors(ck) => {
@@ -83,8 +91,22 @@ fn all_ids_known(tokens: &PromptTokens) -> bool {
     let list: Vec<&Token> = match tokens {
         PromptTokens::Gemma4 { boi, image, eoi } => vec![boi, image, eoi],
         PromptTokens::Glm { image } => vec![image],
-        PromptTokens::Step3p7 { patch_start, patch_end, patch_newline, im_start, im_end, im_patch } => {
-            vec![patch_start, patch_end, patch_newline, im_start, im_end, im_patch]
+        PromptTokens::Step3p7 {
+            patch_start,
+            patch_end,
+            patch_newline,
+            im_start,
+            im_end,
+            im_patch,
+        } => {
+            vec![
+                patch_start,
+                patch_end,
+                patch_newline,
+                im_start,
+                im_end,
+                im_patch,
+            ]
         }
     };
     list.iter().all(|t| t.id.is_some())
@@ -93,14 +115,21 @@ fn all_ids_known(tokens: &PromptTokens) -> bool {
 /// Image bytes from a command-line argument: a `data:` URI, a refused scheme (`http:`, …), or
 /// a file path.
 pub fn read_image_arg(arg: &str) -> Result<ImageArg, PrepOpenError> {
-    let looks_like_uri = arg.trim_start().to_ascii_lowercase().starts_with("data:") || arg.contains("://");
+    let looks_like_uri =
+        arg.trim_start().to_ascii_lowercase().starts_with("data:") || arg.contains("://");
     if looks_like_uri {
         return ImageSource::parse_uri(arg)
             .map(|_| ImageArg::Uri(arg.to_string()))
-            .map_err(|source| PrepOpenError::Prep { path: PathBuf::from(short(arg)), source });
+            .map_err(|source| PrepOpenError::Prep {
+                path: PathBuf::from(short(arg)),
+                source,
+            });
     }
     let path = PathBuf::from(arg);
-    let io = |source| PrepOpenError::Io { path: path.clone(), source };
+    let io = |source| PrepOpenError::Io {
+        path: path.clone(),
+        source,
+    };
     let len = std::fs::metadata(&path).map_err(io)?.len();
     if len > MAX_IMAGE_FILE_BYTES {
         return Err(PrepOpenError::TooLarge { path, len });

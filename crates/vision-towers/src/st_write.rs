@@ -50,18 +50,33 @@ impl OutTensor {
     /// An F32 tensor from values.
     pub fn f32(name: &str, shape: Vec<usize>, values: &[f32]) -> OutTensor {
         let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        OutTensor { name: name.to_string(), dtype: OutDtype::F32, shape, data }
+        OutTensor {
+            name: name.to_string(),
+            dtype: OutDtype::F32,
+            shape,
+            data,
+        }
     }
 
     /// An I64 tensor from values.
     pub fn i64(name: &str, shape: Vec<usize>, values: &[i64]) -> OutTensor {
         let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        OutTensor { name: name.to_string(), dtype: OutDtype::I64, shape, data }
+        OutTensor {
+            name: name.to_string(),
+            dtype: OutDtype::I64,
+            shape,
+            data,
+        }
     }
 
     /// A U8 tensor from values.
     pub fn u8(name: &str, shape: Vec<usize>, values: Vec<u8>) -> OutTensor {
-        OutTensor { name: name.to_string(), dtype: OutDtype::U8, shape, data: values }
+        OutTensor {
+            name: name.to_string(),
+            dtype: OutDtype::U8,
+            shape,
+            data: values,
+        }
     }
 }
 
@@ -108,8 +123,10 @@ pub fn safetensors_bytes(
 ) -> Result<Vec<u8>, WriteError> {
     let mut header = Map::new();
     if !metadata.is_empty() {
-        let meta: Map<String, Value> =
-            metadata.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+        let meta: Map<String, Value> = metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
         header.insert("__metadata__".into(), Value::Object(meta));
     }
     let mut offset = 0usize;
@@ -153,7 +170,10 @@ pub fn write_safetensors(
     metadata: &[(String, String)],
 ) -> Result<(), WriteError> {
     let bytes = safetensors_bytes(tensors, metadata)?;
-    let io = |source| WriteError::Io { path: path.to_path_buf(), source };
+    let io = |source| WriteError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut file = std::fs::File::create(path).map_err(io)?;
     file.write_all(&bytes).map_err(io)?;
     file.sync_all().map_err(io)
@@ -166,7 +186,11 @@ mod tests {
     #[test]
     fn written_file_reads_back_through_st_reader() {
         let tensors = vec![
-            OutTensor::f32("pixel_values", vec![1, 2, 3], &[0.5, -1.0, 2.0, 3.25, 0.0, 1e-3]),
+            OutTensor::f32(
+                "pixel_values",
+                vec![1, 2, 3],
+                &[0.5, -1.0, 2.0, 3.25, 0.0, 1e-3],
+            ),
             OutTensor::i64("image_grid_thw", vec![1, 3], &[1, 4, 6]),
             OutTensor::u8("patch_newline_masks", vec![2], vec![1, 0]),
         ];
@@ -174,13 +198,27 @@ mod tests {
         let ckpt = st_reader::Checkpoint::from_bytes(bytes).unwrap();
         let pv = ckpt.tensor("pixel_values").unwrap();
         assert_eq!(pv.shape(), &[1, 2, 3]);
-        assert_eq!(ckpt.to_f32(&pv).unwrap(), vec![0.5, -1.0, 2.0, 3.25, 0.0, 1e-3]);
-        assert_eq!(ckpt.metadata().get("format").map(String::as_str), Some("pt"));
+        assert_eq!(
+            ckpt.to_f32(&pv).unwrap(),
+            vec![0.5, -1.0, 2.0, 3.25, 0.0, 1e-3]
+        );
+        assert_eq!(
+            ckpt.metadata().get("format").map(String::as_str),
+            Some("pt")
+        );
     }
 
     #[test]
     fn size_mismatch_is_refused() {
-        let bad = OutTensor { name: "x".into(), dtype: OutDtype::F32, shape: vec![3], data: vec![0; 8] };
-        assert!(matches!(safetensors_bytes(&[bad], &[]), Err(WriteError::Size { expected: 12, .. })));
+        let bad = OutTensor {
+            name: "x".into(),
+            dtype: OutDtype::F32,
+            shape: vec![3],
+            data: vec![0; 8],
+        };
+        assert!(matches!(
+            safetensors_bytes(&[bad], &[]),
+            Err(WriteError::Size { expected: 12, .. })
+        ));
     }
 }

@@ -105,22 +105,40 @@ impl Tower {
             ));
         }
         let file = WeightFile::open(path)?;
-        let gemma_err = |source| TowerError::Gemma { path: path.to_path_buf(), source };
+        let gemma_err = |source| TowerError::Gemma {
+            path: path.to_path_buf(),
+            source,
+        };
         match (detect_family(&file), file) {
             (Some(Family::Gemma4), WeightFile::Gguf(g)) => {
-                GemmaTower::from_gguf(&g, GgufActivation::Model).map(Tower::Gemma4).map_err(gemma_err)
+                GemmaTower::from_gguf(&g, GgufActivation::Model)
+                    .map(Tower::Gemma4)
+                    .map_err(gemma_err)
             }
-            (Some(Family::Gemma4), WeightFile::SafeTensors(ck)) => {
-                GemmaTower::from_checkpoint(&ck).map(Tower::Gemma4).map_err(gemma_err)
+            (Some(Family::Gemma4), WeightFile::SafeTensors(ck)) => GemmaTower::from_checkpoint(&ck)
+                .map(Tower::Gemma4)
+                .map_err(gemma_err),
+            (Some(Family::Glm5Next | Family::GlmOcr), WeightFile::SafeTensors(ck)) => {
+                Glm5Tower::from_checkpoint(&ck)
+                    .map(Tower::Glm)
+                    .map_err(|source| TowerError::Glm {
+                        path: path.to_path_buf(),
+                        source,
+                    })
             }
-            (Some(Family::Glm5Next | Family::GlmOcr), WeightFile::SafeTensors(ck)) => Glm5Tower::from_checkpoint(&ck)
-                .map(Tower::Glm)
-                .map_err(|source| TowerError::Glm { path: path.to_path_buf(), source }),
             (Some(Family::Step3p7), WeightFile::SafeTensors(ck)) => StepTower::from_checkpoint(&ck)
                 .map(Tower::Step3p7)
-                .map_err(|source| TowerError::Step { path: path.to_path_buf(), source }),
-            (Some(f), _) => Err(TowerError::NotImplemented { path: path.to_path_buf(), family: f.name() }),
-            (None, _) => Err(TowerError::UnknownFamily { path: path.to_path_buf() }),
+                .map_err(|source| TowerError::Step {
+                    path: path.to_path_buf(),
+                    source,
+                }),
+            (Some(f), _) => Err(TowerError::NotImplemented {
+                path: path.to_path_buf(),
+                family: f.name(),
+            }),
+            (None, _) => Err(TowerError::UnknownFamily {
+                path: path.to_path_buf(),
+            }),
         }
     }
 
@@ -139,7 +157,10 @@ impl Tower {
     /// Runs the tower on the processor's tensors as `vtower prep` (= the upstream processor)
     /// writes them, read from a safetensors file.
     pub fn encode_prepared_file(&self, inputs: &Path) -> Result<Rows, TowerError> {
-        let bad = |message: String| TowerError::Inputs { path: inputs.to_path_buf(), message };
+        let bad = |message: String| TowerError::Inputs {
+            path: inputs.to_path_buf(),
+            message,
+        };
         let ck = Checkpoint::open(inputs).map_err(|e| bad(e.to_string()))?;
         let set = InputSet::from_checkpoint(&ck).map_err(bad)?;
         self.encode_inputs(&set).map_err(|e| e.at(inputs))
@@ -147,8 +168,8 @@ impl Tower {
 
     /// Runs the tower on tensors prepared in memory by `vision-prep`.
     pub fn encode_prepared(&self, prepared: &vision_prep::Prepared) -> Result<Rows, TowerError> {
-        let set = InputSet::from_prepared(prepared);
-        self.encode_inputs(&set).map_err(|e| e.at(Path::new("<prepared image>")))
+        self.encode_batch(std::slice::from_ref(prepared))
+            .map_err(|e| e.at(Path::new("<prepared image>")))
     }
 
     fn encode_inputs(&self, set: &InputSet) -> Result<Rows, InputError> {
@@ -158,7 +179,11 @@ impl Tower {
                 let (pos, pos_shape) = set.i64("image_position_ids")?;
                 let (b, p, d) = match pv_shape[..] {
                     [b, p, d] => (b, p, d),
-                    _ => return Err(InputError::Message(format!("pixel_values has shape {pv_shape:?}, expected [B, P, 3·p²]"))),
+                    _ => {
+                        return Err(InputError::Message(format!(
+                            "pixel_values has shape {pv_shape:?}, expected [B, P, 3·p²]"
+                        )))
+                    }
                 };
                 if pos_shape != [b, p, 2] {
                     return Err(InputError::Message(format!(
@@ -166,42 +191,67 @@ impl Tower {
                     )));
                 }
                 let images: Vec<GemmaImage<'_>> = (0..b)
-                    .map(|i| GemmaImage { patches: &pv[i * p * d..(i + 1) * p * d], positions: &pos[i * p * 2..(i + 1) * p * 2] })
+                    .map(|i| GemmaImage {
+                        patches: &pv[i * p * d..(i + 1) * p * d],
+                        positions: &pos[i * p * 2..(i + 1) * p * 2],
+                    })
                     .collect();
                 let per_image = t.encode_host(&images).map_err(InputError::Gemma)?;
-                Ok(Rows { width: t.config.text_hidden, per_image })
+                Ok(Rows {
+                    width: t.config.text_hidden,
+                    per_image,
+                })
             }
             Tower::Glm(t) => {
                 let (pv, _) = set.f32("pixel_values")?;
                 let (grid, grid_shape) = set.i64("image_grid_thw")?;
                 if grid_shape.len() != 2 || grid_shape[1] != 3 {
-                    return Err(InputError::Message(format!("image_grid_thw has shape {grid_shape:?}, expected [n, 3]")));
+                    return Err(InputError::Message(format!(
+                        "image_grid_thw has shape {grid_shape:?}, expected [n, 3]"
+                    )));
                 }
                 let grids = grid
                     .chunks_exact(3)
                     .map(|g| {
-                        let d = |v: i64| usize::try_from(v).map_err(|_| InputError::Message(format!("negative grid {g:?}")));
+                        let d = |v: i64| {
+                            usize::try_from(v)
+                                .map_err(|_| InputError::Message(format!("negative grid {g:?}")))
+                        };
                         Ok([d(g[0])?, d(g[1])?, d(g[2])?])
                     })
                     .collect::<Result<Vec<[usize; 3]>, InputError>>()?;
                 let images = GlmImage::split(&t.config, pv, &grids).map_err(InputError::Glm)?;
                 let per_image = t.encode_host(&images).map_err(InputError::Glm)?;
-                Ok(Rows { width: t.config.out_hidden, per_image })
+                Ok(Rows {
+                    width: t.config.out_hidden,
+                    per_image,
+                })
             }
             Tower::Step3p7(t) => {
                 let (pv, pv_shape) = set.f32("pixel_values")?;
                 let side = match pv_shape[..] {
                     [_, 3, s, s2] if s == s2 => s,
-                    _ => return Err(InputError::Message(format!("pixel_values has shape {pv_shape:?}, expected [B, 3, S, S]"))),
+                    _ => {
+                        return Err(InputError::Message(format!(
+                            "pixel_values has shape {pv_shape:?}, expected [B, 3, S, S]"
+                        )))
+                    }
                 };
                 let (local, local_shape) = set.f32("pixel_values_local").unwrap_or((&[], &[]));
                 let local_side = local_shape.get(2).copied().unwrap_or(0);
                 let (counts, _) = set.i64("num_local_patches")?;
                 let counts = counts
                     .iter()
-                    .map(|&c| usize::try_from(c).map_err(|_| InputError::Message(format!("num_local_patches {c} is negative"))))
+                    .map(|&c| {
+                        usize::try_from(c).map_err(|_| {
+                            InputError::Message(format!("num_local_patches {c} is negative"))
+                        })
+                    })
                     .collect::<Result<Vec<usize>, InputError>>()?;
-                let masks: Option<Vec<bool>> = set.i64("patch_newline_masks").ok().map(|(m, _)| m.iter().map(|&v| v != 0).collect());
+                let masks: Option<Vec<bool>> = set
+                    .i64("patch_newline_masks")
+                    .ok()
+                    .map(|(m, _)| m.iter().map(|&v| v != 0).collect());
                 let out = StepProcessorOutput {
                     pixel_values: pv,
                     side,
@@ -212,7 +262,10 @@ impl Tower {
                 };
                 let images = out.images().map_err(InputError::Step)?;
                 let rows = t.encode_host(&images).map_err(InputError::Step)?;
-                Ok(Rows { width: t.config.text_hidden, per_image: rows.into_iter().map(|r| r.rows).collect() })
+                Ok(Rows {
+                    width: t.config.text_hidden,
+                    per_image: rows.into_iter().map(|r| r.rows).collect(),
+                })
             }
         }
     }
@@ -220,7 +273,7 @@ impl Tower {
 
 /// Why prepared inputs could not be encoded (before the file name is attached).
 #[derive(Debug)]
-enum InputError {
+pub(crate) enum InputError {
     Message(String),
     Gemma(tower_gemma::GemmaError),
     Glm(tower_glm5::GlmError),
@@ -228,12 +281,24 @@ enum InputError {
 }
 
 impl InputError {
-    fn at(self, path: &Path) -> TowerError {
+    pub(crate) fn at(self, path: &Path) -> TowerError {
         match self {
-            InputError::Message(message) => TowerError::Inputs { path: path.to_path_buf(), message },
-            InputError::Gemma(source) => TowerError::Gemma { path: path.to_path_buf(), source },
-            InputError::Glm(source) => TowerError::Glm { path: path.to_path_buf(), source },
-            InputError::Step(source) => TowerError::Step { path: path.to_path_buf(), source },
+            InputError::Message(message) => TowerError::Inputs {
+                path: path.to_path_buf(),
+                message,
+            },
+            InputError::Gemma(source) => TowerError::Gemma {
+                path: path.to_path_buf(),
+                source,
+            },
+            InputError::Glm(source) => TowerError::Glm {
+                path: path.to_path_buf(),
+                source,
+            },
+            InputError::Step(source) => TowerError::Step {
+                path: path.to_path_buf(),
+                source,
+            },
         }
     }
 }
@@ -249,41 +314,37 @@ impl InputSet {
     fn from_checkpoint(ck: &Checkpoint) -> Result<InputSet, String> {
         let mut set = InputSet::default();
         for info in ck.tensors() {
-            let view = ck.tensor(&info.name).ok_or_else(|| format!("tensor {} vanished", info.name))?;
+            let view = ck
+                .tensor(&info.name)
+                .ok_or_else(|| format!("tensor {} vanished", info.name))?;
             match view.dtype().as_str() {
                 "I64" => {
                     let values = view
                         .bytes()
                         .chunks_exact(8)
-                        .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                        .map(|c| {
+                            i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
+                        })
                         .collect();
-                    set.i64s.push((info.name.clone(), view.shape().to_vec(), values));
+                    set.i64s
+                        .push((info.name.clone(), view.shape().to_vec(), values));
                 }
                 "U8" | "BOOL" => {
-                    set.i64s.push((info.name.clone(), view.shape().to_vec(), view.bytes().iter().map(|&b| i64::from(b)).collect()));
+                    set.i64s.push((
+                        info.name.clone(),
+                        view.shape().to_vec(),
+                        view.bytes().iter().map(|&b| i64::from(b)).collect(),
+                    ));
                 }
                 "F32" | "BF16" | "F16" => {
                     let values = view.to_f32().map_err(|e| e.to_string())?;
-                    set.f32s.push((info.name.clone(), view.shape().to_vec(), values));
+                    set.f32s
+                        .push((info.name.clone(), view.shape().to_vec(), values));
                 }
                 _ => {}
             }
         }
         Ok(set)
-    }
-
-    fn from_prepared(p: &vision_prep::Prepared) -> InputSet {
-        let mut set = InputSet::default();
-        for t in &p.tensors {
-            match &t.data {
-                vision_prep::TensorData::F32(v) => set.f32s.push((t.name.to_string(), t.shape.clone(), v.clone())),
-                vision_prep::TensorData::I64(v) => set.i64s.push((t.name.to_string(), t.shape.clone(), v.clone())),
-                vision_prep::TensorData::U8(v) => {
-                    set.i64s.push((t.name.to_string(), t.shape.clone(), v.iter().map(|&x| i64::from(x)).collect()))
-                }
-            }
-        }
-        set
     }
 
     fn f32(&self, name: &str) -> Result<(&[f32], &[usize]), InputError> {

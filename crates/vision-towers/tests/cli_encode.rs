@@ -10,33 +10,62 @@ fn fixtures() -> PathBuf {
 
 fn rel_l2(out: &[f32], reference: &[f64]) -> f64 {
     assert_eq!(out.len(), reference.len());
-    let num: f64 = out.iter().zip(reference).map(|(o, r)| (*o as f64 - r).powi(2)).sum();
+    let num: f64 = out
+        .iter()
+        .zip(reference)
+        .map(|(o, r)| (*o as f64 - r).powi(2))
+        .sum();
     let den: f64 = reference.iter().map(|r| r * r).sum();
     (num / den).sqrt()
 }
 
 fn f64_tensor(ck: &st_reader::Checkpoint, name: &str) -> Vec<f64> {
     let v = ck.tensor(name).unwrap();
-    v.bytes().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect()
+    v.bytes()
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 #[test]
 fn encode_matches_upstream_rows_for_every_family_and_source() {
     let cases = [
         ("outputs/gemma4/tiny_20x15", "models/gemma4", 63, 80),
-        ("outputs/gemma4/tiny_20x15", "models/gemma4_gguf/mmproj-BF16.gguf", 63, 80),
-        ("outputs/gemma4/tiny_20x15", "models/gemma4_gguf/mmproj-F16.gguf", 63, 80),
+        (
+            "outputs/gemma4/tiny_20x15",
+            "models/gemma4_gguf/mmproj-BF16.gguf",
+            63,
+            80,
+        ),
+        (
+            "outputs/gemma4/tiny_20x15",
+            "models/gemma4_gguf/mmproj-F16.gguf",
+            63,
+            80,
+        ),
         ("outputs/gemma4/batch2", "models/gemma4", 127, 80),
         ("outputs/glm5_next/batch2", "models/glm5_next", 0, 48),
         ("outputs/glm_ocr/tiny_20x15", "models/glm_ocr", 0, 48),
         ("outputs/step3p7/batch2", "models/step3p7", 0, 80),
         ("outputs/step3p7/batch2", "models/step3p7_hf", 0, 80),
-        ("outputs/step3p7/tiny_20x15", "models/step3p7_sharded", 0, 80),
+        (
+            "outputs/step3p7/tiny_20x15",
+            "models/step3p7_sharded",
+            0,
+            80,
+        ),
     ];
     for (case, model, rows_expected, width) in cases {
         let case_path = fixtures().join(format!("{case}.safetensors"));
-        let reference = f64_tensor(&st_reader::Checkpoint::open(&case_path).unwrap(), "f64/rows");
-        let out = std::env::temp_dir().join(format!("vtower-encode-{}-{}.safetensors", std::process::id(), model.replace('/', "_")));
+        let reference = f64_tensor(
+            &st_reader::Checkpoint::open(&case_path).unwrap(),
+            "f64/rows",
+        );
+        let out = std::env::temp_dir().join(format!(
+            "vtower-encode-{}-{}.safetensors",
+            std::process::id(),
+            model.replace('/', "_")
+        ));
         let status = Command::new(env!("CARGO_BIN_EXE_vtower"))
             .args(["encode", "--model"])
             .arg(fixtures().join(model))
@@ -46,7 +75,11 @@ fn encode_matches_upstream_rows_for_every_family_and_source() {
             .arg(&out)
             .output()
             .unwrap();
-        assert!(status.status.success(), "{model}: {}", String::from_utf8_lossy(&status.stderr));
+        assert!(
+            status.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&status.stderr)
+        );
         let ck = st_reader::Checkpoint::open(&out).unwrap();
         let rows = ck.tensor("embeddings").unwrap();
         assert_eq!(rows.shape()[1], width, "{model} on {case}");
@@ -54,14 +87,20 @@ fn encode_matches_upstream_rows_for_every_family_and_source() {
             assert_eq!(rows.shape()[0], rows_expected, "{model} on {case}");
         }
         let rel = rel_l2(&rows.to_f32().unwrap(), &reference);
-        assert!(rel <= 1e-5, "{model} on {case}: rel-L2 {rel:e} over the host f32 bound 1e-5");
+        assert!(
+            rel <= 1e-5,
+            "{model} on {case}: rel-L2 {rel:e} over the host f32 bound 1e-5"
+        );
         let _ = std::fs::remove_file(out);
     }
 }
 
 #[test]
 fn encode_refuses_bad_inputs_with_one_line() {
-    let bad = std::env::temp_dir().join(format!("vtower-bad-inputs-{}.safetensors", std::process::id()));
+    let bad = std::env::temp_dir().join(format!(
+        "vtower-bad-inputs-{}.safetensors",
+        std::process::id()
+    ));
     std::fs::write(&bad, b"not a safetensors file at all").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_vtower"))
         .args(["encode", "--model"])

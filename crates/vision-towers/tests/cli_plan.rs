@@ -15,7 +15,10 @@ fn fixture_meta(path: &Path) -> Value {
 }
 
 fn vtower(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_vtower")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_vtower"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 /// The step3p7 processor-only cases ran upstream's processor at the real sizes (no tower): a
@@ -28,7 +31,10 @@ fn real_size_step_repo(processor: &Value) -> PathBuf {
         let _ = std::fs::remove_file(dir.join(f));
         std::os::unix::fs::symlink(src.join(f), dir.join(f)).unwrap();
     }
-    let mut pre: Value = serde_json::from_str(&std::fs::read_to_string(src.join("preprocessor_config.json")).unwrap()).unwrap();
+    let mut pre: Value = serde_json::from_str(
+        &std::fs::read_to_string(src.join("preprocessor_config.json")).unwrap(),
+    )
+    .unwrap();
     for (k, v) in processor.as_object().unwrap() {
         pre[k] = v.clone();
     }
@@ -53,8 +59,18 @@ fn plan_prompt_runs_equal_upstream_for_every_processor_case() {
             };
             for (image, upstream) in images.iter().zip(meta["prompt_plan"].as_array().unwrap()) {
                 let image = fixtures().join("images").join(image.as_str().unwrap());
-                let out = vtower(&["plan", "--model", model.to_str().unwrap(), image.to_str().unwrap()]);
-                assert!(out.status.success(), "{}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+                let out = vtower(&[
+                    "plan",
+                    "--model",
+                    model.to_str().unwrap(),
+                    image.to_str().unwrap(),
+                ]);
+                assert!(
+                    out.status.success(),
+                    "{}: {}",
+                    path.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                );
                 let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
                 // Upstream's runs as [id, count], adjacent equal ids merged (glm's image wrappers
                 // come from the chat template, not the processor: keep only the image token).
@@ -90,11 +106,30 @@ fn prep_writes_the_upstream_tensor_names() {
     for (model, names) in [
         ("models/gemma4", vec!["image_position_ids", "pixel_values"]),
         ("models/glm5_next", vec!["image_grid_thw", "pixel_values"]),
-        ("models/step3p7", vec!["num_local_patches", "patch_newline_masks", "pixel_values", "pixel_values_local"]),
+        (
+            "models/step3p7",
+            vec![
+                "num_local_patches",
+                "patch_newline_masks",
+                "pixel_values",
+                "pixel_values_local",
+            ],
+        ),
     ] {
         let image = fixtures().join("images/astronaut_336x224.jpg");
-        let o = vtower(&["prep", "--model", fixtures().join(model).to_str().unwrap(), image.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-        assert!(o.status.success(), "{model}: {}", String::from_utf8_lossy(&o.stderr));
+        let o = vtower(&[
+            "prep",
+            "--model",
+            fixtures().join(model).to_str().unwrap(),
+            image.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(
+            o.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         let ck = st_reader::Checkpoint::open(&out).unwrap();
         let got: Vec<&str> = ck.tensors().map(|t| t.name.as_str()).collect();
         assert_eq!(got, names, "{model}");
@@ -111,14 +146,28 @@ fn bad_images_are_refused_in_one_line() {
     // IHDR width/height (bytes 16..24) claim 100000 × 100000 pixels.
     bomb[16..20].copy_from_slice(&100_000u32.to_be_bytes());
     bomb[20..24].copy_from_slice(&100_000u32.to_be_bytes());
-    let cases: Vec<(&str, Vec<u8>)> =
-        vec![("truncated.png", png[..png.len() / 2].to_vec()), ("bomb.png", bomb), ("random.bin", (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect()), ("empty.png", vec![])];
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("truncated.png", png[..png.len() / 2].to_vec()),
+        ("bomb.png", bomb),
+        (
+            "random.bin",
+            (0..4096u32)
+                .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+                .collect(),
+        ),
+        ("empty.png", vec![]),
+    ];
     let model = fixtures().join("models/gemma4");
     for (name, bytes) in cases {
         let path = dir.join(name);
         std::fs::write(&path, bytes).unwrap();
         for cmd in ["plan", "prep"] {
-            let mut args = vec![cmd, "--model", model.to_str().unwrap(), path.to_str().unwrap()];
+            let mut args = vec![
+                cmd,
+                "--model",
+                model.to_str().unwrap(),
+                path.to_str().unwrap(),
+            ];
             let out_path = dir.join("out.safetensors");
             if cmd == "prep" {
                 args.extend(["--out", out_path.to_str().unwrap()]);
@@ -135,7 +184,11 @@ fn bad_images_are_refused_in_one_line() {
             assert!(stderr.contains(name), "{cmd} {name}: {stderr}");
         }
     }
-    for uri in ["https://example.com/cat.png", "file:///etc/passwd", "data:image/png;base64,!!!notbase64"] {
+    for uri in [
+        "https://example.com/cat.png",
+        "file:///etc/passwd",
+        "data:image/png;base64,!!!notbase64",
+    ] {
         let o = vtower(&["plan", "--model", model.to_str().unwrap(), uri]);
         assert_eq!(o.status.code(), Some(1), "{uri}");
         assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1);

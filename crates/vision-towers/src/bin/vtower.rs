@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use vision_towers::vision_prep::{PrepSettings, Prepared, TensorData};
 use vision_towers::{
-    inspect_json, preprocessor_for, read_image_arg, write_safetensors, Device, OutTensor, Tower, WeightFile,
+    inspect_json, preprocessor_for, read_image_arg, write_safetensors, Device, Model, OutTensor,
+    Rows, Tower, WeightFile,
 };
 
 /// Image bytes plus a model's weight file in, embedding rows out.
@@ -60,9 +61,10 @@ enum Command {
         /// The model: a GGUF mmproj file, or a safetensors file or model directory.
         #[arg(long)]
         model: PathBuf,
-        /// The image (a file path or a `data:` URI), prepared by the model's own processor.
+        /// An image (a file path or a `data:` URI), prepared by the model's own processor;
+        /// repeat the flag to encode several images in one pass.
         #[arg(long, conflicts_with = "inputs", required_unless_present = "inputs")]
-        image: Option<String>,
+        image: Vec<String>,
         /// The processor's tensors instead of an image (as `vtower prep` or the upstream
         /// processor writes them).
         #[arg(long)]
@@ -95,7 +97,11 @@ struct Budget {
 
 impl Budget {
     fn settings(self) -> PrepSettings {
-        let mut s = PrepSettings { max_soft_tokens: self.max_soft_tokens, max_image_tokens: self.max_image_tokens, ..Default::default() };
+        let mut s = PrepSettings {
+            max_soft_tokens: self.max_soft_tokens,
+            max_image_tokens: self.max_image_tokens,
+            ..Default::default()
+        };
         s.limits.max_pixels = self.max_megapixels.saturating_mul(1_000_000);
         s
     }
@@ -130,50 +136,100 @@ fn run(cli: Cli) -> Result<()> {
             let file = WeightFile::open(&path)?;
             print_json(&inspect_json(&file))
         }
-        Command::Plan { model, image, budget } => {
+        Command::Plan {
+            model,
+            image,
+            budget,
+        } => {
             let file = WeightFile::open(&model)?;
             let pre = preprocessor_for(&model, &file, budget.settings())?;
             let img = read_image_arg(&image)?;
-            let plan = pre.plan(img.source()).with_context(|| img.label().display().to_string())?;
+            let plan = pre
+                .plan(img.source())
+                .with_context(|| img.label().display().to_string())?;
             print_json(&plan.to_json())
         }
-        Command::Prep { model, image, out, budget } => {
+        Command::Prep {
+            model,
+            image,
+            out,
+            budget,
+        } => {
             let file = WeightFile::open(&model)?;
             let pre = preprocessor_for(&model, &file, budget.settings())?;
             let img = read_image_arg(&image)?;
-            let prepared = pre.prepare(img.source()).with_context(|| img.label().display().to_string())?;
+            let prepared = pre
+                .prepare(img.source())
+                .with_context(|| img.label().display().to_string())?;
             let meta = [("plan".to_string(), prepared.plan.to_json().to_string())];
             write_safetensors(&out, &out_tensors(&prepared), &meta)?;
             Ok(())
         }
-        Command::Encode { model, image, inputs, out, device, precision } => {
+        Command::Encode {
+            model,
+            image,
+            inputs,
+            out,
+            device,
+            precision,
+        } => {
             let device = match device {
                 DeviceArg::Cpu => Device::Cpu,
                 DeviceArg::Cuda => Device::Cuda,
             };
             if device == Device::Cpu && precision == PrecisionArg::Bf16 {
-                anyhow::bail!("--precision bf16 runs on CUDA only; the CPU path is the f32 reference");
+                anyhow::bail!(
+                    "--precision bf16 runs on CUDA only; the CPU path is the f32 reference"
+                );
             }
-            let tower = Tower::open(&model, device)?;
-            let rows = match (image, inputs) {
-                (Some(image), _) => {
-                    let file = WeightFile::open(&model)?;
-                    let pre = preprocessor_for(&model, &file, PrepSettings::default())?;
-                    let img = read_image_arg(&image)?;
-                    let prepared = pre.prepare(img.source()).with_context(|| img.label().display().to_string())?;
-                    tower.encode_prepared(&prepared)?
+            let (family, rows) = match inputs {
+                Some(inputs) => {
+                    let tower = Tower::open(&model, device)?;
+                    (tower.family(), tower.encode_prepared_file(&inputs)?)
                 }
-                (None, Some(inputs)) => tower.encode_prepared_file(&inputs)?,
-                (None, None) => anyhow::bail!("give --image or --inputs"),
+                None => {
+                    let m = Model::open(&model, device, PrepSettings::default())?;
+                    let read = image
+                        .iter()
+                        .map(|i| read_image_arg(i))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let sources: Vec<_> = read.iter().map(|r| r.source()).collect();
+                    let encoded = m.encode(&sources)?;
+                    let width = encoded.first().map_or(0, |e| e.width);
+                    (
+                        m.family(),
+                        Rows {
+                            width,
+                            per_image: encoded.into_iter().map(|e| e.rows).collect(),
+                        },
+                    )
+                }
             };
             let all: Vec<f32> = rows.per_image.concat();
             let n = all.len() / rows.width.max(1);
             let meta = [
-                ("family".to_string(), tower.family().name().to_string()),
-                ("rows_per_image".to_string(), serde_json::to_string(&rows.per_image.iter().map(|r| r.len() / rows.width.max(1)).collect::<Vec<_>>())?),
+                ("family".to_string(), family.name().to_string()),
+                (
+                    "rows_per_image".to_string(),
+                    serde_json::to_string(
+                        &rows
+                            .per_image
+                            .iter()
+                            .map(|r| r.len() / rows.width.max(1))
+                            .collect::<Vec<_>>(),
+                    )?,
+                ),
             ];
-            write_safetensors(&out, &[OutTensor::f32("embeddings", vec![n, rows.width], &all)], &meta)?;
-            eprintln!("vtower: wrote {n} rows × {} to {}", rows.width, out.display());
+            write_safetensors(
+                &out,
+                &[OutTensor::f32("embeddings", vec![n, rows.width], &all)],
+                &meta,
+            )?;
+            eprintln!(
+                "vtower: wrote {n} rows × {} to {}",
+                rows.width,
+                out.display()
+            );
             Ok(())
         }
     }

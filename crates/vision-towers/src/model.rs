@@ -1,0 +1,288 @@
+//! A model end to end: its preprocessor and its tower behind one handle — plan from the header,
+//! encode many images in one padding-free pass, and the LM attention law for image spans.
+
+use crate::tower::{InputError, Rows};
+use crate::{
+    detect_family, preprocessor_for, Device, Family, PrepOpenError, Tower, TowerError, WeightFile,
+};
+use rayon::prelude::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use tower_gemma::GemmaImage;
+use tower_glm5::GlmImage;
+use tower_step::{StepImage, StepView};
+use vision_prep::{ImageSource, Plan, PrepSettings, Prepared, Preprocessor};
+
+/// How the language model attends over the rows of an image, so an engine can refuse a serving
+/// path that cannot honour it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LmAttention {
+    /// Causal everywhere, image rows included (glm5_next, glm_ocr, step3p7, and gemma4 unless
+    /// its text config says otherwise).
+    Causal,
+    /// gemma4 with `text_config.use_bidirectional_attention = "vision"`: sliding-window layers
+    /// attend bidirectionally within one contiguous run of image soft tokens
+    /// (`AND(sliding_window, OR(causal, same_block))`; BOI/EOI are not part of the run); full
+    /// attention layers stay causal (modeling_gemma4.py, create_masks_for_vision_model).
+    BidirectionalImageRunsInSlidingLayers,
+    /// The whole text model is non-causal (gemma4 `"all"`; step3p7's
+    /// `use_bidirectional_attention = true`, which no release sets).
+    Bidirectional,
+}
+
+/// One image's result: its plan and its rows in the LM width, in the order the plan lays out.
+#[derive(Debug, Clone)]
+pub struct Encoded {
+    /// What the prompt holds for this image.
+    pub plan: Plan,
+    /// `[plan.rows, width]` row-major.
+    pub rows: Vec<f32>,
+    /// The LM width.
+    pub width: usize,
+}
+
+/// Why a model could not be opened or could not encode.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The tower could not be built or run.
+    #[error(transparent)]
+    Tower(#[from] TowerError),
+    /// The preprocessor could not be built.
+    #[error(transparent)]
+    Prep(#[from] PrepOpenError),
+    /// An image was refused by admission, decoding or the processor.
+    #[error("image {index}: {source}")]
+    Image {
+        /// Its position in the request.
+        index: usize,
+        /// What vision-prep found wrong.
+        #[source]
+        source: vision_prep::PrepError,
+    },
+    /// The tower gave a row count other than the plan's (a bug, never expected).
+    #[error("image {index}: the tower gave {got} rows, the plan says {planned}")]
+    RowsOffPlan {
+        /// Its position in the request.
+        index: usize,
+        /// Rows the tower gave.
+        got: usize,
+        /// Rows the plan promised.
+        planned: usize,
+    },
+}
+
+/// A model: its preprocessor and its tower.
+#[derive(Debug)]
+pub struct Model {
+    path: PathBuf,
+    pre: Preprocessor,
+    tower: Tower,
+    lm: LmAttention,
+}
+
+impl Model {
+    /// Opens the weight file or model directory at `path` for `device`.
+    pub fn open(path: &Path, device: Device, settings: PrepSettings) -> Result<Model, ModelError> {
+        let file = WeightFile::open(path).map_err(|e| ModelError::Tower(TowerError::Open(e)))?;
+        let pre = preprocessor_for(path, &file, settings)?;
+        let lm = lm_attention(&file);
+        let tower = Tower::open(path, device)?;
+        Ok(Model {
+            path: path.to_path_buf(),
+            pre,
+            tower,
+            lm,
+        })
+    }
+
+    /// The family.
+    pub fn family(&self) -> Family {
+        self.tower.family()
+    }
+
+    /// The LM attention law for this model's image spans.
+    pub fn lm_attention(&self) -> LmAttention {
+        self.lm
+    }
+
+    /// The preprocessor.
+    pub fn preprocessor(&self) -> &Preprocessor {
+        &self.pre
+    }
+
+    /// The tower.
+    pub fn tower(&self) -> &Tower {
+        &self.tower
+    }
+
+    /// The plan for one image from its header alone (nothing decoded).
+    pub fn plan(&self, image: ImageSource<'_>) -> Result<Plan, ModelError> {
+        self.pre
+            .plan(image)
+            .map_err(|source| ModelError::Image { index: 0, source })
+    }
+
+    /// Admits, decodes and prepares every image (in parallel), runs them through the tower in one
+    /// padding-free pass, and returns each image's plan and rows, in request order.
+    pub fn encode(&self, images: &[ImageSource<'_>]) -> Result<Vec<Encoded>, ModelError> {
+        let prepared = images
+            .par_iter()
+            .enumerate()
+            .map(|(index, img)| {
+                self.pre
+                    .prepare(*img)
+                    .map_err(|source| ModelError::Image { index, source })
+            })
+            .collect::<Result<Vec<Prepared>, ModelError>>()?;
+        let rows = self
+            .tower
+            .encode_batch(&prepared)
+            .map_err(|e| ModelError::Tower(e.at(&self.path)))?;
+        prepared
+            .into_iter()
+            .zip(rows.per_image)
+            .enumerate()
+            .map(|(index, (p, r))| {
+                let got = r.len() / rows.width.max(1);
+                if got != p.plan.rows as usize {
+                    return Err(ModelError::RowsOffPlan {
+                        index,
+                        got,
+                        planned: p.plan.rows as usize,
+                    });
+                }
+                Ok(Encoded {
+                    plan: p.plan,
+                    rows: r,
+                    width: rows.width,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The LM attention law the model's text config states (transformers 5.23).
+fn lm_attention(file: &WeightFile) -> LmAttention {
+    let WeightFile::SafeTensors(ck) = file else {
+        // An mmproj GGUF carries no text config: the gemma4 default (None) is causal.
+        return LmAttention::Causal;
+    };
+    let flag = ck
+        .config()
+        .and_then(|c| c.get("text_config"))
+        .and_then(|t| t.get("use_bidirectional_attention"));
+    match (detect_family(file), flag) {
+        (Some(Family::Gemma4), Some(Value::String(s))) if s == "vision" => {
+            LmAttention::BidirectionalImageRunsInSlidingLayers
+        }
+        (Some(Family::Gemma4), Some(Value::String(s))) if s == "all" => LmAttention::Bidirectional,
+        (Some(Family::Step3p7), Some(Value::Bool(true))) => LmAttention::Bidirectional,
+        _ => LmAttention::Causal,
+    }
+}
+
+impl Tower {
+    /// Runs the tower on several prepared images in one padding-free pass (one attention segment
+    /// per image, per frame pair, or per view).
+    pub(crate) fn encode_batch(&self, prepared: &[Prepared]) -> Result<Rows, InputError> {
+        let missing =
+            |what: &str| InputError::Message(format!("a prepared image lacks the {what} tensors"));
+        match self {
+            Tower::Gemma4(t) => {
+                let images = prepared
+                    .iter()
+                    .map(|p| {
+                        p.gemma4()
+                            .map(|g| GemmaImage {
+                                patches: g.patches,
+                                positions: g.positions,
+                            })
+                            .ok_or_else(|| missing("gemma4"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let per_image = t.encode_host(&images).map_err(InputError::Gemma)?;
+                Ok(Rows {
+                    width: t.config.text_hidden,
+                    per_image,
+                })
+            }
+            Tower::Glm(t) => {
+                let images = prepared
+                    .iter()
+                    .map(|p| {
+                        let g = p.glm().ok_or_else(|| missing("glm"))?;
+                        let dim = |v: i64| {
+                            usize::try_from(v).map_err(|_| {
+                                InputError::Message(format!("negative grid {:?}", g.grid_thw))
+                            })
+                        };
+                        Ok(GlmImage {
+                            patches: g.rows,
+                            grid_thw: [
+                                dim(g.grid_thw[0])?,
+                                dim(g.grid_thw[1])?,
+                                dim(g.grid_thw[2])?,
+                            ],
+                        })
+                    })
+                    .collect::<Result<Vec<_>, InputError>>()?;
+                let per_image = t.encode_host(&images).map_err(InputError::Glm)?;
+                Ok(Rows {
+                    width: t.config.out_hidden,
+                    per_image,
+                })
+            }
+            Tower::Step3p7(t) => {
+                let images = prepared
+                    .iter()
+                    .map(|p| {
+                        let s = p.step3p7().ok_or_else(|| missing("step3p7"))?;
+                        step_image(&s)
+                    })
+                    .collect::<Result<Vec<_>, InputError>>()?;
+                let rows = t.encode_host(&images).map_err(InputError::Step)?;
+                Ok(Rows {
+                    width: t.config.text_hidden,
+                    per_image: rows.into_iter().map(|r| r.rows).collect(),
+                })
+            }
+        }
+    }
+}
+
+/// The Step views of one prepared image: square views, side from the element count.
+fn step_image<'a>(
+    s: &vision_prep::prepare::Step3p7Inputs<'a>,
+) -> Result<StepImage<'a>, InputError> {
+    let side_of = |len: usize| {
+        let side = ((len / 3) as f64).sqrt().round() as usize;
+        (side * side * 3 == len)
+            .then_some(side)
+            .ok_or_else(|| InputError::Message(format!("a view of {len} values is not 3 × S × S")))
+    };
+    let global = StepView {
+        pixels: s.global,
+        height: side_of(s.global.len())?,
+        width: side_of(s.global.len())?,
+    };
+    let mut crops = Vec::with_capacity(s.num_local);
+    if s.num_local > 0 {
+        let each = s.local.len() / s.num_local;
+        let side = side_of(each)?;
+        for c in s.local.chunks_exact(each) {
+            crops.push(StepView {
+                pixels: c,
+                height: side,
+                width: side,
+            });
+        }
+    }
+    let newline_mask = (0..s.num_local)
+        .map(|i| s.newline_mask.get(i).is_some_and(|&m| m != 0))
+        .collect();
+    Ok(StepImage {
+        crops,
+        global,
+        newline_mask,
+    })
+}
