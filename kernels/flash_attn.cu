@@ -1,6 +1,7 @@
 // Non-causal variable-length flash attention (FlashAttention-2 scheme) on mma.sync m16n8k16 bf16
 // tensor cores, f32 accumulation and online softmax; no n x n matrix is ever stored.
-// Entry points: flash_attn_hd{64,72,96}_m{1,2}_bf16 (m = 16-row m-tiles per warp; 4 warps per block).
+// Entry points: flash_attn_hd{64,72,96}_m{1,2}_bf16 (m = 16-row m-tiles per warp; 4 warps per block), and
+// flash_attn_f32: the exact f32 path on CUDA cores (any head_dim <= 128), at the end of this file.
 // head_dim 72 runs padded to 80 inside shared memory (the pad columns are zero).
 #include "common.cuh"
 
@@ -238,3 +239,112 @@ FLASH_ENTRY(72, 80, 1)
 FLASH_ENTRY(72, 80, 2)
 FLASH_ENTRY(96, 96, 1)
 FLASH_ENTRY(96, 96, 2)
+
+// ---------------------------------------------------------------------------------------------------------
+// flash_attn_f32: exact non-causal varlen attention in f32 on CUDA cores (correctness over speed).
+// Block: 128 threads for ATT_BQ = 32 query rows of one (head, segment); thread t owns row t/4 and, within it,
+// keys j = t%4 + 4i of each 32-key tile and output dims d = t%4 + 4i. Q, K, V tiles are f32 in dynamic
+// shared memory with row pitch hd + 1 (odd: the 4 rows read at once fall in distinct banks):
+// (ATT_BQ + 2·ATT_BK)·(hd + 1)·4 bytes. Online softmax in f32 (expf); S and P never leave registers
+// (P goes from the key-owning to the dim-owning lanes by shuffles). Any ld / offset, 1 <= hd <= 128.
+#define ATT_BQ 32
+#define ATT_BK 32
+#define ATT_T 128
+#define ATT_MAXD 32  // output dims per thread: 128 / 4
+
+extern "C" __global__ void __launch_bounds__(ATT_T) flash_attn_f32(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ o,
+    long long q_ld, long long k_ld, long long v_ld, long long o_ld, const int* __restrict__ cu_seqlens, int hd,
+    float scale) {
+    extern __shared__ __align__(16) float att_smem[];
+    float* sQ = att_smem;
+    const int P = hd + 1;
+    float* sK = sQ + ATT_BQ * P;
+    float* sV = sK + ATT_BK * P;
+
+    const int seg = blockIdx.z, head = blockIdx.y;
+    const int start = cu_seqlens[seg];
+    const int len = cu_seqlens[seg + 1] - start;
+    const int q0 = blockIdx.x * ATT_BQ;
+    if (q0 >= len) return;
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int r = tid >> 2, sub = tid & 3;
+
+    const float* qg = q + (long long)start * q_ld + (long long)head * hd;
+    const float* kg = k + (long long)start * k_ld + (long long)head * hd;
+    const float* vg = v + (long long)start * v_ld + (long long)head * hd;
+
+    for (int i = tid; i < ATT_BQ * hd; i += ATT_T) {
+        int rr = i / hd, c = i - rr * hd;
+        int row = q0 + rr;
+        sQ[rr * P + c] = row < len ? qg[(long long)row * q_ld + c] : 0.0f;
+    }
+
+    float acc[ATT_MAXD];
+#pragma unroll
+    for (int i = 0; i < ATT_MAXD; i++) acc[i] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    const float* qr = sQ + r * P;
+
+    for (int kb = 0; kb < len; kb += ATT_BK) {
+        __syncthreads();  // the previous tile is consumed (and, the first time, nothing to wait for)
+        for (int i = tid; i < ATT_BK * hd; i += ATT_T) {
+            int rr = i / hd, c = i - rr * hd;
+            int row = kb + rr;
+            bool ok = row < len;
+            sK[rr * P + c] = ok ? kg[(long long)row * k_ld + c] : 0.0f;
+            sV[rr * P + c] = ok ? vg[(long long)row * v_ld + c] : 0.0f;
+        }
+        __syncthreads();
+        float s[ATT_BK / 4];
+#pragma unroll
+        for (int jj = 0; jj < ATT_BK / 4; jj++) s[jj] = 0.0f;
+        for (int d = 0; d < hd; d++) {
+            float qd = qr[d];
+#pragma unroll
+            for (int jj = 0; jj < ATT_BK / 4; jj++) s[jj] = fmaf(qd, sK[(sub + 4 * jj) * P + d], s[jj]);
+        }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int jj = 0; jj < ATT_BK / 4; jj++) {
+            s[jj] = kb + sub + 4 * jj < len ? s[jj] * scale : -INFINITY;
+            mx = fmaxf(mx, s[jj]);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float mnew = fmaxf(m, mx);  // finite: every tile holds a valid key
+        float corr = expf(m - mnew);
+        m = mnew;
+        float sum = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < ATT_BK / 4; jj++) {
+            s[jj] = expf(s[jj] - mnew);
+            sum += s[jj];
+        }
+        l = l * corr + sum;
+#pragma unroll
+        for (int i = 0; i < ATT_MAXD; i++) acc[i] *= corr;
+#pragma unroll
+        for (int j = 0; j < ATT_BK; j++) {
+            float pj = __shfl_sync(0xffffffffu, s[j >> 2], (lane & ~3) | (j & 3));
+            const float* vr = sV + j * P;
+#pragma unroll
+            for (int i = 0; i < ATT_MAXD; i++) {
+                int d = sub + 4 * i;
+                if (d < hd) acc[i] = fmaf(pj, vr[d], acc[i]);
+            }
+        }
+    }
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    int row = q0 + r;
+    if (row < len) {
+        float inv = 1.0f / l;
+        float* og = o + (long long)(start + row) * o_ld + (long long)head * hd;
+#pragma unroll
+        for (int i = 0; i < ATT_MAXD; i++) {
+            int d = sub + 4 * i;
+            if (d < hd) og[d] = acc[i] * inv;
+        }
+    }
+}

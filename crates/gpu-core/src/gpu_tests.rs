@@ -351,6 +351,63 @@ fn activations_match_host() {
             4e-3,
         );
     }
+    // f32: the same gates and activations on unrounded f32 inputs, strided out
+    let guf = r.vec(rows * 2 * cols, 6.0);
+    let gufd = d.upload(&guf).unwrap();
+    let gate_f: Vec<f32> = (0..rows)
+        .flat_map(|i| guf[i * 2 * cols..i * 2 * cols + cols].to_vec())
+        .collect();
+    let up_f: Vec<f32> = (0..rows)
+        .flat_map(|i| guf[i * 2 * cols + cols..(i + 1) * 2 * cols].to_vec())
+        .collect();
+    let ldo = cols + 3;
+    for g in gates {
+        let mut out = d.alloc::<f32>(rows * ldo).unwrap();
+        d.fill(&mut out, f32::NAN).unwrap();
+        d.gated_act(
+            &mut out,
+            Mat::strided(rows, cols, ldo, 3),
+            &gufd,
+            Mat::strided(rows, cols, 2 * cols, 0),
+            &gufd,
+            Mat::strided(rows, cols, 2 * cols, cols),
+            g,
+        )
+        .unwrap();
+        let got = d.download(&out).unwrap();
+        let got: Vec<f32> = (0..rows)
+            .flat_map(|i| got[i * ldo + 3..i * ldo + 3 + cols].to_vec())
+            .collect();
+        check(
+            &format!("gated_act f32 {g:?}"),
+            &got,
+            &host::gated_act(&gate_f, &up_f, g),
+            1e-5,
+        );
+    }
+    for a in [
+        Activation::QuickGelu,
+        Activation::GeluErf,
+        Activation::GeluTanh,
+        Activation::Silu,
+        Activation::Identity,
+    ] {
+        let mut x = d.upload(&gate_f).unwrap();
+        d.act_in_place(
+            &mut x,
+            Mat::dense(rows, cols),
+            a,
+            Clamp::new(-4.0, 5.0),
+            Clamp::new(-3.0, 3.0),
+        )
+        .unwrap();
+        check(
+            &format!("act f32 {a:?}"),
+            &d.download(&x).unwrap(),
+            &host::act(&gate_f, a, Clamp::new(-4.0, 5.0), Clamp::new(-3.0, 3.0)),
+            1e-5,
+        );
+    }
     let xf = r.vec(1001, 3.0);
     let xd = d.upload(&xf).unwrap();
     let mut ob = d.alloc::<bf16>(1001).unwrap();
@@ -485,6 +542,39 @@ fn qk_norm_rope_matches_host() {
             &want,
             4e-3,
         );
+        // f32: fresh unrounded inputs, same spec
+        let xf = r.vec(n * ld, 2.0);
+        let mut want = xf.clone();
+        host::qk_norm_rope(
+            &mut want,
+            n,
+            heads,
+            hd,
+            ld,
+            [0, width, 2 * width],
+            [Some(&qw), Some(&kw)],
+            norm,
+            1e-6,
+            clamps,
+            Some((layout, &pos, &inv)),
+        );
+        let mut qkvf = d.upload(&xf).unwrap();
+        d.qk_norm_rope(
+            &mut qkvf,
+            &spec,
+            Some(&RopeSpec {
+                layout,
+                pos: &posd,
+                inv_freq: &invd,
+            }),
+        )
+        .unwrap();
+        check(
+            &format!("qk_norm_rope f32 {layout:?} hd{hd} n{n}"),
+            &d.download(&qkvf).unwrap(),
+            &want,
+            1e-5,
+        );
     }
 }
 
@@ -565,6 +655,105 @@ fn flash_attn_matches_host() {
         );
         attn_case(&d, &mut r, 1, 72, &[1000], 1.0, variant, 1e-2);
     }
+}
+
+/// f32 exact attention on a qkv buffer with an odd row pitch and odd column offsets, strided output.
+fn attn_case_f32(d: &Device, r: &mut Rng, heads: usize, hd: usize, segs: &[usize], scale: f32) {
+    let width = heads * hd;
+    let ld = 3 * width + 5;
+    let offs = [1, width + 2, 2 * width + 5];
+    let tokens: usize = segs.iter().sum();
+    let mut cu = vec![0i32];
+    for s in segs {
+        cu.push(cu.last().unwrap() + *s as i32);
+    }
+    let a = if scale == 1.0 { 0.35 } else { 1.5 };
+    let qkv = r.vec(tokens * ld, a);
+    let want = host::attention(&qkv, &qkv, &qkv, ld, offs, heads, hd, &cu, scale);
+    let qd = d.upload(&qkv).unwrap();
+    let cud = d.upload(&cu).unwrap();
+    let old = width + 3;
+    let mut o = d.alloc::<f32>(tokens * old).unwrap();
+    d.fill(&mut o, f32::NAN).unwrap();
+    let args = AttnArgs {
+        q: (&qd, Mat::strided(tokens, width, ld, offs[0])),
+        k: (&qd, Mat::strided(tokens, width, ld, offs[1])),
+        v: (&qd, Mat::strided(tokens, width, ld, offs[2])),
+        heads,
+        head_dim: hd,
+        cu_seqlens: &cud,
+        cu_seqlens_host: &cu,
+        scale,
+        variant: None,
+    };
+    d.flash_attn(&args, &mut o, Mat::strided(tokens, width, old, 3))
+        .unwrap();
+    let got = d.download(&o).unwrap();
+    let got: Vec<f32> = (0..tokens)
+        .flat_map(|i| got[i * old + 3..i * old + 3 + width].to_vec())
+        .collect();
+    check(
+        &format!("flash_attn f32 hd{hd} heads{heads} segs{segs:?} scale{scale}"),
+        &got,
+        &want,
+        1e-5,
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn flash_attn_f32_matches_host() {
+    let d = dev();
+    let mut r = Rng::new(7);
+    attn_case_f32(&d, &mut r, 2, 64, &[1, 64, 200, 129], 0.125);
+    attn_case_f32(&d, &mut r, 3, 72, &[77, 0, 300, 5], 1.0);
+    attn_case_f32(&d, &mut r, 2, 96, &[2704 / 4, 31, 33], 96f32.powf(-0.5));
+    attn_case_f32(&d, &mut r, 1, 72, &[1000], 1.0);
+    attn_case_f32(&d, &mut r, 2, 128, &[95, 257], 128f32.powf(-0.5));
+    attn_case_f32(&d, &mut r, 3, 40, &[3, 50], 0.2);
+    // shape errors are values: bf16 head dims, f32 variant, f32 head dim over the limit
+    let q = d.alloc::<f32>(4 * 129).unwrap();
+    let cu = d.upload(&[0i32, 4]).unwrap();
+    let mut o = d.alloc::<f32>(4 * 129).unwrap();
+    let m = Mat::dense(4, 129);
+    let bad = AttnArgs {
+        q: (&q, m),
+        k: (&q, m),
+        v: (&q, m),
+        heads: 1,
+        head_dim: 129,
+        cu_seqlens: &cu,
+        cu_seqlens_host: &[0, 4],
+        scale: 1.0,
+        variant: None,
+    };
+    let e = d.flash_attn(&bad, &mut o, m);
+    assert!(
+        matches!(
+            e,
+            Err(GpuError::Shape {
+                op: "flash_attn",
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    let bad = AttnArgs {
+        head_dim: 64,
+        variant: Some(FlashVariant::M1),
+        ..bad
+    };
+    let e = d.flash_attn(&bad, &mut o, m);
+    assert!(
+        matches!(
+            e,
+            Err(GpuError::Shape {
+                op: "flash_attn",
+                ..
+            })
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]

@@ -28,8 +28,8 @@ pub use gemm::{Epilogue, GemmBias, GemmInputs, GemmOutput, GemmShape};
 pub use half::bf16;
 pub use kernels::{Kernel, Module};
 pub use ops::{
-    conv3x3s2_out, rope_inv_freq, Activation, AttnArgs, Clamp, FlashVariant, Gate, Mat, NormOut,
-    QkvSpec, RopeLayout, RopeSpec, MAX_NORM_WIDTH,
+    conv3x3s2_out, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp, FlashVariant, Gate, Mat,
+    NormOut, QkvSpec, RopeLayout, RopeSpec, MAX_F32_ATTN_HEAD_DIM, MAX_NORM_WIDTH,
 };
 
 #[cfg(test)]

@@ -197,6 +197,39 @@ impl NormOut for bf16 {
     const LN: Kernel = Kernel::LayerNormBf16;
 }
 
+/// Element types of the activation-side kernels ([`Device::gated_act`], [`Device::act`],
+/// [`Device::qk_norm_rope`], [`Device::flash_attn`]): bf16 (the product path) or f32 (the exactness
+/// path). Inputs and outputs share the type; the math is f32 in both.
+pub trait ActElem: Elem {
+    #[doc(hidden)]
+    const GATED_ACT: Kernel;
+    #[doc(hidden)]
+    const ACT: Kernel;
+    #[doc(hidden)]
+    const QK_NORM_ROPE: Kernel;
+    /// f32: the exact CUDA-core attention kernel; bf16: `None` (tensor-core kernels per head dim).
+    #[doc(hidden)]
+    const EXACT_ATTN: Option<Kernel>;
+}
+impl ActElem for f32 {
+    const GATED_ACT: Kernel = Kernel::GatedActF32;
+    const ACT: Kernel = Kernel::ActF32;
+    const QK_NORM_ROPE: Kernel = Kernel::QkNormRopeF32;
+    const EXACT_ATTN: Option<Kernel> = Some(Kernel::FlashAttnF32);
+}
+impl ActElem for bf16 {
+    const GATED_ACT: Kernel = Kernel::GatedActBf16;
+    const ACT: Kernel = Kernel::ActBf16;
+    const QK_NORM_ROPE: Kernel = Kernel::QkNormRopeBf16;
+    const EXACT_ATTN: Option<Kernel> = None;
+}
+
+/// Largest head dimension of the f32 attention kernel (`flash_attn_f32`).
+pub const MAX_F32_ATTN_HEAD_DIM: usize = 128;
+/// `flash_attn_f32`'s query rows per block (`ATT_BQ`) and shared K+V rows (`2·ATT_BK`).
+const F32_ATTN_ROWS: usize = 32;
+const F32_ATTN_KEYS: usize = 64;
+
 const NORM_THREADS: u32 = 256;
 /// Rows up to this width fit the norm kernels' shared-memory row cache.
 pub const MAX_NORM_WIDTH: usize = 12 * 1024;
@@ -301,18 +334,19 @@ pub enum FlashVariant {
     M2,
 }
 
-/// Arguments of [`Device::flash_attn`]: `o = softmax(scale·q·kᵀ)·v` per head and segment.
+/// Arguments of [`Device::flash_attn`]: `o = softmax(scale·q·kᵀ)·v` per head and segment, in bf16
+/// (tensor cores) or f32 (exact, CUDA cores).
 #[derive(Debug)]
-pub struct AttnArgs<'a> {
-    /// q, k, v: `[tokens, ld]` bf16 with head h of token t at `offset + t·ld + h·head_dim`.
-    pub q: (&'a DeviceBuffer<bf16>, Mat),
+pub struct AttnArgs<'a, T: ActElem = bf16> {
+    /// q, k, v: `[tokens, ld]` with head h of token t at `offset + t·ld + h·head_dim`.
+    pub q: (&'a DeviceBuffer<T>, Mat),
     /// See `q`.
-    pub k: (&'a DeviceBuffer<bf16>, Mat),
+    pub k: (&'a DeviceBuffer<T>, Mat),
     /// See `q`.
-    pub v: (&'a DeviceBuffer<bf16>, Mat),
+    pub v: (&'a DeviceBuffer<T>, Mat),
     /// Heads.
     pub heads: usize,
-    /// Head dimension: 64, 72 or 96.
+    /// Head dimension: bf16 64, 72 or 96; f32 any in 1..=[`MAX_F32_ATTN_HEAD_DIM`].
     pub head_dim: usize,
     /// Segment boundaries `[segments + 1]` on the device.
     pub cu_seqlens: &'a DeviceBuffer<i32>,
@@ -320,7 +354,7 @@ pub struct AttnArgs<'a> {
     pub cu_seqlens_host: &'a [i32],
     /// Softmax scale (gemma4 1.0; others hd^−½).
     pub scale: f32,
-    /// Kernel variant; `None` = the default for the head dim.
+    /// bf16 kernel variant; `None` = the default for the head dim. Must be `None` for f32 (one kernel).
     pub variant: Option<FlashVariant>,
 }
 
@@ -501,14 +535,15 @@ impl Device {
         })
     }
 
-    /// Gated activation `out = act(gate)·up` (see [`Gate`]); gate and up may be column blocks of one buffer.
-    pub fn gated_act(
+    /// Gated activation `out = act(gate)·up` (see [`Gate`]), f32 or bf16; gate and up may be column
+    /// blocks of one buffer.
+    pub fn gated_act<T: ActElem>(
         &self,
-        out: &mut DeviceBuffer<bf16>,
+        out: &mut DeviceBuffer<T>,
         om: Mat,
-        gate: &DeviceBuffer<bf16>,
+        gate: &DeviceBuffer<T>,
         gm: Mat,
-        up: &DeviceBuffer<bf16>,
+        up: &DeviceBuffer<T>,
         um: Mat,
         g: Gate,
     ) -> Result<()> {
@@ -538,7 +573,7 @@ impl Device {
             um.ld as i64,
             g.act.mode(),
         );
-        self.launch(Kernel::GatedActBf16, grid_stride(om.rows * om.cols), |b| {
+        self.launch(T::GATED_ACT, grid_stride(om.rows * om.cols), |b| {
             b.arg(&oa)
                 .arg(&ga)
                 .arg(&ua)
@@ -558,13 +593,14 @@ impl Device {
         })
     }
 
-    /// Plain activation `out = clamp_o(act(clamp_i(x)))` (in place when `out` and `x` are the same buffer: use [`Device::act_in_place`]).
+    /// Plain activation `out = clamp_o(act(clamp_i(x)))`, f32 or bf16 (in place when `out` and `x`
+    /// are the same buffer: use [`Device::act_in_place`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn act(
+    pub fn act<T: ActElem>(
         &self,
-        out: &mut DeviceBuffer<bf16>,
+        out: &mut DeviceBuffer<T>,
         om: Mat,
-        x: &DeviceBuffer<bf16>,
+        x: &DeviceBuffer<T>,
         xm: Mat,
         act: Activation,
         input: Clamp,
@@ -579,7 +615,7 @@ impl Device {
                 format!("x {}×{} vs out {}×{}", xm.rows, xm.cols, om.rows, om.cols),
             ));
         }
-        self.act_raw(
+        self.act_raw::<T>(
             off(out, om.offset),
             om,
             off(x, xm.offset),
@@ -590,10 +626,10 @@ impl Device {
         )
     }
 
-    /// In-place plain activation on `x`.
-    pub fn act_in_place(
+    /// In-place plain activation on `x` (f32 or bf16).
+    pub fn act_in_place<T: ActElem>(
         &self,
-        x: &mut DeviceBuffer<bf16>,
+        x: &mut DeviceBuffer<T>,
         xm: Mat,
         act: Activation,
         input: Clamp,
@@ -601,11 +637,11 @@ impl Device {
     ) -> Result<()> {
         xm.check("act_in_place", "x", x)?;
         let a = off(x, xm.offset);
-        self.act_raw(a, xm, a, xm, act, input, output)
+        self.act_raw::<T>(a, xm, a, xm, act, input, output)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn act_raw(
+    fn act_raw<T: ActElem>(
         &self,
         oa: u64,
         om: Mat,
@@ -622,7 +658,7 @@ impl Device {
             xm.ld as i64,
             act.mode(),
         );
-        self.launch(Kernel::ActBf16, grid_stride(om.rows * om.cols), |b| {
+        self.launch(T::ACT, grid_stride(om.rows * om.cols), |b| {
             b.arg(&oa)
                 .arg(&xa)
                 .arg(&rows)
@@ -646,10 +682,11 @@ impl Device {
         })
     }
 
-    /// Per-head RMSNorm of q/k (and v) fused with 2-D rope of q and k, in place on the qkv buffer.
-    pub fn qk_norm_rope(
+    /// Per-head RMSNorm of q/k (and v) fused with 2-D rope of q and k, in place on the qkv buffer
+    /// (f32 or bf16; math in f32).
+    pub fn qk_norm_rope<T: ActElem>(
         &self,
-        qkv: &mut DeviceBuffer<bf16>,
+        qkv: &mut DeviceBuffer<T>,
         spec: &QkvSpec<'_>,
         rope: Option<&RopeSpec<'_>>,
     ) -> Result<()> {
@@ -701,7 +738,7 @@ impl Device {
         );
         let [qo, ko, vo] = s.offsets.map(|o| o as i64);
         let c = s.clamps;
-        self.launch(Kernel::QkNormRopeBf16, cfg, |b| {
+        self.launch(T::QK_NORM_ROPE, cfg, |b| {
             b.arg(&qa)
                 .arg(&n)
                 .arg(&heads)
@@ -727,8 +764,16 @@ impl Device {
         })
     }
 
-    /// Non-causal variable-length flash attention; writes `o [tokens, heads·head_dim]` (bf16, `om`).
-    pub fn flash_attn(&self, a: &AttnArgs<'_>, o: &mut DeviceBuffer<bf16>, om: Mat) -> Result<()> {
+    /// Non-causal variable-length flash attention; writes `o [tokens, heads·head_dim]` (`om`) in the
+    /// inputs' type. bf16: tensor-core kernels for head dims 64, 72, 96 (ld and offsets multiples of 8).
+    /// f32: one exact CUDA-core kernel (f32 scores, online softmax and P·V), any head dim up to
+    /// [`MAX_F32_ATTN_HEAD_DIM`], any strides.
+    pub fn flash_attn<T: ActElem>(
+        &self,
+        a: &AttnArgs<'_, T>,
+        o: &mut DeviceBuffer<T>,
+        om: Mat,
+    ) -> Result<()> {
         const OP: &str = "flash_attn";
         let cu = a.cu_seqlens_host;
         if cu.len() < 2 || cu[0] != 0 || cu.windows(2).any(|w| w[1] < w[0]) {
@@ -745,27 +790,56 @@ impl Device {
             .map(|w| (w[1] - w[0]) as usize)
             .max()
             .unwrap_or(0);
-        // Measured on the H200 (docs/notes/gpu-core.md): 128-row blocks (M2) win once they fill the
-        // 132 SMs several times over (≥ ~1000 blocks); below that 64-row blocks (M1) balance better.
-        let variant = a.variant.unwrap_or(
-            if max_len.div_ceil(128) * a.heads * (cu.len() - 1) >= 1000 {
-                FlashVariant::M2
-            } else {
-                FlashVariant::M1
-            },
-        );
-        let kernel = match (a.head_dim, variant) {
-            (64, FlashVariant::M1) => Kernel::FlashAttnHd64M1Bf16,
-            (64, FlashVariant::M2) => Kernel::FlashAttnHd64M2Bf16,
-            (72, FlashVariant::M1) => Kernel::FlashAttnHd72M1Bf16,
-            (72, FlashVariant::M2) => Kernel::FlashAttnHd72M2Bf16,
-            (96, FlashVariant::M1) => Kernel::FlashAttnHd96M1Bf16,
-            (96, FlashVariant::M2) => Kernel::FlashAttnHd96M2Bf16,
-            (hd, _) => {
-                return Err(GpuError::shape(
-                    OP,
-                    format!("head_dim {hd} (kernels exist for 64, 72, 96)"),
-                ))
+        // (kernel, 16-byte loads: ld/offset multiple of 8, bf16 variant rows per block)
+        let (kernel, align, br) = match T::EXACT_ATTN {
+            Some(k) => {
+                if a.variant.is_some() {
+                    return Err(GpuError::shape(
+                        OP,
+                        "f32 attention has one kernel: variant must be None",
+                    ));
+                }
+                if a.head_dim == 0 || a.head_dim > MAX_F32_ATTN_HEAD_DIM {
+                    return Err(GpuError::shape(
+                        OP,
+                        format!(
+                            "head_dim {} outside 1..={MAX_F32_ATTN_HEAD_DIM} (f32 kernel)",
+                            a.head_dim
+                        ),
+                    ));
+                }
+                (k, 1, F32_ATTN_ROWS)
+            }
+            None => {
+                // Measured on the H200 (docs/notes/gpu-core.md): 128-row blocks (M2) win once they
+                // fill the 132 SMs several times over (≥ ~1000 blocks); below that 64-row blocks (M1)
+                // balance better.
+                let variant = a.variant.unwrap_or(
+                    if max_len.div_ceil(128) * a.heads * (cu.len() - 1) >= 1000 {
+                        FlashVariant::M2
+                    } else {
+                        FlashVariant::M1
+                    },
+                );
+                let kernel = match (a.head_dim, variant) {
+                    (64, FlashVariant::M1) => Kernel::FlashAttnHd64M1Bf16,
+                    (64, FlashVariant::M2) => Kernel::FlashAttnHd64M2Bf16,
+                    (72, FlashVariant::M1) => Kernel::FlashAttnHd72M1Bf16,
+                    (72, FlashVariant::M2) => Kernel::FlashAttnHd72M2Bf16,
+                    (96, FlashVariant::M1) => Kernel::FlashAttnHd96M1Bf16,
+                    (96, FlashVariant::M2) => Kernel::FlashAttnHd96M2Bf16,
+                    (hd, _) => {
+                        return Err(GpuError::shape(
+                            OP,
+                            format!("head_dim {hd} (bf16 kernels exist for 64, 72, 96)"),
+                        ))
+                    }
+                };
+                let m = match variant {
+                    FlashVariant::M1 => 1,
+                    FlashVariant::M2 => 2,
+                };
+                (kernel, 8, 64 * m)
             }
         };
         for (name, (buf, m)) in [("q", a.q), ("k", a.k), ("v", a.v)] {
@@ -779,7 +853,7 @@ impl Device {
                 ));
             }
             m.check(OP, name, buf)?;
-            if m.ld % 8 != 0 || m.offset % 8 != 0 {
+            if m.ld % align != 0 || m.offset % align != 0 {
                 return Err(GpuError::shape(
                     OP,
                     format!(
@@ -789,10 +863,11 @@ impl Device {
                 ));
             }
         }
+        let oalign = if align == 1 { 1 } else { 2 };
         if om.rows < tokens
             || om.cols < width
-            || !om.ld.is_multiple_of(2)
-            || !om.offset.is_multiple_of(2)
+            || !om.ld.is_multiple_of(oalign)
+            || !om.offset.is_multiple_of(oalign)
         {
             return Err(GpuError::shape(
                 OP,
@@ -806,13 +881,10 @@ impl Device {
         if max_len == 0 {
             return Ok(());
         }
-        let m = match variant {
-            FlashVariant::M1 => 1,
-            FlashVariant::M2 => 2,
+        let smem = match T::EXACT_ATTN {
+            Some(_) => (F32_ATTN_ROWS + F32_ATTN_KEYS) * (a.head_dim + 1) * 4,
+            None => (br + 4 * 64) * (a.head_dim.next_multiple_of(16) + 8) * 2,
         };
-        let br = 64 * m;
-        let hdp = a.head_dim.next_multiple_of(16);
-        let smem = (br + 4 * 64) * (hdp + 8) * 2;
         let cfg = LaunchConfig {
             grid_dim: (
                 max_len.div_ceil(br) as u32,
@@ -836,6 +908,8 @@ impl Device {
         );
         let cua = a.cu_seqlens.addr();
         let scale_log2 = a.scale * std::f32::consts::LOG2_E;
+        let hd = a.head_dim as i32;
+        let exact = T::EXACT_ATTN.is_some();
         self.launch(kernel, cfg, |b| {
             b.arg(&qa)
                 .arg(&ka)
@@ -845,8 +919,12 @@ impl Device {
                 .arg(&kl)
                 .arg(&vl)
                 .arg(&ol)
-                .arg(&cua)
-                .arg(&scale_log2);
+                .arg(&cua);
+            if exact {
+                b.arg(&hd).arg(&a.scale);
+            } else {
+                b.arg(&scale_log2);
+            }
         })
     }
 

@@ -13,18 +13,20 @@
 //!   linear, each on its own clamped pre-norm), gate/up likewise into `[2I, H]`;
 //! - the patch projection folds the input law `2(x − 0.5)`: `W·(2x − 1) = (2W)·x − W·1`, so the
 //!   weight is doubled (exact) and `−rowsum(W)` (f64, rounded once) is the GEMM's f32 bias;
-//! - head dims the attention kernels lack (they exist for 64, 72, 96) are zero-padded to the next
-//!   one: zero q/k/v weight rows and zero o columns, so the padded lanes contribute exact zeros.
+//! - bf16 mode: head dims the tensor-core attention kernels lack (they exist for 64, 72, 96) are
+//!   zero-padded to the next one: zero q/k/v weight rows and zero o columns, so the padded lanes
+//!   contribute exact zeros (f32 mode: gpu-core's f32 attention takes any head dim up to 128).
 //!
-//! The f32 mode is f32 everywhere gpu-core has f32 kernels; the attention core (per-head
-//! norm + rope, flash attention) and the gated activation exist only in bf16 there, so those
-//! three steps round to bf16 in both modes (bf16 ↔ f32 conversions go through exact identity
-//! GEMMs).
+//! Between GEMMs every activation buffer (qkv, attention output, gate|up, gated activation) is in
+//! the GEMM precision: bf16 in the product mode, f32 in the exactness mode, where per-head
+//! norm + rope, attention (`flash_attn_f32`, exact on CUDA cores) and the gated activation run
+//! in f32 too, so nothing on the f32 path rounds to bf16.
 use std::sync::Arc;
 
 use gpu_core::{
-    bf16, rope_inv_freq, Activation, AttnArgs, Clamp, DeviceBuffer, Epilogue, Gate, GemmBias,
-    GemmInputs, GemmOutput, GemmShape, Mat, QkvSpec, RopeLayout, RopeSpec,
+    bf16, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp, DeviceBuffer, Epilogue, Gate,
+    GemmBias, GemmInputs, GemmOutput, GemmShape, Mat, QkvSpec, RopeLayout, RopeSpec,
+    MAX_F32_ATTN_HEAD_DIM,
 };
 use rayon::prelude::*;
 
@@ -62,7 +64,7 @@ pub enum CudaPrecision {
     F32,
 }
 
-/// Head dims the flash-attention kernels exist for.
+/// Head dims the bf16 flash-attention kernels exist for.
 const KERNEL_HEAD_DIMS: [usize; 3] = [64, 72, 96];
 
 /// A device matrix in the GEMM precision.
@@ -156,15 +158,11 @@ struct Workspace {
     cap_p: usize,
     x: DeviceBuffer<f32>,
     hn: Buf,
-    qkv_f: Option<DeviceBuffer<f32>>,
-    qkv: DeviceBuffer<bf16>,
-    attn: DeviceBuffer<bf16>,
-    attn_f: Option<DeviceBuffer<f32>>,
+    qkv: Buf,
+    attn: Buf,
     y: DeviceBuffer<f32>,
     gu: Buf,
-    gu_b: Option<DeviceBuffer<bf16>>,
-    act: DeviceBuffer<bf16>,
-    act_f: Option<DeviceBuffer<f32>>,
+    act: Buf,
     pooled: DeviceBuffer<f32>,
     std: DeviceBuffer<f32>,
     normed: Buf,
@@ -217,9 +215,6 @@ pub struct GemmaCuda {
     inv_freq: DeviceBuffer<f32>,
     /// f32 identity `[H, H]`: exact row-block copies (pooling images at an offset).
     eye_h: DeviceBuffer<f32>,
-    /// bf16 identities `[W', W']` and `[I, I]`: exact bf16 → f32 conversions (f32 mode only).
-    eye_w: Option<DeviceBuffer<bf16>>,
-    eye_i: Option<DeviceBuffer<bf16>>,
     weight_bytes: usize,
     ws: Option<Workspace>,
 }
@@ -308,16 +303,24 @@ impl GemmaCuda {
         precision: CudaPrecision,
     ) -> CudaResult<GemmaCuda> {
         let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
-        let kd = KERNEL_HEAD_DIMS
-            .iter()
-            .copied()
-            .find(|&k| k >= hd)
-            .ok_or_else(|| {
-                CudaError::Unsupported(format!(
-                    "head_dim {hd}: the attention kernels stop at {}",
-                    KERNEL_HEAD_DIMS[2]
-                ))
-            })?;
+        let kd = match precision {
+            CudaPrecision::F32 if hd <= MAX_F32_ATTN_HEAD_DIM => hd,
+            CudaPrecision::F32 => {
+                return Err(CudaError::Unsupported(format!(
+                    "head_dim {hd}: the f32 attention kernel stops at {MAX_F32_ATTN_HEAD_DIM}"
+                )))
+            }
+            CudaPrecision::Bf16 => KERNEL_HEAD_DIMS
+                .iter()
+                .copied()
+                .find(|&k| k >= hd)
+                .ok_or_else(|| {
+                    CudaError::Unsupported(format!(
+                        "head_dim {hd}: the bf16 attention kernels stop at {}",
+                        KERNEL_HEAD_DIMS[2]
+                    ))
+                })?,
+        };
         let wp = heads * kd;
         let p = precision;
         let d = &*dev;
@@ -385,16 +388,6 @@ impl GemmaCuda {
             }
             None => None,
         };
-        let (eye_w, eye_i) = match p {
-            CudaPrecision::F32 => {
-                let (one, zero) = (bf16::from_f32(1.0), bf16::from_f32(0.0));
-                (
-                    Some(d.upload(&eye(wp, one, zero))?),
-                    Some(d.upload(&eye(cfg.intermediate, one, zero))?),
-                )
-            }
-            CudaPrecision::Bf16 => (None, None),
-        };
         let mut t = GemmaCuda {
             cfg: cfg.clone(),
             precision,
@@ -407,8 +400,6 @@ impl GemmaCuda {
             proj: Buf::upload(d, p, &w.proj)?,
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
             eye_h: d.upload(&eye(h, 1.0f32, 0.0))?,
-            eye_w,
-            eye_i,
             weight_bytes: 0,
             ws: None,
             dev,
@@ -559,29 +550,16 @@ impl GemmaCuda {
         let (h, wp, mi) = (c.hidden, c.heads * self.kd, c.intermediate);
         let d = &*self.dev;
         let p = self.precision;
-        let f32m = p == CudaPrecision::F32;
         self.ws = Some(Workspace {
             cap,
             cap_p,
             x: d.alloc(cap * h)?,
             hn: Buf::alloc(d, p, cap * h)?,
-            qkv_f: if f32m {
-                Some(d.alloc(cap * 3 * wp)?)
-            } else {
-                None
-            },
-            qkv: d.alloc(cap * 3 * wp)?,
-            attn: d.alloc(cap * wp)?,
-            attn_f: if f32m { Some(d.alloc(cap * wp)?) } else { None },
+            qkv: Buf::alloc(d, p, cap * 3 * wp)?,
+            attn: Buf::alloc(d, p, cap * wp)?,
             y: d.alloc(cap * h)?,
             gu: Buf::alloc(d, p, cap * 2 * mi)?,
-            gu_b: if f32m {
-                Some(d.alloc(cap * 2 * mi)?)
-            } else {
-                None
-            },
-            act: d.alloc(cap * mi)?,
-            act_f: if f32m { Some(d.alloc(cap * mi)?) } else { None },
+            act: Buf::alloc(d, p, cap * mi)?,
             pooled: d.alloc(cap_p * h)?,
             std: d.alloc(cap_p * h)?,
             normed: Buf::alloc(d, p, cap_p * h)?,
@@ -708,7 +686,7 @@ impl GemmaCuda {
     ) -> CudaResult<Option<GemmaStages>> {
         let c = &self.cfg;
         let d = &*self.dev;
-        let (n, h, heads, hd, kd) = (batch.n, c.hidden, c.heads, c.head_dim, self.kd);
+        let (n, h, heads, kd) = (batch.n, c.hidden, c.heads, self.kd);
         let (wp, mi, pd) = (heads * kd, c.intermediate, c.patch_dim());
         let eps = c.eps as f32;
         let bf16_mode = self.precision == CudaPrecision::Bf16;
@@ -742,100 +720,28 @@ impl GemmaCuda {
                 self.norm_into(&ws.x, Some(&l.ln_in), &mut ws.hn, n, Clamp::NONE)?;
                 prenormed = true;
             }
-            match (&mut ws.qkv_f, bf16_mode) {
-                (_, true) => {
-                    let out = OutRef::B(&mut ws.qkv);
-                    self.grouped_gemm(
-                        &ws.x,
-                        &l.ln_in,
-                        &mut ws.hn,
-                        &l.qkv,
-                        out,
-                        3 * wp,
-                        n,
-                        prenormed,
-                    )?;
-                }
-                (Some(qf), false) => {
-                    let out = OutRef::F(qf);
-                    self.grouped_gemm(&ws.x, &l.ln_in, &mut ws.hn, &l.qkv, out, 3 * wp, n, false)?;
-                    d.cast_f32_bf16(qf, &mut ws.qkv)?;
-                }
-                (None, false) => {
-                    return Err(CudaError::Unsupported("f32 workspace missing".into()))
-                }
+            self.grouped_gemm(
+                &ws.x,
+                &l.ln_in,
+                &mut ws.hn,
+                &l.qkv,
+                ws.qkv.out(),
+                3 * wp,
+                n,
+                prenormed,
+            )?;
+            match (&mut ws.qkv, &mut ws.attn) {
+                (Buf::B(qkv), Buf::B(attn)) => self.attention_core(l, qkv, attn, batch, &rope)?,
+                (Buf::F(qkv), Buf::F(attn)) => self.attention_core(l, qkv, attn, batch, &rope)?,
+                _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
             }
-            // Per-head RMS (q, k weighted; v weightless) with the q/k/v output clamps, rope on q, k.
-            let per_head: Vec<(usize, usize)> = if kd == hd {
-                vec![(0, heads)]
-            } else {
-                (0..heads).map(|i| (i * kd, 1)).collect()
-            };
-            for (off, nh) in per_head {
-                let spec = QkvSpec {
-                    tokens: n,
-                    heads: nh,
-                    head_dim: hd,
-                    ld: 3 * wp,
-                    offsets: [off, wp + off, 2 * wp + off],
-                    q_weight: Some(&l.q_norm),
-                    k_weight: Some(&l.k_norm),
-                    norm: [true, true, true],
-                    eps,
-                    clamps: l.qkv_out,
-                };
-                d.qk_norm_rope(&mut ws.qkv, &spec, Some(&rope))?;
-            }
-            let args = AttnArgs {
-                q: (&ws.qkv, Mat::strided(n, wp, 3 * wp, 0)),
-                k: (&ws.qkv, Mat::strided(n, wp, 3 * wp, wp)),
-                v: (&ws.qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
-                heads,
-                head_dim: kd,
-                cu_seqlens: &batch.cu_dev,
-                cu_seqlens_host: &batch.cu,
-                scale: ATTENTION_SCALE,
-                variant: None,
-            };
-            d.flash_attn(&args, &mut ws.attn, Mat::dense(n, wp))?;
-            if l.o_in != Clamp::NONE {
-                d.act_in_place(
-                    &mut ws.attn,
-                    Mat::dense(n, wp),
-                    Activation::Identity,
-                    l.o_in,
-                    Clamp::NONE,
-                )?;
-            }
-            match (&l.o, &mut ws.attn_f, &self.eye_w) {
-                (Buf::B(w), _, _) => d.gemm(
-                    GemmInputs::Bf16 { x: &ws.attn, w },
-                    None,
-                    GemmOutput::F32(&mut ws.y),
-                    GemmShape::dense(n, h, wp),
-                    Epilogue::None,
-                )?,
-                (Buf::F(w), Some(af), Some(eye)) => {
-                    d.gemm(
-                        GemmInputs::Bf16 {
-                            x: &ws.attn,
-                            w: eye,
-                        },
-                        None,
-                        GemmOutput::F32(af),
-                        GemmShape::dense(n, wp, wp),
-                        Epilogue::None,
-                    )?;
-                    d.gemm(
-                        GemmInputs::F32 { x: af, w },
-                        None,
-                        GemmOutput::F32(&mut ws.y),
-                        GemmShape::dense(n, h, wp),
-                        Epilogue::None,
-                    )?;
-                }
-                _ => return Err(CudaError::Unsupported("f32 workspace missing".into())),
-            }
+            d.gemm(
+                gemm_in(&ws.attn, &l.o)?,
+                None,
+                GemmOutput::F32(&mut ws.y),
+                GemmShape::dense(n, h, wp),
+                Epilogue::None,
+            )?;
             let fuse_ffn = fusable(&l.mlp);
             {
                 let next = match (&mut ws.hn, fuse_ffn) {
@@ -865,42 +771,22 @@ impl GemmaCuda {
             )?;
             let gate_m = Mat::strided(n, mi, 2 * mi, 0);
             let up_m = Mat::strided(n, mi, 2 * mi, mi);
-            match (&ws.gu, &mut ws.gu_b) {
-                (Buf::B(gu), _) => {
-                    d.gated_act(&mut ws.act, Mat::dense(n, mi), gu, gate_m, gu, up_m, l.gate)?
+            match (&ws.gu, &mut ws.act) {
+                (Buf::B(gu), Buf::B(act)) => {
+                    d.gated_act(act, Mat::dense(n, mi), gu, gate_m, gu, up_m, l.gate)?
                 }
-                (Buf::F(gu), Some(gb)) => {
-                    d.cast_f32_bf16(gu, gb)?;
-                    d.gated_act(&mut ws.act, Mat::dense(n, mi), gb, gate_m, gb, up_m, l.gate)?;
+                (Buf::F(gu), Buf::F(act)) => {
+                    d.gated_act(act, Mat::dense(n, mi), gu, gate_m, gu, up_m, l.gate)?
                 }
-                _ => return Err(CudaError::Unsupported("f32 workspace missing".into())),
+                _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
             }
-            match (&l.down, &mut ws.act_f, &self.eye_i) {
-                (Buf::B(w), _, _) => d.gemm(
-                    GemmInputs::Bf16 { x: &ws.act, w },
-                    None,
-                    GemmOutput::F32(&mut ws.y),
-                    GemmShape::dense(n, h, mi),
-                    Epilogue::None,
-                )?,
-                (Buf::F(w), Some(af), Some(eye)) => {
-                    d.gemm(
-                        GemmInputs::Bf16 { x: &ws.act, w: eye },
-                        None,
-                        GemmOutput::F32(af),
-                        GemmShape::dense(n, mi, mi),
-                        Epilogue::None,
-                    )?;
-                    d.gemm(
-                        GemmInputs::F32 { x: af, w },
-                        None,
-                        GemmOutput::F32(&mut ws.y),
-                        GemmShape::dense(n, h, mi),
-                        Epilogue::None,
-                    )?;
-                }
-                _ => return Err(CudaError::Unsupported("f32 workspace missing".into())),
-            }
+            d.gemm(
+                gemm_in(&ws.act, &l.down)?,
+                None,
+                GemmOutput::F32(&mut ws.y),
+                GemmShape::dense(n, h, mi),
+                Epilogue::None,
+            )?;
             {
                 let fuse_next = li + 1 < nl && fusable(&self.layers[li + 1].qkv);
                 let next = match (&mut ws.hn, fuse_next) {
@@ -969,6 +855,64 @@ impl GemmaCuda {
             s.rows = self.download_rows(&ws.rows, np, c.text_hidden)?;
         }
         Ok(stages)
+    }
+
+    /// The attention core on the fused qkv GEMM output, in its precision: per-head RMS (q, k
+    /// weighted; v weightless) with the q/k/v output clamps and rope on q, k (in place), attention
+    /// into `attn`, then o_proj's input clamp.
+    fn attention_core<T: ActElem>(
+        &self,
+        l: &DevLayer,
+        qkv: &mut DeviceBuffer<T>,
+        attn: &mut DeviceBuffer<T>,
+        batch: &GemmaBatch,
+        rope: &RopeSpec<'_>,
+    ) -> CudaResult<()> {
+        let (c, d) = (&self.cfg, &*self.dev);
+        let (n, heads, hd, kd) = (batch.n, c.heads, c.head_dim, self.kd);
+        let wp = heads * kd;
+        let per_head: Vec<(usize, usize)> = if kd == hd {
+            vec![(0, heads)]
+        } else {
+            (0..heads).map(|i| (i * kd, 1)).collect()
+        };
+        for (off, nh) in per_head {
+            let spec = QkvSpec {
+                tokens: n,
+                heads: nh,
+                head_dim: hd,
+                ld: 3 * wp,
+                offsets: [off, wp + off, 2 * wp + off],
+                q_weight: Some(&l.q_norm),
+                k_weight: Some(&l.k_norm),
+                norm: [true, true, true],
+                eps: c.eps as f32,
+                clamps: l.qkv_out,
+            };
+            d.qk_norm_rope(qkv, &spec, Some(rope))?;
+        }
+        let args = AttnArgs {
+            q: (&*qkv, Mat::strided(n, wp, 3 * wp, 0)),
+            k: (&*qkv, Mat::strided(n, wp, 3 * wp, wp)),
+            v: (&*qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
+            heads,
+            head_dim: kd,
+            cu_seqlens: &batch.cu_dev,
+            cu_seqlens_host: &batch.cu,
+            scale: ATTENTION_SCALE,
+            variant: None,
+        };
+        d.flash_attn(&args, attn, Mat::dense(n, wp))?;
+        if l.o_in != Clamp::NONE {
+            d.act_in_place(
+                attn,
+                Mat::dense(n, wp),
+                Activation::Identity,
+                l.o_in,
+                Clamp::NONE,
+            )?;
+        }
+        Ok(())
     }
 
     /// Pools every image of `ws.x` into `ws.pooled` (rows concatenated in image order). Consecutive
