@@ -1,11 +1,14 @@
 //! The glm towers' parity runners: the `tower-glm5` host reference for `glm5_next` and
-//! `glm_ocr` from their HF mini repositories.
+//! `glm_ocr` from their HF mini repositories, and (on a CUDA machine) the `GlmCuda` path in
+//! both precisions.
 
-use crate::parity::{inputs_case, Case, CaseRunner, Precision, Runner};
+use crate::parity::{inputs_case, Case, CaseRunner, Outcome, Precision, Runner};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
-use tower_glm5::{Glm5Tower, GlmImage};
+use std::sync::{Arc, OnceLock};
+use tower_glm5::cuda::{Device, GpuError};
+use tower_glm5::{CudaPrecision, Glm5Tower, GlmImage, GlmStages};
 
 /// The implemented runner for a (variants, source, precision) slot of the table, if any.
 pub fn runner(
@@ -24,12 +27,29 @@ pub fn runner(
             precision,
             run: glm_case,
         })),
+        (true, "hf", Precision::CudaF32 | Precision::CudaBf16) => Some(Box::new(GlmCudaRunner {
+            variants,
+            source,
+            precision,
+        })),
         _ => None,
     }
 }
 
 /// The GLM host reference on the HF mini repository `fixtures/models/<variant>`.
 fn glm_case(fixtures: &Path, case: &Case) -> Result<BTreeMap<String, Vec<f64>>> {
+    glm_inputs(fixtures, case, |tower, images| {
+        let (_, stages) = tower.forward_host(images, true)?;
+        Ok(stage_map(stages.context("stages were requested")?))
+    })
+}
+
+/// Opens the case's mini repository and calls `f` with the tower and the case's images.
+fn glm_inputs<T>(
+    fixtures: &Path,
+    case: &Case,
+    f: impl FnOnce(&Glm5Tower, &[GlmImage<'_>]) -> Result<T>,
+) -> Result<T> {
     let path = fixtures.join("models").join(&case.variant);
     let ck = st_reader::Checkpoint::open(&path).with_context(|| path.display().to_string())?;
     let tower = Glm5Tower::from_checkpoint(&ck)?;
@@ -53,8 +73,11 @@ fn glm_case(fixtures: &Path, case: &Case) -> Result<BTreeMap<String, Vec<f64>>> 
         .collect();
     let pv32: Vec<f32> = pv.data.iter().map(|&v| v as f32).collect();
     let images = GlmImage::split(&tower.config, &pv32, &grids)?;
-    let (_, stages) = tower.forward_host(&images, true)?;
-    let s = stages.context("stages were requested")?;
+    f(&tower, &images)
+}
+
+/// The stage activations by the names the fixtures use, in f64.
+fn stage_map(s: GlmStages) -> BTreeMap<String, Vec<f64>> {
     let all = [
         ("patch_embed", s.patch_embed),
         ("block_0", s.block_0),
@@ -63,8 +86,68 @@ fn glm_case(fixtures: &Path, case: &Case) -> Result<BTreeMap<String, Vec<f64>>> 
         ("downsample", s.downsample),
         ("rows", s.rows),
     ];
-    Ok(all
-        .into_iter()
+    all.into_iter()
         .map(|(k, v)| (k.to_string(), v.into_iter().map(f64::from).collect()))
-        .collect())
+        .collect()
+}
+
+/// One CUDA device for the glm runners of the process, opened on first use; the error text
+/// (e.g. no driver) when there is none.
+fn glm_device() -> std::result::Result<Arc<Device>, String> {
+    static DEV: OnceLock<std::result::Result<Arc<Device>, String>> = OnceLock::new();
+    DEV.get_or_init(|| match Device::new(0) {
+        Ok(d) => Ok(Arc::new(d)),
+        Err(GpuError::NoDevice(why)) => Err(format!("no device: {why}")),
+        Err(e) => Err(format!("no device: {e}")),
+    })
+    .clone()
+}
+
+/// The GLM CUDA path (`cuda-f32`, `cuda-bf16`) on the HF mini repositories; "not run" without a
+/// device.
+struct GlmCudaRunner {
+    variants: &'static [&'static str],
+    source: &'static str,
+    precision: Precision,
+}
+
+impl GlmCudaRunner {
+    fn run_case(
+        &self,
+        dev: Arc<Device>,
+        fixtures: &Path,
+        case: &Case,
+    ) -> Result<BTreeMap<String, Vec<f64>>> {
+        let p = match self.precision {
+            Precision::CudaF32 => CudaPrecision::F32,
+            _ => CudaPrecision::Bf16,
+        };
+        glm_inputs(fixtures, case, |tower, images| {
+            let mut cuda = tower.to_cuda(dev, p)?;
+            let (_, stages) = cuda.encode(images, true)?;
+            Ok(stage_map(stages.context("stages were requested")?))
+        })
+    }
+}
+
+impl Runner for GlmCudaRunner {
+    fn source(&self) -> &str {
+        self.source
+    }
+    fn precision(&self) -> Precision {
+        self.precision
+    }
+    fn applies(&self, variant: &str) -> bool {
+        self.variants.contains(&variant)
+    }
+    fn run(&self, fixtures: &Path, case: &Case) -> Outcome {
+        let dev = match glm_device() {
+            Ok(d) => d,
+            Err(why) => return Outcome::NoDevice(why),
+        };
+        match self.run_case(dev, fixtures, case) {
+            Ok(m) => Outcome::Ran(m),
+            Err(e) => Outcome::Error(format!("{e:#}")),
+        }
+    }
 }

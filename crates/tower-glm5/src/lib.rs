@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 mod config;
+pub mod cuda;
 mod error;
 mod forward;
 mod weights;
@@ -16,6 +17,7 @@ pub use config::{
     GlmConfig, GlmFamily, DEFAULT_PROJECTION_INTERMEDIATE_SIZE, DEFAULT_RMS_NORM_EPS,
     DEFAULT_ROPE_THETA, DEFAULT_SWIGLU_LIMIT, MAX_DIMENSION, MERGER_LAYER_NORM_EPS,
 };
+pub use cuda::{CudaError, CudaPrecision, GlmBatch, GlmCuda};
 pub use error::{GlmError, Result};
 pub use forward::{
     attention_scale, forward_host, vision_cu_seqlens, vision_positions, GlmImage, GlmStages,
@@ -30,7 +32,7 @@ pub enum LmAttention {
     Causal,
 }
 
-/// A loaded GLM vision tower (host weights; the CUDA path is added by the tower issue).
+/// A loaded GLM vision tower (host weights; [`Glm5Tower::to_cuda`] puts them on a device).
 #[derive(Debug, Clone)]
 pub struct Glm5Tower {
     /// Dimensions and laws.
@@ -49,6 +51,15 @@ impl Glm5Tower {
     /// Dimensions and laws.
     pub fn config(&self) -> &GlmConfig {
         &self.config
+    }
+
+    /// Uploads the weights to `dev` in `precision` (see [`cuda`]).
+    pub fn to_cuda(
+        &self,
+        dev: std::sync::Arc<cuda::Device>,
+        precision: CudaPrecision,
+    ) -> std::result::Result<GlmCuda, CudaError> {
+        GlmCuda::new(dev, &self.config, &self.weights, precision)
     }
 
     /// Runs the host reference on `images` and returns each image's rows `[t·h·w/4, out_hidden]`.

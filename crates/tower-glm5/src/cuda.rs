@@ -1,0 +1,961 @@
+//! The GLM vision towers (glm5_next, glm_ocr) on a CUDA device: the same op sequence as
+//! [`crate::forward_host`], on gpu-core's kernels and cuBLASLt GEMMs, for many images (and video
+//! frame pairs) of different sizes in one padding-free pass (one attention segment per frame).
+//!
+//! **Architecture Invariant:** nothing is copied to the host inside [`GlmCuda::run`]; only the
+//! stages (when asked) and the final rows ([`GlmCuda::rows`]) come back.
+//!
+//! Layout on the device:
+//! - linear weights in bf16 ([`CudaPrecision::Bf16`], the product mode) or f32
+//!   ([`CudaPrecision::F32`], the exactness mode: f32 GEMMs, f32 norm + rope, f32 attention,
+//!   f32 gated activation); norms, biases and the residual stream in f32;
+//! - q|k|v is the checkpoint's fused `[3H, H]` weight; gate|up are fused into one `[2I, H]`
+//!   (and the merger's into `[2Pi, O]`), biases concatenated; a GEMM with an f32 output (into
+//!   the residual stream, the downsample, the rows) takes its bias in f32, one with an output in
+//!   the GEMM precision (qkv, gate|up) in that precision (an f32 bias on a bf16 output is refused);
+//! - the residual adds are the GEMMs' `accumulate` (`x += y·Wᵀ + b`, beta = 1 into the f32
+//!   stream): no separate add kernel and no `y` buffer;
+//! - the m×m stride-m downsample conv reads the post-norm rows as `[N/m², m²·H]` directly: the
+//!   processor emits tokens block-major (m² consecutive tokens per output row), so with the
+//!   weight's columns permuted once from (c, ky, kx) to (ky, kx, c) the conv is one dense GEMM —
+//!   the same products as `block_gather_2x2` + GEMM, without the gather kernel or its buffer, and
+//!   in either precision (gpu-core's gather is bf16 only);
+//! - bf16 mode: head dims the tensor-core attention kernels lack (they exist for 64, 72, 96; the
+//!   fixtures' mini towers have 16) are zero-padded to the next one: zero q/k/v weight rows and
+//!   biases, zero proj columns, so the padded lanes contribute exact zeros.
+use std::sync::Arc;
+
+use gpu_core::{
+    bf16, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp, DeviceBuffer, Epilogue, Gate,
+    GemmBias, GemmInputs, GemmOutput, GemmShape, Mat, QkvSpec, RopeLayout, RopeSpec,
+    MAX_F32_ATTN_HEAD_DIM,
+};
+use rayon::prelude::*;
+
+use crate::config::{GlmConfig, MERGER_LAYER_NORM_EPS};
+use crate::error::GlmError;
+use crate::forward::{attention_scale, vision_cu_seqlens, vision_positions, GlmImage, GlmStages};
+use crate::weights::{GlmWeights, Linear};
+
+/// The device type and its error, re-exported for callers of this path.
+pub use gpu_core::{Device, GpuError};
+
+/// Errors of the CUDA path.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// The device or a kernel launch failed (includes [`GpuError::NoDevice`]).
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// The tower refused its input or weights.
+    #[error(transparent)]
+    Glm(#[from] GlmError),
+    /// A shape or mode the CUDA kernels cannot run (e.g. a head dim over 96 in bf16).
+    #[error("unsupported on the CUDA path: {0}")]
+    Unsupported(String),
+}
+
+/// Short for `Result<T, CudaError>`.
+pub type CudaResult<T> = std::result::Result<T, CudaError>;
+
+/// The arithmetic of the GEMMs and of the buffers they read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaPrecision {
+    /// bf16 weights and GEMM inputs on the tensor cores, f32 accumulation (the product mode).
+    Bf16,
+    /// f32 weights and GEMMs (no TF32), f32 attention: the exactness mode.
+    F32,
+}
+
+/// Head dims the bf16 flash-attention kernels exist for.
+const KERNEL_HEAD_DIMS: [usize; 3] = [64, 72, 96];
+
+/// A device matrix in the GEMM precision.
+#[derive(Debug)]
+enum Buf {
+    B(DeviceBuffer<bf16>),
+    F(DeviceBuffer<f32>),
+}
+
+impl Buf {
+    fn bytes(&self) -> usize {
+        match self {
+            Buf::B(b) => 2 * b.len(),
+            Buf::F(b) => 4 * b.len(),
+        }
+    }
+    fn alloc(dev: &Device, p: CudaPrecision, len: usize) -> CudaResult<Buf> {
+        Ok(match p {
+            CudaPrecision::Bf16 => Buf::B(dev.alloc(len)?),
+            CudaPrecision::F32 => Buf::F(dev.alloc(len)?),
+        })
+    }
+    fn upload(dev: &Device, p: CudaPrecision, host: &[f32]) -> CudaResult<Buf> {
+        Ok(match p {
+            CudaPrecision::Bf16 => {
+                let v: Vec<bf16> = host.par_iter().map(|&x| bf16::from_f32(x)).collect();
+                Buf::B(dev.upload(&v)?)
+            }
+            CudaPrecision::F32 => Buf::F(dev.upload(host)?),
+        })
+    }
+    fn out(&mut self) -> GemmOutput<'_> {
+        match self {
+            Buf::B(b) => GemmOutput::Bf16(b),
+            Buf::F(b) => GemmOutput::F32(b),
+        }
+    }
+}
+
+fn gemm_in<'a>(x: &'a Buf, w: &'a Buf) -> CudaResult<GemmInputs<'a>> {
+    match (x, w) {
+        (Buf::B(x), Buf::B(w)) => Ok(GemmInputs::Bf16 { x, w }),
+        (Buf::F(x), Buf::F(w)) => Ok(GemmInputs::F32 { x, w }),
+        _ => Err(CudaError::Unsupported(
+            "GEMM operands of different precisions".into(),
+        )),
+    }
+}
+
+fn bias(b: &Option<DeviceBuffer<f32>>) -> Option<GemmBias<'_>> {
+    b.as_ref().map(GemmBias::F32)
+}
+
+/// The bias of a GEMM whose output is in the GEMM precision, in that precision: an f32 bias on a
+/// bf16 output gave `CUBLAS_STATUS_INVALID_VALUE` on the H200 (by elimination: gpu-core's tested
+/// pairs are bf16→f32 with an f32 bias and bf16→bf16 with a bf16 bias; docs/notes/glm-cuda.md).
+fn out_bias(b: &Option<Buf>) -> Option<GemmBias<'_>> {
+    b.as_ref().map(|b| match b {
+        Buf::B(b) => GemmBias::Bf16(b),
+        Buf::F(b) => GemmBias::F32(b),
+    })
+}
+
+fn mixed() -> CudaError {
+    CudaError::Unsupported("mixed-precision workspace".into())
+}
+
+#[derive(Debug)]
+struct DevBlock {
+    norm1: DeviceBuffer<f32>,
+    norm2: DeviceBuffer<f32>,
+    qkv: Buf,
+    qkv_b: Option<Buf>,
+    q_norm: DeviceBuffer<f32>,
+    k_norm: DeviceBuffer<f32>,
+    proj: Buf,
+    proj_b: Option<DeviceBuffer<f32>>,
+    gate_up: Buf,
+    gate_up_b: Option<Buf>,
+    down: Buf,
+    down_b: Option<DeviceBuffer<f32>>,
+}
+
+/// Buffers sized for up to `cap` tokens and `cap_p` merged rows.
+#[derive(Debug)]
+struct Workspace {
+    cap: usize,
+    cap_p: usize,
+    /// Residual stream `[N, H]`.
+    x: DeviceBuffer<f32>,
+    /// Pre-norms `[N, H]` (and the post-norm the downsample reads as `[N/m², m²H]`).
+    hn: Buf,
+    qkv: Buf,
+    attn: Buf,
+    gu: Buf,
+    act: Buf,
+    /// f32 `post_norm` for the stages (only written when they are kept).
+    stage: Option<DeviceBuffer<f32>>,
+    ds: DeviceBuffer<f32>,
+    /// bf16 mode: the downsample output cast for the merger's first GEMM.
+    ds_b: Option<DeviceBuffer<bf16>>,
+    m: DeviceBuffer<f32>,
+    mn: Buf,
+    mgu: Buf,
+    mact: Buf,
+    rows: DeviceBuffer<f32>,
+}
+
+/// A batch of validated images on the device: pixels, positions and attention segments.
+#[derive(Debug)]
+pub struct GlmBatch {
+    n: usize,
+    pixels: Buf,
+    pos: DeviceBuffer<i32>,
+    cu_dev: DeviceBuffer<i32>,
+    cu: Vec<i32>,
+    /// Output rows per image.
+    rows_per: Vec<usize>,
+}
+
+impl GlmBatch {
+    /// Patches (tokens) in the batch.
+    pub fn tokens(&self) -> usize {
+        self.n
+    }
+    /// Merged output rows in the batch.
+    pub fn merged_rows(&self) -> usize {
+        self.rows_per.iter().sum()
+    }
+    /// Images in the batch.
+    pub fn images(&self) -> usize {
+        self.rows_per.len()
+    }
+    /// The attention segments (one per frame pair), `[segments + 1]`.
+    pub fn cu_seqlens(&self) -> &[i32] {
+        &self.cu
+    }
+}
+
+/// A GLM vision tower's weights on a CUDA device, with a workspace kept between calls.
+#[derive(Debug)]
+pub struct GlmCuda {
+    dev: Arc<Device>,
+    cfg: GlmConfig,
+    precision: CudaPrecision,
+    /// Head dim the attention kernels run at (`head_dim`, or the next kernel size when padded).
+    kd: usize,
+    patch_w: Buf,
+    patch_b: DeviceBuffer<f32>,
+    blocks: Vec<DevBlock>,
+    post_norm: DeviceBuffer<f32>,
+    /// Downsample `[O, m²H]`, columns permuted to (ky, kx, c).
+    ds_w: Buf,
+    ds_b: Option<DeviceBuffer<f32>>,
+    m_proj: Buf,
+    m_proj_b: Option<DeviceBuffer<f32>>,
+    m_norm_w: DeviceBuffer<f32>,
+    m_norm_b: DeviceBuffer<f32>,
+    m_gate_up: Buf,
+    m_gate_up_b: Option<Buf>,
+    m_down: Buf,
+    m_down_b: Option<DeviceBuffer<f32>>,
+    inv_freq: DeviceBuffer<f32>,
+    gate: Gate,
+    weight_bytes: usize,
+    ws: Option<Workspace>,
+}
+
+/// The SwiGLU of a config: glm5_next `act(min(g, L))·clamp(u, −L, L)`
+/// (modeling_glm5_next.py:1534-1540); glm_ocr `act(g)·u` (modeling_glm_ocr.py:83). The same law
+/// as the host path's.
+fn swiglu(cfg: &GlmConfig) -> Gate {
+    match cfg.swiglu_limit {
+        Some(l) => Gate {
+            act: cfg.activation,
+            ..Gate::swiglu_clamped(l)
+        },
+        None => Gate::plain(cfg.activation),
+    }
+}
+
+/// Rows of `[heads·hd, inp]` (and a bias `[heads·hd]` with `inp = 1`) spread to `[heads·kd, inp]`
+/// with zero rows in the padding.
+fn pad_head_rows(w: &[f32], inp: usize, heads: usize, hd: usize, kd: usize) -> Vec<f32> {
+    if hd == kd {
+        return w.to_vec();
+    }
+    let mut out = vec![0.0f32; heads * kd * inp];
+    for head in 0..heads {
+        let src = head * hd * inp;
+        let dst = head * kd * inp;
+        out[dst..dst + hd * inp].copy_from_slice(&w[src..src + hd * inp]);
+    }
+    out
+}
+
+/// `[out, heads·hd]` spread to `[out, heads·kd]` with zero columns in the padding.
+fn pad_head_cols(l: &Linear, heads: usize, hd: usize, kd: usize) -> Vec<f32> {
+    if hd == kd {
+        return l.w.clone();
+    }
+    let wp = heads * kd;
+    let mut out = vec![0.0f32; l.out * wp];
+    for j in 0..l.out {
+        for head in 0..heads {
+            let src = j * l.inp + head * hd;
+            let dst = j * wp + head * kd;
+            out[dst..dst + hd].copy_from_slice(&l.w[src..src + hd]);
+        }
+    }
+    out
+}
+
+/// The Conv2d downsample weight `[O, H·u]` with columns (c, j) (j = ky·m + kx, u = m²) as
+/// `[O, u·H]` with columns (j, c): the layout of `u` consecutive block-major token rows.
+fn permute_downsample(l: &Linear, h: usize, u: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; l.w.len()];
+    out.par_chunks_mut(l.inp)
+        .zip(l.w.par_chunks(l.inp))
+        .for_each(|(dst, src)| {
+            for c in 0..h {
+                for j in 0..u {
+                    dst[j * h + c] = src[c * u + j];
+                }
+            }
+        });
+    out
+}
+
+/// `[a; b]` of two linears with the same input (gate|up), and their biases (zeros for a missing one).
+fn stack(a: &Linear, b: &Linear) -> (Vec<f32>, Option<Vec<f32>>) {
+    let mut w = Vec::with_capacity(a.w.len() + b.w.len());
+    w.extend_from_slice(&a.w);
+    w.extend_from_slice(&b.w);
+    let bias = match (&a.b, &b.b) {
+        (None, None) => None,
+        (ab, bb) => {
+            let mut v = ab.clone().unwrap_or_else(|| vec![0.0; a.out]);
+            v.extend(bb.clone().unwrap_or_else(|| vec![0.0; b.out]));
+            Some(v)
+        }
+    };
+    (w, bias)
+}
+
+fn upload_opt(dev: &Device, v: Option<&[f32]>) -> CudaResult<Option<DeviceBuffer<f32>>> {
+    Ok(match v {
+        Some(v) => Some(dev.upload(v)?),
+        None => None,
+    })
+}
+
+fn upload_opt_buf(dev: &Device, p: CudaPrecision, v: Option<&[f32]>) -> CudaResult<Option<Buf>> {
+    Ok(match v {
+        Some(v) => Some(Buf::upload(dev, p, v)?),
+        None => None,
+    })
+}
+
+/// The checks of the host path on one image; returns its token rows.
+fn validate(cfg: &GlmConfig, img: &GlmImage<'_>, index: usize) -> CudaResult<usize> {
+    let bad = |m: String| CudaError::Glm(GlmError::Input(format!("image {index}: {m}")));
+    let [t, h, w] = img.grid_thw;
+    if t == 0 || h == 0 || w == 0 {
+        return Err(bad(format!("empty grid_thw {:?}", img.grid_thw)));
+    }
+    if !h.is_multiple_of(cfg.merge) || !w.is_multiple_of(cfg.merge) {
+        return Err(bad(format!(
+            "grid {h}×{w} is not a multiple of the spatial merge {}",
+            cfg.merge
+        )));
+    }
+    if h > i32::MAX as usize || w > i32::MAX as usize {
+        return Err(bad(format!("grid {h}×{w} is too large")));
+    }
+    let rows = t
+        .checked_mul(h)
+        .and_then(|r| r.checked_mul(w))
+        .ok_or_else(|| bad("grid_thw overflows".into()))?;
+    let pd = cfg.patch_dim();
+    if rows.checked_mul(pd) != Some(img.patches.len()) {
+        return Err(bad(format!(
+            "{} pixel values are not grid_thw {:?} rows of {pd}",
+            img.patches.len(),
+            img.grid_thw
+        )));
+    }
+    if img.patches.iter().any(|v| !v.is_finite()) {
+        return Err(bad("non-finite pixel value".into()));
+    }
+    Ok(rows)
+}
+
+impl GlmCuda {
+    /// Uploads `w` once (see the module docs for the layout).
+    pub fn new(
+        dev: Arc<Device>,
+        cfg: &GlmConfig,
+        w: &GlmWeights,
+        precision: CudaPrecision,
+    ) -> CudaResult<GlmCuda> {
+        let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
+        let kd = match precision {
+            CudaPrecision::F32 if hd <= MAX_F32_ATTN_HEAD_DIM => hd,
+            CudaPrecision::F32 => {
+                return Err(CudaError::Unsupported(format!(
+                    "head_dim {hd}: the f32 attention kernel stops at {MAX_F32_ATTN_HEAD_DIM}"
+                )))
+            }
+            CudaPrecision::Bf16 => KERNEL_HEAD_DIMS
+                .iter()
+                .copied()
+                .find(|&k| k >= hd)
+                .ok_or_else(|| {
+                    CudaError::Unsupported(format!(
+                        "head_dim {hd}: the bf16 attention kernels stop at {}",
+                        KERNEL_HEAD_DIMS[2]
+                    ))
+                })?,
+        };
+        if cfg.merge == 0 || w.blocks.len() != cfg.layers {
+            return Err(CudaError::Unsupported(format!(
+                "merge {} / {} blocks for {} layers",
+                cfg.merge,
+                w.blocks.len(),
+                cfg.layers
+            )));
+        }
+        let p = precision;
+        let d = &*dev;
+        let wp = heads * kd;
+        let mut blocks = Vec::with_capacity(w.blocks.len());
+        for b in &w.blocks {
+            // qkv rows are q | k | v, each [heads·hd]: pad each third per head.
+            let third = heads * hd * h;
+            let mut qkv = Vec::with_capacity(3 * wp * h);
+            for part in 0..3 {
+                qkv.extend(pad_head_rows(
+                    &b.qkv.w[part * third..(part + 1) * third],
+                    h,
+                    heads,
+                    hd,
+                    kd,
+                ));
+            }
+            let qkv_b = b.qkv.b.as_ref().map(|bias| {
+                (0..3)
+                    .flat_map(|part| {
+                        pad_head_rows(
+                            &bias[part * heads * hd..(part + 1) * heads * hd],
+                            1,
+                            heads,
+                            hd,
+                            kd,
+                        )
+                    })
+                    .collect::<Vec<f32>>()
+            });
+            let (gu, gu_b) = stack(&b.gate, &b.up);
+            blocks.push(DevBlock {
+                norm1: d.upload(&b.norm1)?,
+                norm2: d.upload(&b.norm2)?,
+                qkv: Buf::upload(d, p, &qkv)?,
+                qkv_b: upload_opt_buf(d, p, qkv_b.as_deref())?,
+                q_norm: d.upload(&b.q_norm)?,
+                k_norm: d.upload(&b.k_norm)?,
+                proj: Buf::upload(d, p, &pad_head_cols(&b.proj, heads, hd, kd))?,
+                proj_b: upload_opt(d, b.proj.b.as_deref())?,
+                gate_up: Buf::upload(d, p, &gu)?,
+                gate_up_b: upload_opt_buf(d, p, gu_b.as_deref())?,
+                down: Buf::upload(d, p, &b.down.w)?,
+                down_b: upload_opt(d, b.down.b.as_deref())?,
+            });
+        }
+        let (mgu, mgu_b) = stack(&w.merger_gate, &w.merger_up);
+        let patch_b = w.patch.b.clone().unwrap_or_else(|| vec![0.0; w.patch.out]);
+        let mut t = GlmCuda {
+            cfg: cfg.clone(),
+            precision,
+            kd,
+            patch_w: Buf::upload(d, p, &w.patch.w)?,
+            patch_b: d.upload(&patch_b)?,
+            blocks,
+            post_norm: d.upload(&w.post_norm)?,
+            ds_w: Buf::upload(
+                d,
+                p,
+                &permute_downsample(&w.downsample, h, cfg.merge_unit()),
+            )?,
+            ds_b: upload_opt(d, w.downsample.b.as_deref())?,
+            m_proj: Buf::upload(d, p, &w.merger_proj.w)?,
+            m_proj_b: upload_opt(d, w.merger_proj.b.as_deref())?,
+            m_norm_w: d.upload(&w.merger_norm_w)?,
+            m_norm_b: d.upload(&w.merger_norm_b)?,
+            m_gate_up: Buf::upload(d, p, &mgu)?,
+            m_gate_up_b: upload_opt_buf(d, p, mgu_b.as_deref())?,
+            m_down: Buf::upload(d, p, &w.merger_down.w)?,
+            m_down_b: upload_opt(d, w.merger_down.b.as_deref())?,
+            inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
+            gate: swiglu(cfg),
+            weight_bytes: 0,
+            ws: None,
+            dev,
+        };
+        t.weight_bytes = t.count_weight_bytes();
+        t.dev.synchronize()?;
+        Ok(t)
+    }
+
+    fn count_weight_bytes(&self) -> usize {
+        let f = |b: &DeviceBuffer<f32>| 4 * b.len();
+        let o = |b: &Option<DeviceBuffer<f32>>| b.as_ref().map_or(0, f);
+        let ob = |b: &Option<Buf>| b.as_ref().map_or(0, Buf::bytes);
+        let mut n = self.patch_w.bytes() + f(&self.patch_b) + f(&self.post_norm);
+        n += self.ds_w.bytes() + o(&self.ds_b) + self.m_proj.bytes() + o(&self.m_proj_b);
+        n += f(&self.m_norm_w) + f(&self.m_norm_b) + self.m_gate_up.bytes();
+        n += ob(&self.m_gate_up_b) + self.m_down.bytes() + o(&self.m_down_b);
+        for b in &self.blocks {
+            n += f(&b.norm1) + f(&b.norm2) + f(&b.q_norm) + f(&b.k_norm);
+            n += b.qkv.bytes() + ob(&b.qkv_b) + b.proj.bytes() + o(&b.proj_b);
+            n += b.gate_up.bytes() + ob(&b.gate_up_b) + b.down.bytes() + o(&b.down_b);
+        }
+        n
+    }
+
+    /// Bytes of the model's tensors on the device (without the workspace).
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// The device this tower runs on.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// The precision the weights were uploaded in.
+    pub fn precision(&self) -> CudaPrecision {
+        self.precision
+    }
+
+    /// Dimensions and laws.
+    pub fn config(&self) -> &GlmConfig {
+        &self.cfg
+    }
+
+    /// Validates `images` (the host path's checks) and uploads pixels, rope positions
+    /// (`vision_positions`) and the attention segments (`vision_cu_seqlens`, one per frame pair).
+    pub fn prepare(&self, images: &[GlmImage<'_>]) -> CudaResult<GlmBatch> {
+        let cfg = &self.cfg;
+        if images.is_empty() {
+            return Err(GlmError::Input("no images".into()).into());
+        }
+        let rows = images
+            .iter()
+            .enumerate()
+            .map(|(i, img)| validate(cfg, img, i))
+            .collect::<CudaResult<Vec<_>>>()?;
+        let grids: Vec<[usize; 3]> = images.iter().map(|i| i.grid_thw).collect();
+        let cu = vision_cu_seqlens(&grids)?;
+        let mut pixels = Vec::with_capacity(images.iter().map(|i| i.patches.len()).sum());
+        let mut pos = Vec::new();
+        for img in images {
+            pixels.extend_from_slice(img.patches);
+            pos.extend(vision_positions(img.grid_thw, cfg.merge));
+        }
+        let d = &*self.dev;
+        let unit = cfg.merge_unit();
+        Ok(GlmBatch {
+            n: pos.len() / 2,
+            pixels: Buf::upload(d, self.precision, &pixels)?,
+            pos: d.upload(&pos)?,
+            cu_dev: d.upload(&cu)?,
+            cu,
+            rows_per: rows.iter().map(|r| r / unit).collect(),
+        })
+    }
+
+    fn ensure_workspace(&mut self, n: usize, np: usize, keep: bool) -> CudaResult<()> {
+        if let Some(ws) = &self.ws {
+            if ws.cap >= n && ws.cap_p >= np && (!keep || ws.stage.is_some()) {
+                return Ok(());
+            }
+        }
+        let (cap, cap_p, had_stage) = match &self.ws {
+            Some(ws) => (ws.cap.max(n), ws.cap_p.max(np), ws.stage.is_some()),
+            None => (n, np, false),
+        };
+        self.ws = None; // free the old one first
+        let c = &self.cfg;
+        let (h, wp, mi, o, pi) = (
+            c.hidden,
+            c.heads * self.kd,
+            c.intermediate,
+            c.out_hidden,
+            c.merger_inner,
+        );
+        let d = &*self.dev;
+        let p = self.precision;
+        self.ws = Some(Workspace {
+            cap,
+            cap_p,
+            x: d.alloc(cap * h)?,
+            hn: Buf::alloc(d, p, cap * h)?,
+            qkv: Buf::alloc(d, p, cap * 3 * wp)?,
+            attn: Buf::alloc(d, p, cap * wp)?,
+            gu: Buf::alloc(d, p, cap * 2 * mi)?,
+            act: Buf::alloc(d, p, cap * mi)?,
+            stage: if keep || had_stage {
+                Some(d.alloc(cap * h)?)
+            } else {
+                None
+            },
+            ds: d.alloc(cap_p * o)?,
+            ds_b: match p {
+                CudaPrecision::Bf16 => Some(d.alloc(cap_p * o)?),
+                CudaPrecision::F32 => None,
+            },
+            m: d.alloc(cap_p * o)?,
+            mn: Buf::alloc(d, p, cap_p * o)?,
+            mgu: Buf::alloc(d, p, cap_p * 2 * pi)?,
+            mact: Buf::alloc(d, p, cap_p * pi)?,
+            rows: d.alloc(cap_p * o)?,
+        });
+        Ok(())
+    }
+
+    /// Runs the whole forward on `batch` on the device; the rows stay there ([`GlmCuda::rows`]).
+    /// With `keep_stages` the stage activations are downloaded as they are produced.
+    pub fn run(&mut self, batch: &GlmBatch, keep_stages: bool) -> CudaResult<Option<GlmStages>> {
+        self.ensure_workspace(batch.n, batch.merged_rows(), keep_stages)?;
+        let mut ws = self
+            .ws
+            .take()
+            .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
+        let r = self.run_in(&mut ws, batch, keep_stages);
+        self.ws = Some(ws);
+        r
+    }
+
+    /// Downloads the rows of the last [`GlmCuda::run`] on `batch`, one `[n_i/m², out_hidden]` per image.
+    pub fn rows(&self, batch: &GlmBatch) -> CudaResult<Vec<Vec<f32>>> {
+        let ws = self
+            .ws
+            .as_ref()
+            .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
+        let o = self.cfg.out_hidden;
+        let all = self.dev.download(&ws.rows)?;
+        let mut out = Vec::with_capacity(batch.rows_per.len());
+        let mut start = 0;
+        for &r in &batch.rows_per {
+            out.push(all[start * o..(start + r) * o].to_vec());
+            start += r;
+        }
+        Ok(out)
+    }
+
+    /// [`GlmCuda::prepare`], [`GlmCuda::run`] and [`GlmCuda::rows`] in one call.
+    pub fn encode(
+        &mut self,
+        images: &[GlmImage<'_>],
+        keep_stages: bool,
+    ) -> CudaResult<(Vec<Vec<f32>>, Option<GlmStages>)> {
+        let batch = self.prepare(images)?;
+        let stages = self.run(&batch, keep_stages)?;
+        Ok((self.rows(&batch)?, stages))
+    }
+
+    fn download_rows(
+        &self,
+        b: &DeviceBuffer<f32>,
+        rows: usize,
+        width: usize,
+    ) -> CudaResult<Vec<f32>> {
+        let mut v = self.dev.download(b)?;
+        v.truncate(rows * width);
+        Ok(v)
+    }
+
+    /// RMSNorm of `x` rows into `hn`, in the GEMM precision.
+    fn norm_into(
+        &self,
+        x: &DeviceBuffer<f32>,
+        w: &DeviceBuffer<f32>,
+        hn: &mut Buf,
+        rows: usize,
+    ) -> CudaResult<()> {
+        let m = Mat::dense(rows, self.cfg.hidden);
+        let eps = self.cfg.eps as f32;
+        match hn {
+            Buf::B(o) => self.dev.rms_norm(x, m, Some(w), o, m, eps, Clamp::NONE)?,
+            Buf::F(o) => self.dev.rms_norm(x, m, Some(w), o, m, eps, Clamp::NONE)?,
+        }
+        Ok(())
+    }
+
+    /// `out = act(gate)·up` over the column halves of a fused `[rows, 2·width]` buffer.
+    fn swiglu_into(&self, gu: &Buf, out: &mut Buf, rows: usize, width: usize) -> CudaResult<()> {
+        let d = &*self.dev;
+        let gm = Mat::strided(rows, width, 2 * width, 0);
+        let um = Mat::strided(rows, width, 2 * width, width);
+        let om = Mat::dense(rows, width);
+        match (gu, out) {
+            (Buf::B(gu), Buf::B(o)) => d.gated_act(o, om, gu, gm, gu, um, self.gate)?,
+            (Buf::F(gu), Buf::F(o)) => d.gated_act(o, om, gu, gm, gu, um, self.gate)?,
+            _ => return Err(mixed()),
+        }
+        Ok(())
+    }
+
+    fn run_in(
+        &self,
+        ws: &mut Workspace,
+        batch: &GlmBatch,
+        keep: bool,
+    ) -> CudaResult<Option<GlmStages>> {
+        let c = &self.cfg;
+        let d = &*self.dev;
+        let (n, h, kd) = (batch.n, c.hidden, self.kd);
+        let (wp, mi, pd) = (c.heads * kd, c.intermediate, c.patch_dim());
+        let (o, pi, u) = (c.out_hidden, c.merger_inner, c.merge_unit());
+        let np = batch.merged_rows();
+        let eps = c.eps as f32;
+        let mut stages = keep.then(GlmStages::default);
+        let acc = |m, nn, k| GemmShape {
+            accumulate: true,
+            ..GemmShape::dense(m, nn, k)
+        };
+
+        // Conv3d patch embedding (kernel = stride) ≡ a GEMM over the pixel rows, with bias.
+        d.gemm(
+            gemm_in(&batch.pixels, &self.patch_w)?,
+            Some(GemmBias::F32(&self.patch_b)),
+            GemmOutput::F32(&mut ws.x),
+            GemmShape::dense(n, h, pd),
+            Epilogue::None,
+        )?;
+        if let Some(s) = stages.as_mut() {
+            s.patch_embed = self.download_rows(&ws.x, n, h)?;
+        }
+
+        let rope = RopeSpec {
+            layout: RopeLayout::Glm,
+            pos: &batch.pos,
+            inv_freq: &self.inv_freq,
+        };
+        for (li, b) in self.blocks.iter().enumerate() {
+            // x += proj(attn(RMS(x)·norm1)) + b
+            self.norm_into(&ws.x, &b.norm1, &mut ws.hn, n)?;
+            d.gemm(
+                gemm_in(&ws.hn, &b.qkv)?,
+                out_bias(&b.qkv_b),
+                ws.qkv.out(),
+                GemmShape::dense(n, 3 * wp, h),
+                Epilogue::None,
+            )?;
+            match (&mut ws.qkv, &mut ws.attn) {
+                (Buf::B(qkv), Buf::B(attn)) => self.attention_core(b, qkv, attn, batch, &rope)?,
+                (Buf::F(qkv), Buf::F(attn)) => self.attention_core(b, qkv, attn, batch, &rope)?,
+                _ => return Err(mixed()),
+            }
+            d.gemm(
+                gemm_in(&ws.attn, &b.proj)?,
+                bias(&b.proj_b),
+                GemmOutput::F32(&mut ws.x),
+                acc(n, h, wp),
+                Epilogue::None,
+            )?;
+            // x += down(swiglu(gate|up(RMS(x)·norm2))) + b
+            self.norm_into(&ws.x, &b.norm2, &mut ws.hn, n)?;
+            d.gemm(
+                gemm_in(&ws.hn, &b.gate_up)?,
+                out_bias(&b.gate_up_b),
+                ws.gu.out(),
+                GemmShape::dense(n, 2 * mi, h),
+                Epilogue::None,
+            )?;
+            self.swiglu_into(&ws.gu, &mut ws.act, n, mi)?;
+            d.gemm(
+                gemm_in(&ws.act, &b.down)?,
+                bias(&b.down_b),
+                GemmOutput::F32(&mut ws.x),
+                acc(n, h, mi),
+                Epilogue::None,
+            )?;
+            if let (Some(s), 0) = (stages.as_mut(), li) {
+                s.block_0 = self.download_rows(&ws.x, n, h)?;
+            }
+        }
+        if let Some(s) = stages.as_mut() {
+            s.blocks_out = self.download_rows(&ws.x, n, h)?;
+        }
+
+        // post_layernorm, then the m×m stride-m conv as one GEMM over [N/m², m²H] (module docs).
+        self.norm_into(&ws.x, &self.post_norm, &mut ws.hn, n)?;
+        if let (Some(s), Some(st)) = (stages.as_mut(), ws.stage.as_mut()) {
+            let m = Mat::dense(n, h);
+            d.rms_norm(&ws.x, m, Some(&self.post_norm), st, m, eps, Clamp::NONE)?;
+            s.post_norm = self.download_rows(st, n, h)?;
+        }
+        d.gemm(
+            gemm_in(&ws.hn, &self.ds_w)?,
+            bias(&self.ds_b),
+            GemmOutput::F32(&mut ws.ds),
+            GemmShape::dense(np, o, u * h),
+            Epilogue::None,
+        )?;
+        if let Some(s) = stages.as_mut() {
+            s.downsample = self.download_rows(&ws.ds, np, o)?;
+        }
+        // Merger: proj → LayerNorm(eps 1e-5) → erf GELU → gate|up → SwiGLU → down.
+        let proj_in = match (&mut ws.ds_b, &self.m_proj) {
+            (Some(xb), Buf::B(w)) => {
+                d.cast_f32_bf16(&ws.ds, xb)?;
+                GemmInputs::Bf16 { x: &*xb, w }
+            }
+            (None, Buf::F(w)) => GemmInputs::F32 { x: &ws.ds, w },
+            _ => return Err(mixed()),
+        };
+        d.gemm(
+            proj_in,
+            bias(&self.m_proj_b),
+            GemmOutput::F32(&mut ws.m),
+            GemmShape::dense(np, o, o),
+            Epilogue::None,
+        )?;
+        let mm = Mat::dense(np, o);
+        let leps = MERGER_LAYER_NORM_EPS as f32;
+        let (lw, lb) = (Some(&self.m_norm_w), Some(&self.m_norm_b));
+        match &mut ws.mn {
+            Buf::B(y) => {
+                d.layer_norm(&ws.m, mm, lw, lb, y, mm, leps)?;
+                d.act_in_place(y, mm, Activation::GeluErf, Clamp::NONE, Clamp::NONE)?;
+            }
+            Buf::F(y) => {
+                d.layer_norm(&ws.m, mm, lw, lb, y, mm, leps)?;
+                d.act_in_place(y, mm, Activation::GeluErf, Clamp::NONE, Clamp::NONE)?;
+            }
+        }
+        d.gemm(
+            gemm_in(&ws.mn, &self.m_gate_up)?,
+            out_bias(&self.m_gate_up_b),
+            ws.mgu.out(),
+            GemmShape::dense(np, 2 * pi, o),
+            Epilogue::None,
+        )?;
+        self.swiglu_into(&ws.mgu, &mut ws.mact, np, pi)?;
+        d.gemm(
+            gemm_in(&ws.mact, &self.m_down)?,
+            bias(&self.m_down_b),
+            GemmOutput::F32(&mut ws.rows),
+            GemmShape::dense(np, o, pi),
+            Epilogue::None,
+        )?;
+        if let Some(s) = stages.as_mut() {
+            s.rows = self.download_rows(&ws.rows, np, o)?;
+        }
+        Ok(stages)
+    }
+
+    /// Per-head weighted RMS of q and k (v untouched) fused with the glm rope, in place on the
+    /// fused qkv GEMM output, then attention (scale hd^−½, one segment per frame) into `attn`.
+    fn attention_core<T: ActElem>(
+        &self,
+        b: &DevBlock,
+        qkv: &mut DeviceBuffer<T>,
+        attn: &mut DeviceBuffer<T>,
+        batch: &GlmBatch,
+        rope: &RopeSpec<'_>,
+    ) -> CudaResult<()> {
+        let (c, d) = (&self.cfg, &*self.dev);
+        let (n, heads, hd, kd) = (batch.n, c.heads, c.head_dim, self.kd);
+        let wp = heads * kd;
+        let per_head: Vec<(usize, usize)> = if kd == hd {
+            vec![(0, heads)]
+        } else {
+            (0..heads).map(|i| (i * kd, 1)).collect()
+        };
+        for (off, nh) in per_head {
+            let spec = QkvSpec {
+                tokens: n,
+                heads: nh,
+                head_dim: hd,
+                ld: 3 * wp,
+                offsets: [off, wp + off, 2 * wp + off],
+                q_weight: Some(&b.q_norm),
+                k_weight: Some(&b.k_norm),
+                norm: [true, true, false],
+                eps: c.eps as f32,
+                clamps: [Clamp::NONE; 3],
+            };
+            d.qk_norm_rope(qkv, &spec, Some(rope))?;
+        }
+        let args = AttnArgs {
+            q: (&*qkv, Mat::strided(n, wp, 3 * wp, 0)),
+            k: (&*qkv, Mat::strided(n, wp, 3 * wp, wp)),
+            v: (&*qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
+            heads,
+            head_dim: kd,
+            cu_seqlens: &batch.cu_dev,
+            cu_seqlens_host: &batch.cu,
+            scale: attention_scale(hd),
+            variant: None,
+        };
+        d.flash_attn(&args, attn, Mat::dense(n, wp))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpu_core::host;
+
+    fn lin(out: usize, inp: usize, seed: u32) -> Linear {
+        let w = (0..out * inp)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0
+            })
+            .collect();
+        Linear {
+            w,
+            b: None,
+            out,
+            inp,
+        }
+    }
+
+    /// The permuted downsample on the dense block-major rows equals the host's
+    /// `block_gather_2x2` + GEMM with the checkpoint's (c, ky, kx) columns.
+    #[test]
+    fn permuted_downsample_matches_gather() {
+        let (h, o, blocks) = (12, 7, 5);
+        let n = 4 * blocks;
+        let x: Vec<f32> = (0..n * h).map(|i| (i % 23) as f32 / 11.0 - 1.0).collect();
+        let l = lin(o, 4 * h, 3);
+        let gathered = host::block_gather_2x2(&x, n, h, None);
+        let want = host::gemm(&gathered, &l.w, None, blocks, o, 4 * h);
+        let got = host::gemm(&x, &permute_downsample(&l, h, 4), None, blocks, o, 4 * h);
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+        }
+    }
+
+    /// Zero-padded heads (hd 16 → kernel 64) give the same q/k/v lanes and the same proj output.
+    #[test]
+    fn padded_heads_are_exact() {
+        let (heads, hd, kd, h, n) = (3, 16, 64, 40, 5);
+        let x: Vec<f32> = (0..n * h).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
+        let q = lin(heads * hd, h, 1);
+        let y = host::gemm(&x, &q.w, None, n, heads * hd, h);
+        let padded = pad_head_rows(&q.w, h, heads, hd, kd);
+        let yp = host::gemm(&x, &padded, None, n, heads * kd, h);
+        for t in 0..n {
+            for head in 0..heads {
+                for r in 0..kd {
+                    let got = yp[t * heads * kd + head * kd + r];
+                    let want = if r < hd {
+                        y[t * heads * hd + head * hd + r]
+                    } else {
+                        0.0
+                    };
+                    assert_eq!(got, want, "token {t} head {head} lane {r}");
+                }
+            }
+        }
+        let bias: Vec<f32> = (0..heads * hd).map(|i| i as f32).collect();
+        let bp = pad_head_rows(&bias, 1, heads, hd, kd);
+        assert_eq!(bp[kd + 3], 19.0);
+        assert_eq!(bp[hd], 0.0);
+        let o = lin(h, heads * hd, 2);
+        let out = host::gemm(&y, &o.w, None, n, h, heads * hd);
+        let out_p = host::gemm(
+            &yp,
+            &pad_head_cols(&o, heads, hd, kd),
+            None,
+            n,
+            h,
+            heads * kd,
+        );
+        assert_eq!(out, out_p);
+    }
+
+    /// The swiglu law of glm5_next is the host path's (limit on the gate, clamp on up).
+    #[test]
+    fn swiglu_law_matches_host() {
+        let g = Gate::swiglu_clamped(1.5);
+        assert_eq!(g.gate_limit, 1.5);
+        assert_eq!(g.up, Clamp::new(-1.5, 1.5));
+        assert_eq!(g.gate, Clamp::NONE);
+        assert_eq!(g.out, Clamp::NONE);
+    }
+}
