@@ -10,7 +10,10 @@ fn fixture_repo() -> PathBuf {
 }
 
 /// Rewrites the fixture repo into a temp dir, letting `edit` drop, reshape or add tensors.
-fn variant(tag: &str, edit: impl Fn(&str, &[usize], &[u8]) -> Vec<(String, Vec<usize>, Vec<u8>)>) -> PathBuf {
+fn variant(
+    tag: &str,
+    edit: impl Fn(&str, &[usize], &[u8]) -> Vec<(String, Vec<usize>, Vec<u8>)>,
+) -> PathBuf {
     let src = st_reader::Checkpoint::open(fixture_repo()).unwrap();
     let dir = std::env::temp_dir().join(format!("tower-gemma-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -22,7 +25,10 @@ fn variant(tag: &str, edit: impl Fn(&str, &[usize], &[u8]) -> Vec<(String, Vec<u
         for (name, shape, bytes) in edit(&info.name, view.shape(), view.bytes()) {
             let begin = data.len();
             data.extend_from_slice(&bytes);
-            header.insert(name, json!({"dtype": "BF16", "shape": shape, "data_offsets": [begin, data.len()]}));
+            header.insert(
+                name,
+                json!({"dtype": "BF16", "shape": shape, "data_offsets": [begin, data.len()]}),
+            );
         }
     }
     let mut h = Value::Object(header).to_string().into_bytes();
@@ -45,12 +51,26 @@ const K_PROJ: &str = "model.vision_tower.encoder.layers.1.self_attn.k_proj.linea
 #[test]
 fn the_fixture_itself_loads() {
     let t = open(&fixture_repo()).unwrap();
-    assert_eq!((t.config.hidden, t.config.heads, t.config.head_dim, t.config.layers), (72, 3, 24, 2));
+    assert_eq!(
+        (
+            t.config.hidden,
+            t.config.heads,
+            t.config.head_dim,
+            t.config.layers
+        ),
+        (72, 3, 24, 2)
+    );
 }
 
 #[test]
 fn a_missing_tensor_is_named() {
-    let dir = variant("missing", |n, s, b| if n == K_PROJ { vec![] } else { vec![(n.into(), s.to_vec(), b.to_vec())] });
+    let dir = variant("missing", |n, s, b| {
+        if n == K_PROJ {
+            vec![]
+        } else {
+            vec![(n.into(), s.to_vec(), b.to_vec())]
+        }
+    });
     match open(&dir) {
         Err(GemmaError::MissingTensor(name)) => assert_eq!(name, K_PROJ),
         other => panic!("expected MissingTensor, got {other:?}"),
@@ -61,11 +81,19 @@ fn a_missing_tensor_is_named() {
 fn a_misshapen_tensor_is_named_with_both_shapes() {
     let q_norm = "model.vision_tower.encoder.layers.0.self_attn.q_norm.weight";
     let dir = variant("shape", |n, s, b| {
-        let shape = if n == q_norm { vec![2, s[0] / 2] } else { s.to_vec() };
+        let shape = if n == q_norm {
+            vec![2, s[0] / 2]
+        } else {
+            s.to_vec()
+        };
         vec![(n.into(), shape, b.to_vec())]
     });
     match open(&dir) {
-        Err(GemmaError::Shape { name, found, expected }) => {
+        Err(GemmaError::Shape {
+            name,
+            found,
+            expected,
+        }) => {
             assert_eq!(name, q_norm);
             assert_eq!((found, expected), (vec![2, 12], vec![24]));
         }
@@ -98,5 +126,9 @@ fn a_text_only_checkpoint_has_no_vision_weights() {
             vec![(n.into(), s.to_vec(), b.to_vec())]
         }
     });
-    assert!(matches!(open(&dir), Err(GemmaError::NoVisionWeights(_))), "{:?}", open(&dir));
+    assert!(
+        matches!(open(&dir), Err(GemmaError::NoVisionWeights(_))),
+        "{:?}",
+        open(&dir)
+    );
 }
