@@ -81,6 +81,13 @@ impl<'a> StepProcessorOutput<'a> {
             .try_fold(0usize, |a, &n| a.checked_add(n))
             .ok_or_else(|| bad("num_local_patches overflows".into()))?;
         let l = view_len(self.local_side)?;
+        // An empty tile (side 0) would make any count "fit" the data: refuse it before the count
+        // sizes an allocation.
+        if total > 0 && l == 0 {
+            return Err(bad(format!(
+                "num_local_patches says {total} tiles but the tiles have no pixels"
+            )));
+        }
         if Some(self.pixel_values_local.len()) != total.checked_mul(l) {
             return Err(bad(format!(
                 "pixel_values_local has {} values, not {total} tiles of 3×{c}×{c}",

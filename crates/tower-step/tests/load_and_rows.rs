@@ -341,6 +341,17 @@ fn inconsistent_inputs_are_input_errors() {
         patch_newline_masks: None,
     };
     assert!(matches!(batch.images(), Err(StepError::Input(_))));
+    // Fuzz finding (fuzz/fuzz_targets/inputs.rs): no tiles on file but a huge tile count must be
+    // refused before the count sizes an allocation (2^40 crop views = 32 TiB).
+    let huge = StepProcessorOutput {
+        pixel_values: &g,
+        side: 168,
+        pixel_values_local: &[],
+        local_side: 0,
+        num_local_patches: &[1 << 40],
+        patch_newline_masks: None,
+    };
+    assert!(matches!(huge.images(), Err(StepError::Input(_))));
 }
 
 #[test]
