@@ -203,7 +203,7 @@ impl GemmaConfig {
         {
             return bad(format!("zero dimension in {self:?}"));
         }
-        if self.head_dim == 0 || self.head_dim % 4 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(4) {
             return bad(format!(
                 "head_dim {} must be a positive multiple of 4 (2-D rope in halves)",
                 self.head_dim
@@ -212,9 +212,8 @@ impl GemmaConfig {
         if self.patch == 0 || self.pool == 0 {
             return bad("patch_size and pooling_kernel_size must be positive".into());
         }
-        if !(self.eps.is_finite() && self.eps > 0.0)
-            || !(self.rope_theta.is_finite() && self.rope_theta > 0.0)
-        {
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        if !positive(self.eps) || !positive(self.rope_theta) {
             return bad(format!(
                 "eps {} and rope θ {} must be positive",
                 self.eps, self.rope_theta

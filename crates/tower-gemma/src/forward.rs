@@ -46,7 +46,7 @@ struct Grid {
 fn validate(cfg: &GemmaConfig, img: &GemmaImage<'_>, index: usize) -> Result<Grid> {
     let pd = cfg.patch_dim();
     let bad = |m: String| GemmaError::Input(format!("image {index}: {m}"));
-    if img.patches.len() % pd != 0 || img.positions.len() * pd != img.patches.len() * 2 {
+    if !img.patches.len().is_multiple_of(pd) || img.positions.len() * pd != img.patches.len() * 2 {
         return Err(bad(format!(
             "{} patch values and {} position values do not make rows of {pd} with (x, y) each",
             img.patches.len(),

@@ -40,7 +40,7 @@ pub enum Error {
         path: PathBuf,
         /// What the reader found wrong.
         #[source]
-        source: gguf_reader::GgufError,
+        source: Box<gguf_reader::GgufError>,
     },
     /// The safetensors reader refused the file or directory (its message names the file).
     #[error("{}", with_path(path, source))]
@@ -49,7 +49,7 @@ pub enum Error {
         path: PathBuf,
         /// What the reader found wrong.
         #[source]
-        source: st_reader::StError,
+        source: Box<st_reader::StError>,
     },
     /// The path could not be read at all.
     #[error("{path}: {source}")]

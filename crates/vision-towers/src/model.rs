@@ -265,9 +265,15 @@ fn step_image<'a>(
         height: side_of(s.global.len())?,
         width: side_of(s.global.len())?,
     };
-    let mut crops = Vec::with_capacity(s.num_local);
-    if s.num_local > 0 {
-        let each = s.local.len() / s.num_local;
+    let mut crops = Vec::new();
+    if let Some(each) = s.local.len().checked_div(s.num_local) {
+        if each == 0 || each * s.num_local != s.local.len() {
+            return Err(InputError::Message(format!(
+                "{} crop values do not split into {} crops",
+                s.local.len(),
+                s.num_local
+            )));
+        }
         let side = side_of(each)?;
         for c in s.local.chunks_exact(each) {
             crops.push(StepView {

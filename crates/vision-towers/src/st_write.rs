@@ -151,7 +151,7 @@ pub fn safetensors_bytes(
         offset += expected;
     }
     let mut json = Value::Object(header).to_string().into_bytes();
-    while json.len() % HEADER_ALIGN != 0 {
+    while !json.len().is_multiple_of(HEADER_ALIGN) {
         json.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + json.len() + offset);

@@ -46,7 +46,7 @@ pub enum TowerError {
         path: PathBuf,
         /// What the tower found wrong.
         #[source]
-        source: tower_gemma::GemmaError,
+        source: Box<tower_gemma::GemmaError>,
     },
     /// The GLM tower refused the weights or the inputs.
     #[error("{path}: {source}")]
@@ -55,7 +55,7 @@ pub enum TowerError {
         path: PathBuf,
         /// What the tower found wrong.
         #[source]
-        source: tower_glm5::GlmError,
+        source: Box<tower_glm5::GlmError>,
     },
     /// The Step tower refused the weights or the inputs.
     #[error("{path}: {source}")]
@@ -64,7 +64,7 @@ pub enum TowerError {
         path: PathBuf,
         /// What the tower found wrong.
         #[source]
-        source: tower_step::StepError,
+        source: Box<tower_step::StepError>,
     },
     /// A prepared-input file is unreadable or lacks a tensor.
     #[error("{path}: {message}")]
@@ -78,6 +78,7 @@ pub enum TowerError {
 
 /// A loaded tower of any family.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one long-lived handle per model; boxing buys nothing
 pub enum Tower {
     /// Gemma-4 vision + embedder.
     Gemma4(GemmaTower),
@@ -105,9 +106,9 @@ impl Tower {
             ));
         }
         let file = WeightFile::open(path)?;
-        let gemma_err = |source| TowerError::Gemma {
+        let gemma_err = |source: tower_gemma::GemmaError| TowerError::Gemma {
             path: path.to_path_buf(),
-            source,
+            source: Box::new(source),
         };
         match (detect_family(&file), file) {
             (Some(Family::Gemma4), WeightFile::Gguf(g)) => {
@@ -123,14 +124,14 @@ impl Tower {
                     .map(Tower::Glm)
                     .map_err(|source| TowerError::Glm {
                         path: path.to_path_buf(),
-                        source,
+                        source: Box::new(source),
                     })
             }
             (Some(Family::Step3p7), WeightFile::SafeTensors(ck)) => StepTower::from_checkpoint(&ck)
                 .map(Tower::Step3p7)
                 .map_err(|source| TowerError::Step {
                     path: path.to_path_buf(),
-                    source,
+                    source: Box::new(source),
                 }),
             (Some(f), _) => Err(TowerError::NotImplemented {
                 path: path.to_path_buf(),
@@ -289,15 +290,15 @@ impl InputError {
             },
             InputError::Gemma(source) => TowerError::Gemma {
                 path: path.to_path_buf(),
-                source,
+                source: Box::new(source),
             },
             InputError::Glm(source) => TowerError::Glm {
                 path: path.to_path_buf(),
-                source,
+                source: Box::new(source),
             },
             InputError::Step(source) => TowerError::Step {
                 path: path.to_path_buf(),
-                source,
+                source: Box::new(source),
             },
         }
     }

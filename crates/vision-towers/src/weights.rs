@@ -11,6 +11,7 @@ const GGUF_MAGIC: &[u8; 4] = b"GGUF";
 
 /// An opened weight file: a GGUF (llama.cpp mmproj) or a safetensors checkpoint.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one long-lived handle per model; boxing buys nothing
 pub enum WeightFile {
     /// A GGUF file.
     Gguf(GgufFile),
@@ -50,7 +51,7 @@ impl WeightFile {
                 .map(WeightFile::Gguf)
                 .map_err(|source| Error::Gguf {
                     path: path.to_path_buf(),
-                    source,
+                    source: Box::new(source),
                 });
         }
         if n < 8 {
@@ -76,7 +77,7 @@ fn open_safetensors(path: &Path) -> Result<WeightFile, Error> {
         .map(WeightFile::SafeTensors)
         .map_err(|source| Error::SafeTensors {
             path: path.to_path_buf(),
-            source,
+            source: Box::new(source),
         })
 }
 
