@@ -112,9 +112,9 @@ fn stage_map(s: GemmaStages) -> BTreeMap<String, Vec<f64>> {
         .collect()
 }
 
-/// One CUDA device for every CUDA runner of the process, opened on first use; the error text
+/// One CUDA device for every CUDA runner of the process (gemma and glm alike), opened on first use; the error text
 /// (e.g. no driver) when there is none.
-fn shared_device() -> std::result::Result<Arc<Device>, String> {
+pub(crate) fn shared_device() -> std::result::Result<Arc<Device>, String> {
     static DEV: OnceLock<std::result::Result<Arc<Device>, String>> = OnceLock::new();
     DEV.get_or_init(|| match Device::new(0) {
         Ok(d) => Ok(Arc::new(d)),

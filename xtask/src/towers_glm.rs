@@ -6,8 +6,8 @@ use crate::parity::{inputs_case, Case, CaseRunner, Outcome, Precision, Runner};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
-use tower_glm5::cuda::{Device, GpuError};
+use std::sync::Arc;
+use tower_glm5::cuda::Device;
 use tower_glm5::{CudaPrecision, Glm5Tower, GlmImage, GlmStages};
 
 /// The implemented runner for a (variants, source, precision) slot of the table, if any.
@@ -91,18 +91,6 @@ fn stage_map(s: GlmStages) -> BTreeMap<String, Vec<f64>> {
         .collect()
 }
 
-/// One CUDA device for the glm runners of the process, opened on first use; the error text
-/// (e.g. no driver) when there is none.
-fn glm_device() -> std::result::Result<Arc<Device>, String> {
-    static DEV: OnceLock<std::result::Result<Arc<Device>, String>> = OnceLock::new();
-    DEV.get_or_init(|| match Device::new(0) {
-        Ok(d) => Ok(Arc::new(d)),
-        Err(GpuError::NoDevice(why)) => Err(format!("no device: {why}")),
-        Err(e) => Err(format!("no device: {e}")),
-    })
-    .clone()
-}
-
 /// The GLM CUDA path (`cuda-f32`, `cuda-bf16`) on the HF mini repositories; "not run" without a
 /// device.
 struct GlmCudaRunner {
@@ -141,7 +129,7 @@ impl Runner for GlmCudaRunner {
         self.variants.contains(&variant)
     }
     fn run(&self, fixtures: &Path, case: &Case) -> Outcome {
-        let dev = match glm_device() {
+        let dev = match crate::towers::shared_device() {
             Ok(d) => d,
             Err(why) => return Outcome::NoDevice(why),
         };

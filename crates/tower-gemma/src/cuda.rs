@@ -32,7 +32,7 @@ use rayon::prelude::*;
 
 use crate::config::GemmaConfig;
 use crate::error::GemmaError;
-use crate::forward::{GemmaImage, GemmaStages, ATTENTION_SCALE};
+use crate::forward::{validate, GemmaImage, GemmaStages, Grid, ATTENTION_SCALE};
 use crate::weights::{GemmaWeights, Linear};
 
 /// The device type and its error, re-exported for callers of this path.
@@ -447,7 +447,6 @@ impl GemmaCuda {
     /// Validates `images` (dropping padding rows) and uploads pixels, positions and segments.
     pub fn prepare(&self, images: &[GemmaImage<'_>]) -> CudaResult<GemmaBatch> {
         let cfg = &self.cfg;
-        let pd = cfg.patch_dim();
         let mut pixels = Vec::new();
         let mut pos = Vec::new();
         let mut cu = vec![0i32];
@@ -457,65 +456,16 @@ impl GemmaCuda {
             return Err(GemmaError::Input("no images".into()).into());
         }
         for (index, img) in images.iter().enumerate() {
+            let Grid {
+                patches,
+                positions,
+                gw,
+                gh,
+            } = validate(cfg, img, index)?;
+            let n = positions.len() / 2;
+            pixels.extend_from_slice(&patches);
+            pos.extend_from_slice(&positions);
             let bad = |m: String| GemmaError::Input(format!("image {index}: {m}"));
-            if img.patches.len() % pd != 0 || img.positions.len() * pd != img.patches.len() * 2 {
-                return Err(bad(format!(
-                    "{} patch values and {} position values do not make rows of {pd} with (x, y) each",
-                    img.patches.len(),
-                    img.positions.len()
-                ))
-                .into());
-            }
-            let start = pos.len() / 2;
-            let (mut gw, mut gh) = (0i64, 0i64);
-            for (row, p) in img
-                .patches
-                .chunks_exact(pd)
-                .zip(img.positions.chunks_exact(2))
-            {
-                if p[0] == -1 && p[1] == -1 {
-                    continue;
-                }
-                if row.iter().any(|v| !v.is_finite()) {
-                    return Err(bad("non-finite pixel value".into()).into());
-                }
-                pixels.extend_from_slice(row);
-                pos.push(i32::try_from(p[0]).map_err(|_| bad(format!("position {p:?}")))?);
-                pos.push(i32::try_from(p[1]).map_err(|_| bad(format!("position {p:?}")))?);
-                gw = gw.max(p[0] + 1);
-                gh = gh.max(p[1] + 1);
-            }
-            let n = pos.len() / 2 - start;
-            if n == 0 {
-                return Err(bad("no patches".into()).into());
-            }
-            let (gw, gh) = (gw.max(1) as usize, gh.max(1) as usize);
-            // The processor emits the full grid in raster order; the pooler's slot law assumes it.
-            let raster = n == gw * gh
-                && pos[2 * start..]
-                    .chunks_exact(2)
-                    .enumerate()
-                    .all(|(i, p)| p[0] >= 0 && p[0] as usize == i % gw && p[1] as usize == i / gw);
-            if !raster {
-                return Err(bad(format!(
-                    "positions are not the full {gw}×{gh} grid in raster order"
-                ))
-                .into());
-            }
-            if gw % cfg.pool != 0 || gh % cfg.pool != 0 {
-                return Err(bad(format!(
-                    "grid {gw}×{gh} is not a multiple of the pooling kernel {}",
-                    cfg.pool
-                ))
-                .into());
-            }
-            if gw > cfg.pos_rows || gh > cfg.pos_rows {
-                return Err(bad(format!(
-                    "grid {gw}×{gh} exceeds the position tables' {} rows",
-                    cfg.pos_rows
-                ))
-                .into());
-            }
             let last = *cu.last().unwrap_or(&0);
             let next = i32::try_from(last as usize + n)
                 .map_err(|_| bad("more than 2³¹ tokens in one batch".into()))?;

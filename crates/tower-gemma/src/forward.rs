@@ -35,15 +35,17 @@ pub struct GemmaStages {
     pub rows: Vec<f32>,
 }
 
-/// A validated image: its patches, positions and grid.
-struct Grid {
-    patches: Vec<f32>,
-    positions: Vec<i32>,
-    gw: usize,
-    gh: usize,
+/// A validated image: its patches, positions and grid (padding rows dropped).
+pub(crate) struct Grid {
+    pub(crate) patches: Vec<f32>,
+    pub(crate) positions: Vec<i32>,
+    pub(crate) gw: usize,
+    pub(crate) gh: usize,
 }
 
-fn validate(cfg: &GemmaConfig, img: &GemmaImage<'_>, index: usize) -> Result<Grid> {
+/// The input checks both paths share: rows of 3·p², (x, y) positions that fit i32 and form the
+/// full raster grid, a grid the pooling kernel and the position tables can take, finite pixels.
+pub(crate) fn validate(cfg: &GemmaConfig, img: &GemmaImage<'_>, index: usize) -> Result<Grid> {
     let pd = cfg.patch_dim();
     let bad = |m: String| GemmaError::Input(format!("image {index}: {m}"));
     if !img.patches.len().is_multiple_of(pd) || img.positions.len() * pd != img.patches.len() * 2 {
@@ -64,7 +66,9 @@ fn validate(cfg: &GemmaConfig, img: &GemmaImage<'_>, index: usize) -> Result<Gri
             continue;
         }
         patches.extend_from_slice(row);
-        positions.extend(pos.iter().map(|&p| p as i32));
+        for &p in pos {
+            positions.push(i32::try_from(p).map_err(|_| bad(format!("position {pos:?}")))?);
+        }
     }
     let n = positions.len() / 2;
     if n == 0 {

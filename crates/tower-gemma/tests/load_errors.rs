@@ -132,3 +132,27 @@ fn a_text_only_checkpoint_has_no_vision_weights() {
         open(&dir)
     );
 }
+
+/// A position outside i32 is refused, not truncated onto a valid grid cell (2³² would wrap to 0
+/// and pass the raster check).
+#[test]
+fn a_position_outside_i32_is_refused() {
+    let t = open(&fixture_repo()).unwrap();
+    let (gw, gh) = (3usize, 3usize);
+    let patches = vec![0.5f32; gw * gh * t.config.patch_dim()];
+    let mut positions: Vec<i64> = (0..gw * gh)
+        .flat_map(|i| [(i % gw) as i64, (i / gw) as i64])
+        .collect();
+    assert!(t
+        .encode_host(&[tower_gemma::GemmaImage {
+            patches: &patches,
+            positions: &positions
+        }])
+        .is_ok());
+    positions[0] += 1 << 32;
+    let image = tower_gemma::GemmaImage {
+        patches: &patches,
+        positions: &positions,
+    };
+    assert!(matches!(t.encode_host(&[image]), Err(GemmaError::Input(_))));
+}

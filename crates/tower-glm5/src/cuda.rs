@@ -34,7 +34,9 @@ use rayon::prelude::*;
 
 use crate::config::{GlmConfig, MERGER_LAYER_NORM_EPS};
 use crate::error::GlmError;
-use crate::forward::{attention_scale, vision_cu_seqlens, vision_positions, GlmImage, GlmStages};
+use crate::forward::{
+    attention_scale, validate, vision_cu_seqlens, vision_positions, GlmImage, GlmStages,
+};
 use crate::weights::{GlmWeights, Linear};
 
 /// The device type and its error, re-exported for callers of this path.
@@ -326,40 +328,6 @@ fn upload_opt_buf(dev: &Device, p: CudaPrecision, v: Option<&[f32]>) -> CudaResu
     })
 }
 
-/// The checks of the host path on one image; returns its token rows.
-fn validate(cfg: &GlmConfig, img: &GlmImage<'_>, index: usize) -> CudaResult<usize> {
-    let bad = |m: String| CudaError::Glm(GlmError::Input(format!("image {index}: {m}")));
-    let [t, h, w] = img.grid_thw;
-    if t == 0 || h == 0 || w == 0 {
-        return Err(bad(format!("empty grid_thw {:?}", img.grid_thw)));
-    }
-    if !h.is_multiple_of(cfg.merge) || !w.is_multiple_of(cfg.merge) {
-        return Err(bad(format!(
-            "grid {h}×{w} is not a multiple of the spatial merge {}",
-            cfg.merge
-        )));
-    }
-    if h > i32::MAX as usize || w > i32::MAX as usize {
-        return Err(bad(format!("grid {h}×{w} is too large")));
-    }
-    let rows = t
-        .checked_mul(h)
-        .and_then(|r| r.checked_mul(w))
-        .ok_or_else(|| bad("grid_thw overflows".into()))?;
-    let pd = cfg.patch_dim();
-    if rows.checked_mul(pd) != Some(img.patches.len()) {
-        return Err(bad(format!(
-            "{} pixel values are not grid_thw {:?} rows of {pd}",
-            img.patches.len(),
-            img.grid_thw
-        )));
-    }
-    if img.patches.iter().any(|v| !v.is_finite()) {
-        return Err(bad("non-finite pixel value".into()));
-    }
-    Ok(rows)
-}
-
 impl GlmCuda {
     /// Uploads `w` once (see the module docs for the layout).
     pub fn new(
@@ -523,7 +491,7 @@ impl GlmCuda {
             .iter()
             .enumerate()
             .map(|(i, img)| validate(cfg, img, i))
-            .collect::<CudaResult<Vec<_>>>()?;
+            .collect::<Result<Vec<_>, GlmError>>()?;
         let grids: Vec<[usize; 3]> = images.iter().map(|i| i.grid_thw).collect();
         let cu = vision_cu_seqlens(&grids)?;
         let mut pixels = Vec::with_capacity(images.iter().map(|i| i.patches.len()).sum());

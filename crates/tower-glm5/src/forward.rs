@@ -126,7 +126,8 @@ pub fn vision_cu_seqlens(grids: &[[usize; 3]]) -> Result<Vec<i32>> {
     Ok(cu)
 }
 
-fn validate(cfg: &GlmConfig, img: &GlmImage<'_>, index: usize) -> Result<usize> {
+/// The input checks both paths share; returns the image's token rows.
+pub(crate) fn validate(cfg: &GlmConfig, img: &GlmImage<'_>, index: usize) -> Result<usize> {
     let bad = |m: String| GlmError::Input(format!("image {index}: {m}"));
     let [t, h, w] = img.grid_thw;
     if t == 0 || h == 0 || w == 0 {
