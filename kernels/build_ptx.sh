@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Compile kernels/*.cu to PTX (sm_90) and write the manifest the gpu-core tests check.
+# Compile kernels/*.cu to PTX (sm_90; `*_sm90a.cu` for sm_90a, the wgmma kernels) and write the manifest
+# the gpu-core tests check.
 # Usage: kernels/build_ptx.sh [OUT_DIR]   (default: kernels/ptx next to this script)
 # Environment: NVCC (default: nvcc on PATH). All nvcc flags live here and nowhere else.
 set -euo pipefail
@@ -8,6 +9,9 @@ OUT="${1:-$HERE/ptx}"
 NVCC="${NVCC:-nvcc}"
 FLAGS=(-arch=sm_90 -O3 -std=c++17 --ptx -lineinfo)
 REPORT_FLAGS=(-arch=sm_90 -O3 -std=c++17 -cubin -Xptxas -v)
+# wgmma needs the arch-specific target; PTX for compute_90a carries `.target sm_90a`
+FLAGS_90A=(-arch=compute_90a -O3 -std=c++17 --ptx -lineinfo)
+REPORT_FLAGS_90A=(-gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -cubin -Xptxas -v)
 mkdir -p "$OUT"
 VERSION="$("$NVCC" --version | tail -n 2 | head -n 1)"
 cd "$HERE"
@@ -15,15 +19,18 @@ sources=$(ls *.cu | sort)
 : > "$OUT/RESOURCES.txt"
 for src in $sources; do
     name="${src%.cu}"
-    "$NVCC" "${FLAGS[@]}" "$src" -o "$OUT/$name.ptx"
+    flags=("${FLAGS[@]}"); report=("${REPORT_FLAGS[@]}")
+    case "$src" in *_sm90a.cu) flags=("${FLAGS_90A[@]}"); report=("${REPORT_FLAGS_90A[@]}") ;; esac
+    "$NVCC" "${flags[@]}" "$src" -o "$OUT/$name.ptx"
     # resource report (registers, spills, smem) for docs; not loaded by gpu-core
-    "$NVCC" "${REPORT_FLAGS[@]}" "$src" -o "/tmp/gpu-core-$name.cubin" 2>&1 \
+    "$NVCC" "${report[@]}" "$src" -o "/tmp/gpu-core-$name.cubin" 2>&1 \
         | grep -E "Compiling entry|registers|spill" >> "$OUT/RESOURCES.txt" || true
 done
 {
     echo "{"
     echo "  \"nvcc\": \"$VERSION\","
     echo "  \"flags\": \"${FLAGS[*]}\","
+    echo "  \"flags_sm90a\": \"${FLAGS_90A[*]}\","
     echo "  \"sources\": {"
     first=1
     for f in $(ls *.cu *.cuh | sort); do

@@ -30,3 +30,41 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 }
 
 __device__ __forceinline__ float clampf(float x, float lo, float hi) { return fminf(fmaxf(x, lo), hi); }
+
+// ---- 16-byte vector access (8 bf16 or 4 f32 per access), values in f32 registers ----
+// The caller guarantees 16-byte alignment (the host launchers check pointers, strides and offsets).
+template <typename T> struct Vec16;
+template <> struct Vec16<float> { static constexpr int N = 4; };
+template <> struct Vec16<bf16> { static constexpr int N = 8; };
+
+__device__ __forceinline__ float bf16_lo_f32(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf16_hi_f32(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+// Two f32 to packed bf16x2 (round to nearest even, as __float2bfloat16_rn); `lo` is the lower address.
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void load_vec16(const float* p, float (&v)[4]) {
+    float4 a = *reinterpret_cast<const float4*>(p);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+}
+__device__ __forceinline__ void load_vec16(const bf16* p, float (&v)[8]) {
+    uint4 a = *reinterpret_cast<const uint4*>(p);
+    v[0] = bf16_lo_f32(a.x); v[1] = bf16_hi_f32(a.x); v[2] = bf16_lo_f32(a.y); v[3] = bf16_hi_f32(a.y);
+    v[4] = bf16_lo_f32(a.z); v[5] = bf16_hi_f32(a.z); v[6] = bf16_lo_f32(a.w); v[7] = bf16_hi_f32(a.w);
+}
+__device__ __forceinline__ void store_vec16(float* p, const float (&v)[4]) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void store_vec16(bf16* p, const float (&v)[8]) {
+    *reinterpret_cast<uint4*>(p) =
+        make_uint4(bf16x2_bits(v[0], v[1]), bf16x2_bits(v[2], v[3]), bf16x2_bits(v[4], v[5]), bf16x2_bits(v[6], v[7]));
+}
+// Four consecutive outputs: one float4 (16-byte aligned) or four bf16 (8-byte aligned).
+__device__ __forceinline__ void store_vec4(float* p, const float (&v)[4]) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void store_vec4(bf16* p, const float (&v)[4]) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(bf16x2_bits(v[0], v[1]), bf16x2_bits(v[2], v[3]));
+}

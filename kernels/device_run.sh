@@ -20,6 +20,7 @@ done
 cmp -s "$FRESH/MANIFEST.json" "$ROOT/kernels/ptx/MANIFEST.json" || { echo "MANIFEST CHANGED"; changed=1; }
 [ $changed -eq 0 ] && echo "PTX identical to the committed kernels/ptx"
 tar -C "$FRESH" -czf "$OUT/ptx.tar.gz" .
+cp "$FRESH/RESOURCES.txt" "$OUT/RESOURCES.txt" || true  # ptxas registers / spills of this build
 export GPU_CORE_PTX_DIR="$FRESH"
 rc=0
 if [ "$WHAT" != bench ]; then

@@ -66,7 +66,8 @@ pub(crate) fn opt_addr<T: Elem>(b: Option<&DeviceBuffer<T>>) -> u64 {
 pub struct Device {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
-    funcs: Vec<CudaFunction>,
+    /// Indexed like [`Kernel::ALL`]; `None` for kernels of a module this device cannot load (sm_90a).
+    funcs: Vec<Option<CudaFunction>>,
     pub(crate) lt: crate::gemm::Lt,
 }
 
@@ -124,8 +125,12 @@ impl Device {
         // events cudarc records for cross-stream ordering are unnecessary.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
+        let hopper = ctx.compute_capability()? == (9, 0);
         let mut modules = Vec::new();
         for m in Module::ALL {
+            if m.needs_sm90a() && !hopper {
+                continue;
+            }
             let src = module_ptx(m)?;
             let module = ctx
                 .load_module(cudarc::nvrtc::Ptx::from_src(src))
@@ -137,22 +142,21 @@ impl Device {
         }
         let mut funcs = Vec::with_capacity(Kernel::ALL.len());
         for k in Kernel::ALL {
-            let module = &modules
-                .iter()
-                .find(|(m, _)| *m == k.module())
-                .expect("every module loaded")
-                .1;
+            let Some((_, module)) = modules.iter().find(|(m, _)| *m == k.module()) else {
+                funcs.push(None);
+                continue;
+            };
             let f = module.load_function(k.name()).map_err(|e| GpuError::Ptx {
                 module: k.module().name(),
                 what: format!("{}: {e}", k.name()),
             })?;
-            if k.module() == Module::FlashAttn {
+            if k.module().large_shared_memory() {
                 f.set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     160 * 1024,
                 )?;
             }
-            funcs.push(f);
+            funcs.push(Some(f));
         }
         let lt = crate::gemm::Lt::new(&stream)?;
         Ok(Device {
@@ -284,12 +288,14 @@ impl Device {
         Ok(out)
     }
 
-    pub(crate) fn func(&self, k: Kernel) -> &CudaFunction {
-        let i = Kernel::ALL
-            .iter()
-            .position(|x| *x == k)
-            .expect("kernel listed in Kernel::ALL");
-        &self.funcs[i]
+    /// Whether kernel `k` is loaded (the sm_90a kernels exist only on compute capability 9.0).
+    pub fn has_kernel(&self, k: Kernel) -> bool {
+        self.func(k).is_some()
+    }
+
+    pub(crate) fn func(&self, k: Kernel) -> Option<&CudaFunction> {
+        let i = Kernel::ALL.iter().position(|x| *x == k)?;
+        self.funcs.get(i)?.as_ref()
     }
 
     /// Launches `k` with `cfg`; `push` adds the arguments in the kernel's order.
@@ -299,7 +305,11 @@ impl Device {
         cfg: LaunchConfig,
         push: impl FnOnce(&mut cudarc::driver::LaunchArgs<'a>),
     ) -> Result<()> {
-        let mut b = self.stream.launch_builder(self.func(k));
+        let f = self.func(k).ok_or_else(|| GpuError::Ptx {
+            module: k.module().name(),
+            what: format!("{} is not loaded on this device (needs sm_90a)", k.name()),
+        })?;
+        let mut b = self.stream.launch_builder(f);
         push(&mut b);
         // SAFETY: every caller checks the buffer lengths, strides and offsets against the shapes the
         // kernel indexes (documented in kernels/README.md) before launching, and pushes the arguments

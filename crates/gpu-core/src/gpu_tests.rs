@@ -640,7 +640,16 @@ fn attn_case(
 fn flash_attn_matches_host() {
     let d = dev();
     let mut r = Rng::new(5);
-    for variant in [FlashVariant::M1, FlashVariant::M2] {
+    let mut variants = vec![FlashVariant::M1, FlashVariant::M2];
+    // the wgmma kernels must be there on a Hopper device; elsewhere only the mma.sync ones exist
+    let hopper = d.compute_capability().unwrap() == (9, 0);
+    assert_eq!(d.has_kernel(Kernel::FlashAttnSwHd72W2Bf16), hopper);
+    if hopper {
+        variants.extend([FlashVariant::Wgmma2, FlashVariant::Wgmma3]);
+    } else {
+        eprintln!("flash_attn_matches_host: no sm_90a device, wgmma variants not tested");
+    }
+    for variant in variants {
         attn_case(&d, &mut r, 2, 64, &[1, 64, 200, 129], 0.125, variant, 1e-2);
         attn_case(&d, &mut r, 3, 72, &[77, 300, 5], 1.0, variant, 1e-2);
         attn_case(
@@ -839,4 +848,569 @@ fn layout_ops_match_host() {
         assert_eq!(got, want, "im2col {gh}x{gw}");
         println!("PARITY im2col {gh}x{gw}: exact");
     }
+}
+
+/// Rows `[rows, cols]` of a strided matrix (`ld`, `offset`) as a dense vector.
+fn gather(v: &[f32], rows: usize, cols: usize, ld: usize, offset: usize) -> Vec<f32> {
+    (0..rows)
+        .flat_map(|i| v[offset + i * ld..offset + i * ld + cols].to_vec())
+        .collect()
+}
+
+/// Whether every element outside the strided matrix is still NaN (nothing written outside it).
+fn untouched_outside(v: &[f32], rows: usize, cols: usize, ld: usize, offset: usize) -> bool {
+    v.iter().enumerate().all(|(i, x)| {
+        let inside = i >= offset && (i - offset) / ld < rows && (i - offset) % ld < cols;
+        inside || x.is_nan()
+    })
+}
+
+/// The norm kernels' other launch shapes: rows held by 2, 4 or 8 warps (widths past 1536, up to
+/// MAX_NORM_WIDTH), the element-wise fallback (widths, strides or offsets not multiples of 4), strided
+/// aligned rows on the vector path, clamps with lo > 0 (padding must not enter the statistics),
+/// weightless and biasless calls; outputs NaN-poisoned and checked untouched outside the matrix.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn norm_layouts_match_host() {
+    let d = dev();
+    let mut r = Rng::new(11);
+    // (rows, h, ldx, x offset, ldy, y offset)
+    let cases = [
+        (5usize, 1001usize, 1001usize, 0usize, 1001usize, 0usize),
+        (9, 1152, 1155, 3, 1157, 1),
+        (7, 1536, 1540, 4, 1544, 8),
+        (6, 2000, 2000, 0, 2000, 0),
+        (4, 3001, 3003, 1, 3001, 0),
+        (3, 7000, 7000, 0, 7004, 4),
+        (2, MAX_NORM_WIDTH, MAX_NORM_WIDTH, 0, MAX_NORM_WIDTH, 0),
+        (17, 100, 104, 4, 100, 2),
+        (1000, 1024, 1024, 0, 1024, 0),
+    ];
+    for (rows, h, ldx, xo, ldy, yo) in cases {
+        let xs: Vec<f32> = r
+            .vec(xo + rows * ldx, 3.0)
+            .iter()
+            .map(|v| v + 0.7)
+            .collect();
+        let x = gather(&xs, rows, h, ldx, xo);
+        let (w, b) = (r.vec(h, 1.5), r.vec(h, 0.5));
+        let (xd, wd, bd) = (
+            d.upload(&xs).unwrap(),
+            d.upload(&w).unwrap(),
+            d.upload(&b).unwrap(),
+        );
+        let (xm, ym) = (
+            Mat::strided(rows, h, ldx, xo),
+            Mat::strided(rows, h, ldy, yo),
+        );
+        let ylen = yo + rows * ldy;
+        let tag = format!("{rows}x{h} x({ldx},+{xo}) y({ldy},+{yo})");
+        let clamp = Clamp::new(0.05, 1.2);
+        for weighted in [true, false] {
+            let wo = weighted.then_some(&wd);
+            let wh = weighted.then_some(w.as_slice());
+            let mut yf = d.alloc::<f32>(ylen).unwrap();
+            d.fill(&mut yf, f32::NAN).unwrap();
+            d.rms_norm(&xd, xm, wo, &mut yf, ym, 1e-6, clamp).unwrap();
+            let got = d.download(&yf).unwrap();
+            check(
+                &format!("rms_norm f32 {tag} w{weighted}"),
+                &gather(&got, rows, h, ldy, yo),
+                &host::rms_norm(&x, h, wh, 1e-6, clamp),
+                1e-6,
+            );
+            assert!(
+                untouched_outside(&got, rows, h, ldy, yo),
+                "rms_norm f32 {tag}: wrote outside"
+            );
+            let mut yb = d.alloc::<bf16>(ylen).unwrap();
+            d.fill(&mut yb, bf16::NAN).unwrap();
+            d.rms_norm(&xd, xm, wo, &mut yb, ym, 1e-5, Clamp::NONE)
+                .unwrap();
+            let got = from_bf(&d.download(&yb).unwrap());
+            check(
+                &format!("rms_norm bf16 {tag} w{weighted}"),
+                &gather(&got, rows, h, ldy, yo),
+                &host::rms_norm(&x, h, wh, 1e-5, Clamp::NONE),
+                4e-3,
+            );
+            assert!(
+                untouched_outside(&got, rows, h, ldy, yo),
+                "rms_norm bf16 {tag}: wrote outside"
+            );
+            let bo = weighted.then_some(&bd);
+            let bh = weighted.then_some(b.as_slice());
+            d.fill(&mut yf, f32::NAN).unwrap();
+            d.layer_norm(&xd, xm, wo, bo, &mut yf, ym, 1e-5).unwrap();
+            let got = d.download(&yf).unwrap();
+            check(
+                &format!("layer_norm f32 {tag} w{weighted}"),
+                &gather(&got, rows, h, ldy, yo),
+                &host::layer_norm(&x, h, wh, bh, 1e-5),
+                1e-6,
+            );
+            assert!(
+                untouched_outside(&got, rows, h, ldy, yo),
+                "layer_norm f32 {tag}: wrote outside"
+            );
+            d.fill(&mut yb, bf16::NAN).unwrap();
+            d.layer_norm(&xd, xm, wo, bo, &mut yb, ym, 1e-5).unwrap();
+            let got = from_bf(&d.download(&yb).unwrap());
+            check(
+                &format!("layer_norm bf16 {tag} w{weighted}"),
+                &gather(&got, rows, h, ldy, yo),
+                &host::layer_norm(&x, h, wh, bh, 1e-5),
+                4e-3,
+            );
+            assert!(
+                untouched_outside(&got, rows, h, ldy, yo),
+                "layer_norm bf16 {tag}: wrote outside"
+            );
+        }
+        // gemma sandwich with a strided y (the x stream is dense), with and without the next norm
+        for next in [true, false] {
+            let x0 = r.vec(rows * h, 2.0);
+            let mut xr = d.upload(&x0).unwrap();
+            let mut nxt = d.alloc::<bf16>(rows * h).unwrap();
+            d.fill(&mut nxt, bf16::NAN).unwrap();
+            let c = Clamp::new(0.1, 1.5);
+            d.residual_rms_add(
+                &mut xr,
+                &xd,
+                xm,
+                Some(&wd),
+                1e-6,
+                c,
+                next.then_some((Some(&bd), &mut nxt, 1e-6)),
+            )
+            .unwrap();
+            let mut want = x0.clone();
+            let wn = host::residual_rms_add(
+                &mut want,
+                &x,
+                h,
+                Some(&w),
+                1e-6,
+                c,
+                next.then_some((Some(b.as_slice()), 1e-6)),
+            );
+            check(
+                &format!("residual_rms_add x {tag} next{next}"),
+                &d.download(&xr).unwrap(),
+                &want,
+                1e-6,
+            );
+            let got = from_bf(&d.download(&nxt).unwrap());
+            match wn {
+                Some(wn) => check(&format!("residual_rms_add next {tag}"), &got, &wn, 4e-3),
+                None => assert!(
+                    got.iter().all(|v| v.is_nan()),
+                    "next_out written without next"
+                ),
+            }
+        }
+    }
+}
+
+/// gated_act / act on the vector path and on the element-wise fallback: f32 dense (vector), bf16
+/// widths and offsets that are not multiples of 8 (fallback), one chunk per row, strided outputs.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn activation_layouts_match_host() {
+    let d = dev();
+    let mut r = Rng::new(12);
+    // (rows, cols, ldo, out offset, ld of gate|up, gate offset, up offset)
+    let cases = [
+        (
+            33usize, 432usize, 432usize, 0usize, 864usize, 0usize, 432usize,
+        ),
+        (7, 1001, 1001, 0, 2002, 0, 1001),
+        (7, 96, 104, 8, 200, 4, 100),
+        (1001, 8, 8, 0, 16, 0, 8),
+        (257, 12, 16, 4, 32, 4, 20),
+        (13, 430, 433, 3, 860, 0, 430),
+    ];
+    let gates = [
+        Gate::plain(Activation::GeluTanh),
+        Gate::plain(Activation::QuickGelu),
+        Gate::plain(Activation::GeluErf),
+        Gate::swiglu_clamped(2.0),
+        Gate {
+            gate: Clamp::new(-3.0, 2.5),
+            up: Clamp::new(-1.0, 4.0),
+            out: Clamp::new(-2.0, 2.0),
+            ..Gate::plain(Activation::Identity)
+        },
+    ];
+    for (rows, cols, ldo, oo, ld, go, uo) in cases {
+        let inlen = rows * ld + go.max(uo);
+        let olen = oo + rows * ldo;
+        let tag = format!("{rows}x{cols} out({ldo},+{oo}) in({ld},+{go},+{uo})");
+        let (om, gm, um) = (
+            Mat::strided(rows, cols, ldo, oo),
+            Mat::strided(rows, cols, ld, go),
+            Mat::strided(rows, cols, ld, uo),
+        );
+        // bf16
+        let gu = round_bf(&r.vec(inlen, 6.0));
+        let gud = d.upload(&to_bf(&gu)).unwrap();
+        let (gate, up) = (
+            gather(&gu, rows, cols, ld, go),
+            gather(&gu, rows, cols, ld, uo),
+        );
+        for g in gates {
+            let mut out = d.alloc::<bf16>(olen).unwrap();
+            d.fill(&mut out, bf16::NAN).unwrap();
+            d.gated_act(&mut out, om, &gud, gm, &gud, um, g).unwrap();
+            let got = from_bf(&d.download(&out).unwrap());
+            check(
+                &format!("gated_act bf16 {tag} {:?}", g.act),
+                &gather(&got, rows, cols, ldo, oo),
+                &host::gated_act(&gate, &up, g),
+                4e-3,
+            );
+            assert!(
+                untouched_outside(&got, rows, cols, ldo, oo),
+                "gated_act bf16 {tag}: wrote outside"
+            );
+        }
+        let mut out = d.alloc::<bf16>(olen).unwrap();
+        d.fill(&mut out, bf16::NAN).unwrap();
+        d.act(
+            &mut out,
+            om,
+            &gud,
+            gm,
+            Activation::QuickGelu,
+            Clamp::new(-4.0, 5.0),
+            Clamp::new(-3.0, 3.0),
+        )
+        .unwrap();
+        let got = from_bf(&d.download(&out).unwrap());
+        check(
+            &format!("act bf16 {tag}"),
+            &gather(&got, rows, cols, ldo, oo),
+            &host::act(
+                &gate,
+                Activation::QuickGelu,
+                Clamp::new(-4.0, 5.0),
+                Clamp::new(-3.0, 3.0),
+            ),
+            4e-3,
+        );
+        assert!(
+            untouched_outside(&got, rows, cols, ldo, oo),
+            "act bf16 {tag}: wrote outside"
+        );
+        // f32
+        let guf = r.vec(inlen, 6.0);
+        let gufd = d.upload(&guf).unwrap();
+        let (gate, up) = (
+            gather(&guf, rows, cols, ld, go),
+            gather(&guf, rows, cols, ld, uo),
+        );
+        for g in gates {
+            let mut out = d.alloc::<f32>(olen).unwrap();
+            d.fill(&mut out, f32::NAN).unwrap();
+            d.gated_act(&mut out, om, &gufd, gm, &gufd, um, g).unwrap();
+            let got = d.download(&out).unwrap();
+            check(
+                &format!("gated_act f32 {tag} {:?}", g.act),
+                &gather(&got, rows, cols, ldo, oo),
+                &host::gated_act(&gate, &up, g),
+                1e-5,
+            );
+            assert!(
+                untouched_outside(&got, rows, cols, ldo, oo),
+                "gated_act f32 {tag}: wrote outside"
+            );
+        }
+        // in place on the gate block: the up block must be left as it was
+        let mut x = d.upload(&guf).unwrap();
+        d.act_in_place(
+            &mut x,
+            gm,
+            Activation::GeluErf,
+            Clamp::NONE,
+            Clamp::new(-3.0, 3.0),
+        )
+        .unwrap();
+        let got = d.download(&x).unwrap();
+        check(
+            &format!("act f32 in place {tag}"),
+            &gather(&got, rows, cols, ld, go),
+            &host::act(
+                &gate,
+                Activation::GeluErf,
+                Clamp::NONE,
+                Clamp::new(-3.0, 3.0),
+            ),
+            1e-5,
+        );
+        assert_eq!(
+            gather(&got, rows, cols, ld, uo),
+            up,
+            "act in place {tag}: changed the up block"
+        );
+    }
+}
+
+/// One qk_norm_rope case on both dtypes: the whole qkv buffer against the host twin (parts without
+/// work must come back unchanged).
+#[allow(clippy::too_many_arguments)]
+fn qk_case(
+    d: &Device,
+    r: &mut Rng,
+    label: &str,
+    (n, heads, hd, ld): (usize, usize, usize, usize),
+    offsets: [usize; 3],
+    norm: [bool; 3],
+    clamps: [Clamp; 3],
+    rope: Option<(RopeLayout, usize)>,
+    weighted: bool,
+) {
+    let (qw, kw) = (r.vec(hd, 1.5), r.vec(hd, 1.5));
+    let (qwd, kwd) = (d.upload(&qw).unwrap(), d.upload(&kw).unwrap());
+    let inv = rope_inv_freq(hd, 100.0);
+    let pos: Vec<i32> = match rope {
+        Some((_, gw)) => (0..n)
+            .flat_map(|t| [(t % gw) as i32, (t / gw) as i32])
+            .collect(),
+        None => vec![0; 2 * n],
+    };
+    let (posd, invd) = (d.upload(&pos).unwrap(), d.upload(&inv).unwrap());
+    let spec = QkvSpec {
+        tokens: n,
+        heads,
+        head_dim: hd,
+        ld,
+        offsets,
+        q_weight: weighted.then_some(&qwd),
+        k_weight: weighted.then_some(&kwd),
+        norm,
+        eps: 1e-6,
+        clamps,
+    };
+    let rs = rope.map(|(layout, _)| RopeSpec {
+        layout,
+        pos: &posd,
+        inv_freq: &invd,
+    });
+    let host_rope = rope.map(|(layout, _)| (layout, pos.as_slice(), inv.as_slice()));
+    let weights = if weighted {
+        [Some(qw.as_slice()), Some(kw.as_slice())]
+    } else {
+        [None, None]
+    };
+    let tag = format!("{label} n{n} heads{heads} hd{hd} ld{ld} offsets{offsets:?}");
+    // bf16
+    let x = round_bf(&r.vec(n * ld, 2.0));
+    let mut want = x.clone();
+    host::qk_norm_rope(
+        &mut want, n, heads, hd, ld, offsets, weights, norm, 1e-6, clamps, host_rope,
+    );
+    let mut qkv = d.upload(&to_bf(&x)).unwrap();
+    d.qk_norm_rope(&mut qkv, &spec, rs.as_ref()).unwrap();
+    check(
+        &format!("qk_norm_rope bf16 {tag}"),
+        &from_bf(&d.download(&qkv).unwrap()),
+        &want,
+        4e-3,
+    );
+    // f32
+    let x = r.vec(n * ld, 2.0);
+    let mut want = x.clone();
+    host::qk_norm_rope(
+        &mut want, n, heads, hd, ld, offsets, weights, norm, 1e-6, clamps, host_rope,
+    );
+    let mut qkv = d.upload(&x).unwrap();
+    d.qk_norm_rope(&mut qkv, &spec, rs.as_ref()).unwrap();
+    check(
+        &format!("qk_norm_rope f32 {tag}"),
+        &d.download(&qkv).unwrap(),
+        &want,
+        1e-5,
+    );
+}
+
+/// qk_norm_rope beyond the tower layouts of `qk_norm_rope_matches_host`: the staged kernel with the
+/// towers' 16 heads and many tokens (a ragged last block), padded rows and shifted offsets, norms
+/// without rope, rope without some norms, a part with only a clamp, head dims 8 and 256, gemma's
+/// per-head calls (heads 1, offsets i·kd), and the general kernel for strides / offsets that are not
+/// multiples of 16 bytes and bf16 head dims that are not multiples of 8.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn qk_norm_rope_layouts_match_host() {
+    let d = dev();
+    let mut r = Rng::new(13);
+    let all = [true; 3];
+    let none = [Clamp::NONE; 3];
+    let cl = [Clamp::new(-1.5, 1.5), Clamp::NONE, Clamp::new(-1.0, 2.0)];
+    let g4 = Some((RopeLayout::Gemma4, 57));
+    let (w72, w64, w96) = (16 * 72, 16 * 64, 16 * 96);
+    qk_case(
+        &d,
+        &mut r,
+        "gemma4 16 heads",
+        (1001, 16, 72, 3 * w72),
+        [0, w72, 2 * w72],
+        all,
+        cl,
+        g4,
+        true,
+    );
+    qk_case(
+        &d,
+        &mut r,
+        "glm 16 heads",
+        (777, 16, 64, 3 * w64),
+        [0, w64, 2 * w64],
+        [true, true, false],
+        none,
+        Some((RopeLayout::Glm, 36)),
+        true,
+    );
+    qk_case(
+        &d,
+        &mut r,
+        "step vendor 16 heads",
+        (333, 16, 96, 3 * w96),
+        [0, w96, 2 * w96],
+        [false; 3],
+        none,
+        Some((RopeLayout::Step3p7Vendor, 52)),
+        true,
+    );
+    qk_case(
+        &d,
+        &mut r,
+        "step hf 16 heads",
+        (333, 16, 96, 3 * w96),
+        [0, w96, 2 * w96],
+        [false; 3],
+        none,
+        Some((RopeLayout::Step3p7Hf, 52)),
+        true,
+    );
+    qk_case(
+        &d,
+        &mut r,
+        "padded",
+        (23, 3, 72, 664),
+        [8, 224, 448],
+        all,
+        cl,
+        g4,
+        true,
+    );
+    qk_case(
+        &d,
+        &mut r,
+        "no rope",
+        (17, 5, 40, 600),
+        [0, 200, 400],
+        all,
+        none,
+        None,
+        true,
+    );
+    qk_case(
+        &d,
+        &mut r,
+        "weightless",
+        (17, 5, 40, 600),
+        [0, 200, 400],
+        all,
+        none,
+        g4,
+        false,
+    );
+    qk_case(
+        &d,
+        &mut r,
+        "k norm only, v clamp only",
+        (19, 3, 64, 576),
+        [0, 192, 384],
+        [false, true, false],
+        cl,
+        Some((RopeLayout::Step3p7Hf, 5)),
+        true,
+    );
+    qk_case(
+        &d,
+        &mut r,
+        "general: odd stride",
+        (11, 2, 72, 435),
+        [1, 146, 291],
+        all,
+        cl,
+        g4,
+        true,
+    );
+    qk_case(
+        &d,
+        &mut r,
+        "hd 36",
+        (14, 3, 36, 324),
+        [0, 108, 216],
+        all,
+        none,
+        g4,
+        true,
+    );
+    qk_case(
+        &d,
+        &mut r,
+        "per head kd 80",
+        (29, 1, 72, 480),
+        [80, 240, 400],
+        all,
+        none,
+        g4,
+        true,
+    );
+    qk_case(
+        &d,
+        &mut r,
+        "per head kd 76",
+        (29, 1, 72, 456),
+        [76, 228, 380],
+        all,
+        none,
+        g4,
+        true,
+    );
+    qk_case(
+        &d,
+        &mut r,
+        "hd 256",
+        (301, 2, 256, 1536),
+        [0, 512, 1024],
+        all,
+        none,
+        Some((RopeLayout::Glm, 17)),
+        true,
+    );
+    qk_case(
+        &d,
+        &mut r,
+        "hd 8",
+        (40, 5, 8, 120),
+        [0, 40, 80],
+        all,
+        none,
+        Some((RopeLayout::Step3p7Vendor, 7)),
+        true,
+    );
+    qk_case(
+        &d,
+        &mut r,
+        "nothing to do",
+        (5, 2, 64, 384),
+        [0, 128, 256],
+        [false; 3],
+        none,
+        None,
+        true,
+    );
 }

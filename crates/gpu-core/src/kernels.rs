@@ -16,6 +16,8 @@ pub enum Module {
     Act,
     /// `kernels/flash_attn.cu`
     FlashAttn,
+    /// `kernels/flash_attn_sm90a.cu` (wgmma; loaded only on compute capability 9.0 devices)
+    FlashAttnSm90a,
     /// `kernels/layout.cu`
     Layout,
     /// `kernels/norm.cu`
@@ -26,9 +28,10 @@ pub enum Module {
 
 impl Module {
     /// Every module.
-    pub const ALL: [Module; 5] = [
+    pub const ALL: [Module; 6] = [
         Module::Act,
         Module::FlashAttn,
+        Module::FlashAttnSm90a,
         Module::Layout,
         Module::Norm,
         Module::Rope,
@@ -39,10 +42,22 @@ impl Module {
         match self {
             Module::Act => "act",
             Module::FlashAttn => "flash_attn",
+            Module::FlashAttnSm90a => "flash_attn_sm90a",
             Module::Layout => "layout",
             Module::Norm => "norm",
             Module::Rope => "rope",
         }
+    }
+
+    /// Whether the module's PTX targets `sm_90a` (Hopper-only instructions): such a module loads only on
+    /// a compute capability 9.0 device, and the ops fall back to portable kernels elsewhere.
+    pub fn needs_sm90a(self) -> bool {
+        matches!(self, Module::FlashAttnSm90a)
+    }
+
+    /// Whether the module's kernels use more than 48 KB of dynamic shared memory (raised at load).
+    pub(crate) fn large_shared_memory(self) -> bool {
+        matches!(self, Module::FlashAttn | Module::FlashAttnSm90a)
     }
 
     /// The PTX embedded at build time.
@@ -50,6 +65,7 @@ impl Module {
         match self {
             Module::Act => include_str!("../../../kernels/ptx/act.ptx"),
             Module::FlashAttn => include_str!("../../../kernels/ptx/flash_attn.ptx"),
+            Module::FlashAttnSm90a => include_str!("../../../kernels/ptx/flash_attn_sm90a.ptx"),
             Module::Layout => include_str!("../../../kernels/ptx/layout.ptx"),
             Module::Norm => include_str!("../../../kernels/ptx/norm.ptx"),
             Module::Rope => include_str!("../../../kernels/ptx/rope.ptx"),
@@ -95,6 +111,8 @@ kernels! {
     CastF32Bf16 => (Act, "cast_f32_bf16"),
     QkNormRopeF32 => (Rope, "qk_norm_rope_f32"),
     QkNormRopeBf16 => (Rope, "qk_norm_rope_bf16"),
+    QkNormRopeStagedF32 => (Rope, "qk_norm_rope_staged_f32"),
+    QkNormRopeStagedBf16 => (Rope, "qk_norm_rope_staged_bf16"),
     FlashAttnF32 => (FlashAttn, "flash_attn_f32"),
     FlashAttnHd64M1Bf16 => (FlashAttn, "flash_attn_hd64_m1_bf16"),
     FlashAttnHd64M2Bf16 => (FlashAttn, "flash_attn_hd64_m2_bf16"),
@@ -102,6 +120,12 @@ kernels! {
     FlashAttnHd72M2Bf16 => (FlashAttn, "flash_attn_hd72_m2_bf16"),
     FlashAttnHd96M1Bf16 => (FlashAttn, "flash_attn_hd96_m1_bf16"),
     FlashAttnHd96M2Bf16 => (FlashAttn, "flash_attn_hd96_m2_bf16"),
+    FlashAttnSwHd64W2Bf16 => (FlashAttnSm90a, "flash_attn_sw_hd64_w2_bf16"),
+    FlashAttnSwHd64W3Bf16 => (FlashAttnSm90a, "flash_attn_sw_hd64_w3_bf16"),
+    FlashAttnSwHd72W2Bf16 => (FlashAttnSm90a, "flash_attn_sw_hd72_w2_bf16"),
+    FlashAttnSwHd72W3Bf16 => (FlashAttnSm90a, "flash_attn_sw_hd72_w3_bf16"),
+    FlashAttnSwHd96W2Bf16 => (FlashAttnSm90a, "flash_attn_sw_hd96_w2_bf16"),
+    FlashAttnSwHd96W3Bf16 => (FlashAttnSm90a, "flash_attn_sw_hd96_w3_bf16"),
     PosAddXyF32 => (Layout, "pos_add_xy_f32"),
     BilinearResizeF32 => (Layout, "bilinear_resize_f32"),
     AvgPoolF32 => (Layout, "avg_pool_f32"),

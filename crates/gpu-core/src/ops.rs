@@ -231,15 +231,89 @@ const F32_ATTN_ROWS: usize = 32;
 const F32_ATTN_KEYS: usize = 64;
 
 const NORM_THREADS: u32 = 256;
-/// Rows up to this width fit the norm kernels' shared-memory row cache.
+/// Columns one warp of the row kernels holds in registers (`NORM_NV`·4 per lane, kernels/norm.cu).
+const NORM_WARP_COLS: usize = 12 * 4 * 32;
+/// Rows up to this width fit the norm kernels' registers (8 warps per row).
 pub const MAX_NORM_WIDTH: usize = 12 * 1024;
 
-fn row_cfg(rows: usize, h: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
-        block_dim: (NORM_THREADS, 1, 1),
-        shared_mem_bytes: (h * 4) as u32,
+/// Launch of the row kernels (rms_norm, layer_norm, residual_rms_add): `rw` warps per row, the fewest
+/// of 1, 2, 4, 8 whose registers hold `h` columns; blocks of max(64, 32·rw) threads (at most
+/// `NORM_THREADS`), so 2 rows per block for rw = 1, else 1: small blocks let the register-heavy row
+/// kernels fill each SM to its register limit and free a block's slots as soon as its rows finish.
+/// Returns `rw`.
+fn row_cfg(rows: usize, h: usize) -> (LaunchConfig, i32) {
+    let mut rw = 1;
+    while rw * NORM_WARP_COLS < h {
+        rw *= 2;
     }
+    let threads = (32 * rw).max(64).min(NORM_THREADS as usize);
+    let rows_per_block = threads / 32 / rw;
+    let cfg = LaunchConfig {
+        grid_dim: (rows.div_ceil(rows_per_block) as u32, 1, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    (cfg, rw as i32)
+}
+
+/// Whether every device address is a multiple of `bytes` (null counts as aligned).
+fn all_aligned(addrs: &[u64], bytes: u64) -> bool {
+    addrs.iter().all(|a| a % bytes == 0)
+}
+
+/// Threads and 16-byte chunks per thread of the vectorised elementwise kernels (`ACT_THREADS`,
+/// `ACT_UNROLL` in kernels/act.cu).
+const ACT_THREADS: usize = 256;
+const ACT_UNROLL: usize = 2;
+
+/// Launch of `gated_act` / `act`: the 16-byte vector path when every row start is 16-byte aligned
+/// (columns, strides and offsets multiples of 16 bytes) and the chunk count fits 31 bits; otherwise
+/// the scalar grid-stride loop. Returns the config and the kernels' `vec` flag.
+fn elementwise_cfg<T: Elem>(
+    rows: usize,
+    cols: usize,
+    lds: &[usize],
+    addrs: &[u64],
+) -> (LaunchConfig, i32) {
+    let n = 16 / std::mem::size_of::<T>();
+    let chunks = rows * (cols / n);
+    let vec = cols.is_multiple_of(n)
+        && lds.iter().all(|l| l.is_multiple_of(n))
+        && all_aligned(addrs, 16)
+        && chunks <= i32::MAX as usize;
+    if vec {
+        let blocks = chunks.div_ceil(ACT_THREADS * ACT_UNROLL).max(1);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (ACT_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        (cfg, 1)
+    } else {
+        (grid_stride(rows * cols), 0)
+    }
+}
+
+/// Vector path flag of rms_norm / layer_norm: 16-byte loads of x (and of the weight / bias) and
+/// 16-byte (f32) or 8-byte (bf16) stores of y; needs widths, strides and offsets multiples of 4.
+fn norm_vec<O: Elem>(xm: Mat, ym: Mat, in_addrs: &[u64], ya: u64) -> i32 {
+    (xm.cols.is_multiple_of(4)
+        && xm.ld.is_multiple_of(4)
+        && ym.ld.is_multiple_of(4)
+        && all_aligned(in_addrs, 16)
+        && all_aligned(&[ya], 4 * std::mem::size_of::<O>() as u64)) as i32
+}
+
+/// Chunks per thread of the staged qk_norm_rope kernel (`QKR_MAXC`, kernels/rope.cu).
+const QKR_MAXC: usize = 4;
+/// Dynamic shared memory the staged kernel may use per block (the default limit, no opt-in).
+const QKR_SMEM_BYTES: usize = 48 * 1024;
+
+/// Shared floats per (token, part) unit of `qk_norm_rope_staged_*` (layout in kernels/rope.cu):
+/// A, B, P `[hd]`, cos and sin `[hd/2]`, inv `[heads]`, psum `[heads·hd/vw]`, vals
+/// `[heads·(hd + hd/8 + 1)]`, rounded up to a multiple of 4.
+fn qkr_unit_floats(heads: usize, hd: usize, vw: usize) -> usize {
+    (3 * hd + hd + heads + heads * (hd / vw) + heads * (hd + hd / 8 + 1)).next_multiple_of(4)
 }
 
 fn check_width(op: &'static str, h: usize, rows: usize) -> Result<()> {
@@ -325,13 +399,19 @@ pub struct RopeSpec<'a> {
     pub inv_freq: &'a DeviceBuffer<f32>,
 }
 
-/// Flash-attention variant: 16-row m-tiles per warp (4 warps per block).
+/// Flash-attention variant (bf16). `M*`: mma.sync kernels (any sm_80+ device), 16-row m-tiles per warp,
+/// 4 warps per block. `Wgmma*`: the sm_90a warpgroup-MMA kernels (compute capability 9.0 only), one
+/// 64-row m-tile per warpgroup, key tiles of 64.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FlashVariant {
     /// 1 m-tile per warp: 64 query rows per block.
     M1,
     /// 2 m-tiles per warp: 128 query rows per block.
     M2,
+    /// wgmma, 2 warpgroups: 128 query rows per block.
+    Wgmma2,
+    /// wgmma, 3 warpgroups: 192 query rows per block.
+    Wgmma3,
 }
 
 /// Arguments of [`Device::flash_attn`]: `o = softmax(scale·q·kᵀ)·v` per head and segment, in bf16
@@ -384,17 +464,22 @@ impl Device {
             need_len(OP, "w", w, xm.cols)?;
         }
         let (xa, wa, ya) = (off(x, xm.offset), opt_addr(w), off(y, ym.offset));
-        let (h, ldx, ldy) = (xm.cols as i32, xm.ld as i64, ym.ld as i64);
-        self.launch(O::RMS, row_cfg(xm.rows, xm.cols), |b| {
+        let (cfg, rw) = row_cfg(xm.rows, xm.cols);
+        let vec = norm_vec::<O>(xm, ym, &[xa, wa], ya);
+        let (rows, h, ldx, ldy) = (xm.rows as i32, xm.cols as i32, xm.ld as i64, ym.ld as i64);
+        self.launch(O::RMS, cfg, |b| {
             b.arg(&xa)
                 .arg(&wa)
                 .arg(&ya)
+                .arg(&rows)
                 .arg(&h)
                 .arg(&ldx)
                 .arg(&ldy)
                 .arg(&eps)
                 .arg(&clamp.lo)
-                .arg(&clamp.hi);
+                .arg(&clamp.hi)
+                .arg(&rw)
+                .arg(&vec);
         })
     }
 
@@ -431,16 +516,21 @@ impl Device {
             opt_addr(b),
             off(y, ym.offset),
         );
-        let (h, ldx, ldy) = (xm.cols as i32, xm.ld as i64, ym.ld as i64);
-        self.launch(O::LN, row_cfg(xm.rows, xm.cols), |bld| {
+        let (cfg, rw) = row_cfg(xm.rows, xm.cols);
+        let vec = norm_vec::<O>(xm, ym, &[xa, wa, ba], ya);
+        let (rows, h, ldx, ldy) = (xm.rows as i32, xm.cols as i32, xm.ld as i64, ym.ld as i64);
+        self.launch(O::LN, cfg, |bld| {
             bld.arg(&xa)
                 .arg(&wa)
                 .arg(&ba)
                 .arg(&ya)
+                .arg(&rows)
                 .arg(&h)
                 .arg(&ldx)
                 .arg(&ldy)
-                .arg(&eps);
+                .arg(&eps)
+                .arg(&rw)
+                .arg(&vec);
         })
     }
 
@@ -519,11 +609,18 @@ impl Device {
             None => (0, 0, 0.0),
         };
         let (xa, ya, wa) = (x.addr(), off(y, ym.offset), opt_addr(w_post));
-        let (h, ldy) = (ym.cols as i32, ym.ld as i64);
-        self.launch(Kernel::ResidualRmsAddF32, row_cfg(ym.rows, ym.cols), |b| {
+        let (cfg, rw) = row_cfg(ym.rows, ym.cols);
+        // vector path: float4 rows of y and x (x dense), 8-byte bf16 stores into next_out
+        let vec = (ym.cols.is_multiple_of(4)
+            && ym.ld.is_multiple_of(4)
+            && all_aligned(&[xa, ya, wa, nw], 16)
+            && all_aligned(&[no], 8)) as i32;
+        let (rows, h, ldy) = (ym.rows as i32, ym.cols as i32, ym.ld as i64);
+        self.launch(Kernel::ResidualRmsAddF32, cfg, |b| {
             b.arg(&xa)
                 .arg(&ya)
                 .arg(&wa)
+                .arg(&rows)
                 .arg(&h)
                 .arg(&ldy)
                 .arg(&eps)
@@ -531,7 +628,9 @@ impl Device {
                 .arg(&clamp.hi)
                 .arg(&nw)
                 .arg(&no)
-                .arg(&neps);
+                .arg(&neps)
+                .arg(&rw)
+                .arg(&vec);
         })
     }
 
@@ -565,6 +664,8 @@ impl Device {
             off(gate, gm.offset),
             off(up, um.offset),
         );
+        let (cfg, vec) =
+            elementwise_cfg::<T>(om.rows, om.cols, &[om.ld, gm.ld, um.ld], &[oa, ga, ua]);
         let (rows, cols, ldo, ldg, ldu, mode) = (
             om.rows as i64,
             om.cols as i32,
@@ -573,7 +674,7 @@ impl Device {
             um.ld as i64,
             g.act.mode(),
         );
-        self.launch(T::GATED_ACT, grid_stride(om.rows * om.cols), |b| {
+        self.launch(T::GATED_ACT, cfg, |b| {
             b.arg(&oa)
                 .arg(&ga)
                 .arg(&ua)
@@ -589,7 +690,8 @@ impl Device {
                 .arg(&g.up.lo)
                 .arg(&g.up.hi)
                 .arg(&g.out.lo)
-                .arg(&g.out.hi);
+                .arg(&g.out.hi)
+                .arg(&vec);
         })
     }
 
@@ -651,6 +753,7 @@ impl Device {
         i: Clamp,
         o: Clamp,
     ) -> Result<()> {
+        let (cfg, vec) = elementwise_cfg::<T>(om.rows, om.cols, &[om.ld, xm.ld], &[oa, xa]);
         let (rows, cols, ldo, ldx, mode) = (
             om.rows as i64,
             om.cols as i32,
@@ -658,7 +761,7 @@ impl Device {
             xm.ld as i64,
             act.mode(),
         );
-        self.launch(T::ACT, grid_stride(om.rows * om.cols), |b| {
+        self.launch(T::ACT, cfg, |b| {
             b.arg(&oa)
                 .arg(&xa)
                 .arg(&rows)
@@ -669,7 +772,8 @@ impl Device {
                 .arg(&i.lo)
                 .arg(&i.hi)
                 .arg(&o.lo)
-                .arg(&o.hi);
+                .arg(&o.hi)
+                .arg(&vec);
         })
     }
 
@@ -723,12 +827,13 @@ impl Device {
         };
         let qw = if s.norm[0] { opt_addr(s.q_weight) } else { 0 };
         let kw = if s.norm[1] { opt_addr(s.k_weight) } else { 0 };
-        let items = s.tokens * s.heads * 3;
-        let cfg = LaunchConfig {
-            grid_dim: (items.div_ceil(8) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        // parts with work (norm, rope or a clamp); the others are neither read nor written
+        let active: Vec<usize> = (0..3)
+            .filter(|&w| s.norm[w] || (rope.is_some() && w < 2) || s.clamps[w] != Clamp::NONE)
+            .collect();
+        if active.is_empty() {
+            return Ok(());
+        }
         let (qa, n, heads, hd, ld) = (
             qkv.addr(),
             s.tokens as i64,
@@ -738,7 +843,69 @@ impl Device {
         );
         let [qo, ko, vo] = s.offsets.map(|o| o as i64);
         let c = s.clamps;
-        self.launch(T::QK_NORM_ROPE, cfg, |b| {
+        // Staged kernel (kernels/rope.cu): 16-byte chunks of vw elements that never straddle a head,
+        // so head_dim, the row stride and the active parts' offsets must be multiples of vw; TX =
+        // ceil(heads / QKR_MAXC) heads × hd/vw chunks per unit row, TY units per block within 256
+        // threads and the default 48 KB of shared memory.
+        let vw = 16 / std::mem::size_of::<T>();
+        let staged = if s.head_dim.is_multiple_of(vw)
+            && s.ld.is_multiple_of(vw)
+            && active.iter().all(|&w| s.offsets[w].is_multiple_of(vw))
+            && qa.is_multiple_of(16)
+        {
+            let tx = s.heads.div_ceil(QKR_MAXC) * (s.head_dim / vw);
+            let unit = qkr_unit_floats(s.heads, s.head_dim, vw);
+            let ty = (256 / tx.max(1)).min(QKR_SMEM_BYTES / (unit * 4));
+            let blocks = s.tokens.div_ceil(ty.max(1));
+            (tx <= 256 && ty >= 1 && blocks <= i32::MAX as usize).then_some((tx, ty, unit, blocks))
+        } else {
+            None
+        };
+        let Some((tx, ty, unit, blocks)) = staged else {
+            let items = s.tokens * s.heads * 3;
+            let cfg = LaunchConfig {
+                grid_dim: (items.div_ceil(8) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            return self.launch(T::QK_NORM_ROPE, cfg, |b| {
+                b.arg(&qa)
+                    .arg(&n)
+                    .arg(&heads)
+                    .arg(&hd)
+                    .arg(&ld)
+                    .arg(&qo)
+                    .arg(&ko)
+                    .arg(&vo)
+                    .arg(&pos)
+                    .arg(&inv);
+                b.arg(&layout)
+                    .arg(&first_axis)
+                    .arg(&flags)
+                    .arg(&qw)
+                    .arg(&kw)
+                    .arg(&s.eps);
+                b.arg(&c[0].lo)
+                    .arg(&c[0].hi)
+                    .arg(&c[1].lo)
+                    .arg(&c[1].hi)
+                    .arg(&c[2].lo)
+                    .arg(&c[2].hi);
+            });
+        };
+        let kernel = if T::QK_NORM_ROPE == Kernel::QkNormRopeF32 {
+            Kernel::QkNormRopeStagedF32
+        } else {
+            Kernel::QkNormRopeStagedBf16
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, active.len() as u32, 1),
+            block_dim: (tx as u32, ty as u32, 1),
+            shared_mem_bytes: (ty * unit * 4) as u32,
+        };
+        let mask = active.iter().fold(0i32, |m, &w| m | 1 << w);
+        let unit = unit as i32;
+        self.launch(kernel, cfg, |b| {
             b.arg(&qa)
                 .arg(&n)
                 .arg(&heads)
@@ -760,7 +927,9 @@ impl Device {
                 .arg(&c[1].lo)
                 .arg(&c[1].hi)
                 .arg(&c[2].lo)
-                .arg(&c[2].hi);
+                .arg(&c[2].hi)
+                .arg(&mask)
+                .arg(&unit);
         })
     }
 
@@ -791,7 +960,7 @@ impl Device {
             .max()
             .unwrap_or(0);
         // (kernel, 16-byte loads: ld/offset multiple of 8, bf16 variant rows per block)
-        let (kernel, align, br) = match T::EXACT_ATTN {
+        let (kernel, align, br, threads, smem) = match T::EXACT_ATTN {
             Some(k) => {
                 if a.variant.is_some() {
                     return Err(GpuError::shape(
@@ -808,19 +977,37 @@ impl Device {
                         ),
                     ));
                 }
-                (k, 1, F32_ATTN_ROWS)
+                (
+                    k,
+                    1,
+                    F32_ATTN_ROWS,
+                    128,
+                    (F32_ATTN_ROWS + F32_ATTN_KEYS) * (a.head_dim + 1) * 4,
+                )
             }
             None => {
-                // Measured on the H200 (docs/notes/gpu-core.md): 128-row blocks (M2) win once they
-                // fill the 132 SMs several times over (≥ ~1000 blocks); below that 64-row blocks (M1)
-                // balance better.
-                let variant = a.variant.unwrap_or(
-                    if max_len.div_ceil(128) * a.heads * (cu.len() - 1) >= 1000 {
-                        FlashVariant::M2
-                    } else {
-                        FlashVariant::M1
-                    },
-                );
+                let hd_ok = matches!(a.head_dim, 64 | 72 | 96);
+                if !hd_ok {
+                    return Err(GpuError::shape(
+                        OP,
+                        format!(
+                            "head_dim {} (bf16 kernels exist for 64, 72, 96)",
+                            a.head_dim
+                        ),
+                    ));
+                }
+                let segments = cu.len() - 1;
+                let wgmma = self.has_kernel(Kernel::FlashAttnSwHd64W2Bf16);
+                // Measured on the H200 through this op (docs/notes/flash-attn-sm90a.md): the wgmma
+                // kernel with 2 warpgroups is the fastest at every tower shape (206–354 TFLOP/s against
+                // mma.sync's 154–275); without sm_90a, 128-row mma.sync blocks (M2) win once the grid
+                // fills the 132 SMs several times over (≥ ~1000 blocks), 64-row blocks (M1) below that.
+                let many = max_len.div_ceil(128) * a.heads * segments >= 1000;
+                let variant = a.variant.unwrap_or(match (wgmma, many) {
+                    (true, _) => FlashVariant::Wgmma2,
+                    (false, true) => FlashVariant::M2,
+                    (false, false) => FlashVariant::M1,
+                });
                 let kernel = match (a.head_dim, variant) {
                     (64, FlashVariant::M1) => Kernel::FlashAttnHd64M1Bf16,
                     (64, FlashVariant::M2) => Kernel::FlashAttnHd64M2Bf16,
@@ -828,18 +1015,35 @@ impl Device {
                     (72, FlashVariant::M2) => Kernel::FlashAttnHd72M2Bf16,
                     (96, FlashVariant::M1) => Kernel::FlashAttnHd96M1Bf16,
                     (96, FlashVariant::M2) => Kernel::FlashAttnHd96M2Bf16,
-                    (hd, _) => {
-                        return Err(GpuError::shape(
-                            OP,
-                            format!("head_dim {hd} (bf16 kernels exist for 64, 72, 96)"),
-                        ))
+                    (64, FlashVariant::Wgmma2) => Kernel::FlashAttnSwHd64W2Bf16,
+                    (64, FlashVariant::Wgmma3) => Kernel::FlashAttnSwHd64W3Bf16,
+                    (72, FlashVariant::Wgmma2) => Kernel::FlashAttnSwHd72W2Bf16,
+                    (72, FlashVariant::Wgmma3) => Kernel::FlashAttnSwHd72W3Bf16,
+                    (96, FlashVariant::Wgmma2) => Kernel::FlashAttnSwHd96W2Bf16,
+                    _ => Kernel::FlashAttnSwHd96W3Bf16,
+                };
+                if !self.has_kernel(kernel) {
+                    return Err(GpuError::shape(
+                        OP,
+                        format!("{variant:?} needs an sm_90a device (compute capability 9.0)"),
+                    ));
+                }
+                let (br, threads) = match variant {
+                    FlashVariant::M1 => (64, 128),
+                    FlashVariant::M2 => (128, 128),
+                    FlashVariant::Wgmma2 => (128, 256),
+                    FlashVariant::Wgmma3 => (192, 384),
+                };
+                let hdp = a.head_dim.next_multiple_of(16);
+                let smem = match variant {
+                    // Q [br] + K, V [2 × 64] rows of hdp + 8 bf16 (kernels/flash_attn.cu)
+                    FlashVariant::M1 | FlashVariant::M2 => (br + 4 * 64) * (hdp + 8) * 2,
+                    // the same rows in 128-byte-swizzle atom columns of 64 (kernels/flash_attn_sm90a.cu)
+                    FlashVariant::Wgmma2 | FlashVariant::Wgmma3 => {
+                        hdp.div_ceil(64) * (br + 4 * 64) * 128
                     }
                 };
-                let m = match variant {
-                    FlashVariant::M1 => 1,
-                    FlashVariant::M2 => 2,
-                };
-                (kernel, 8, 64 * m)
+                (kernel, 8, br, threads, smem)
             }
         };
         for (name, (buf, m)) in [("q", a.q), ("k", a.k), ("v", a.v)] {
@@ -881,17 +1085,13 @@ impl Device {
         if max_len == 0 {
             return Ok(());
         }
-        let smem = match T::EXACT_ATTN {
-            Some(_) => (F32_ATTN_ROWS + F32_ATTN_KEYS) * (a.head_dim + 1) * 4,
-            None => (br + 4 * 64) * (a.head_dim.next_multiple_of(16) + 8) * 2,
-        };
         let cfg = LaunchConfig {
             grid_dim: (
                 max_len.div_ceil(br) as u32,
                 a.heads as u32,
                 (cu.len() - 1) as u32,
             ),
-            block_dim: (128, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: smem as u32,
         };
         let (qa, ka, va, oa) = (
