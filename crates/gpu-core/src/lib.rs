@@ -17,6 +17,7 @@ mod error;
 mod gemm;
 pub mod host;
 pub mod kernels;
+mod mixed;
 mod ops;
 
 #[cfg(test)]
@@ -27,6 +28,9 @@ pub use error::{GpuError, Result};
 pub use gemm::{Epilogue, GemmBias, GemmInputs, GemmOutput, GemmShape};
 pub use half::bf16;
 pub use kernels::{Kernel, Module};
+pub use mixed::{
+    head_groups, pad_head_cols, pad_head_rows, CudaPrecision, GemmBuffer, BF16_ATTN_HEAD_DIMS,
+};
 pub use ops::{
     conv3x3s2_out, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp, FlashVariant, Gate, Mat,
     NormOut, QkvSpec, RopeLayout, RopeSpec, MAX_F32_ATTN_HEAD_DIM, MAX_NORM_WIDTH,

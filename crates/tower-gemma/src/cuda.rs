@@ -24,19 +24,18 @@
 use std::sync::Arc;
 
 use gpu_core::{
-    bf16, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp, DeviceBuffer, Epilogue, Gate,
-    GemmBias, GemmInputs, GemmOutput, GemmShape, Mat, QkvSpec, RopeLayout, RopeSpec,
-    MAX_F32_ATTN_HEAD_DIM,
+    head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp,
+    DeviceBuffer, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs, GemmOutput, GemmShape, Mat,
+    QkvSpec, RopeLayout, RopeSpec,
 };
-use rayon::prelude::*;
 
 use crate::config::GemmaConfig;
 use crate::error::GemmaError;
 use crate::forward::{validate, GemmaImage, GemmaStages, Grid, ATTENTION_SCALE};
 use crate::weights::{GemmaWeights, Linear};
 
-/// The device type and its error, re-exported for callers of this path.
-pub use gpu_core::{Device, GpuError};
+/// The device type, its error and the precision of the GEMMs, re-exported for callers of this path.
+pub use gpu_core::{CudaPrecision, Device, GpuError};
 
 /// Errors of the CUDA path.
 #[derive(Debug, thiserror::Error)]
@@ -55,78 +54,10 @@ pub enum CudaError {
 /// Short for `Result<T, CudaError>`.
 pub type CudaResult<T> = std::result::Result<T, CudaError>;
 
-/// The arithmetic of the GEMMs and of the buffers they read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CudaPrecision {
-    /// bf16 weights and GEMM inputs on the tensor cores, f32 accumulation (the product mode).
-    Bf16,
-    /// f32 weights and GEMMs (no TF32): the exactness mode.
-    F32,
-}
-
-/// Head dims the bf16 flash-attention kernels exist for.
-const KERNEL_HEAD_DIMS: [usize; 3] = [64, 72, 96];
-
-/// A device matrix in the GEMM precision.
-#[derive(Debug)]
-enum Buf {
-    B(DeviceBuffer<bf16>),
-    F(DeviceBuffer<f32>),
-}
-
-impl Buf {
-    fn bytes(&self) -> usize {
-        match self {
-            Buf::B(b) => 2 * b.len(),
-            Buf::F(b) => 4 * b.len(),
-        }
-    }
-    fn alloc(dev: &Device, p: CudaPrecision, len: usize) -> CudaResult<Buf> {
-        Ok(match p {
-            CudaPrecision::Bf16 => Buf::B(dev.alloc(len)?),
-            CudaPrecision::F32 => Buf::F(dev.alloc(len)?),
-        })
-    }
-    fn upload(dev: &Device, p: CudaPrecision, host: &[f32]) -> CudaResult<Buf> {
-        Ok(match p {
-            CudaPrecision::Bf16 => {
-                let v: Vec<bf16> = host.par_iter().map(|&x| bf16::from_f32(x)).collect();
-                Buf::B(dev.upload(&v)?)
-            }
-            CudaPrecision::F32 => Buf::F(dev.upload(host)?),
-        })
-    }
-}
-
-/// A mutable GEMM output in either precision.
-enum OutRef<'a> {
-    B(&'a mut DeviceBuffer<bf16>),
-    F(&'a mut DeviceBuffer<f32>),
-}
-
-impl Buf {
-    fn out(&mut self) -> OutRef<'_> {
-        match self {
-            Buf::B(b) => OutRef::B(b),
-            Buf::F(b) => OutRef::F(b),
-        }
-    }
-}
-
-fn gemm_in<'a>(x: &'a Buf, w: &'a Buf) -> CudaResult<GemmInputs<'a>> {
-    match (x, w) {
-        (Buf::B(x), Buf::B(w)) => Ok(GemmInputs::Bf16 { x, w }),
-        (Buf::F(x), Buf::F(w)) => Ok(GemmInputs::F32 { x, w }),
-        _ => Err(CudaError::Unsupported(
-            "GEMM operands of different precisions".into(),
-        )),
-    }
-}
-
 /// One GEMM writing a column block `[col, col + width)` of a wider output, on its own clamped input.
 #[derive(Debug)]
 struct Group {
-    w: Buf,
+    w: GemmBuffer,
     width: usize,
     col: usize,
     clamp_in: Clamp,
@@ -142,12 +73,12 @@ struct DevLayer {
     qkv_out: [Clamp; 3],
     q_norm: DeviceBuffer<f32>,
     k_norm: DeviceBuffer<f32>,
-    o: Buf,
+    o: GemmBuffer,
     o_in: Clamp,
     o_out: Clamp,
     mlp: Vec<Group>,
     gate: Gate,
-    down: Buf,
+    down: GemmBuffer,
     down_out: Clamp,
 }
 
@@ -157,15 +88,15 @@ struct Workspace {
     cap: usize,
     cap_p: usize,
     x: DeviceBuffer<f32>,
-    hn: Buf,
-    qkv: Buf,
-    attn: Buf,
+    hn: GemmBuffer,
+    qkv: GemmBuffer,
+    attn: GemmBuffer,
     y: DeviceBuffer<f32>,
-    gu: Buf,
-    act: Buf,
+    gu: GemmBuffer,
+    act: GemmBuffer,
     pooled: DeviceBuffer<f32>,
     std: DeviceBuffer<f32>,
-    normed: Buf,
+    normed: GemmBuffer,
     rows: DeviceBuffer<f32>,
 }
 
@@ -173,7 +104,7 @@ struct Workspace {
 #[derive(Debug)]
 pub struct GemmaBatch {
     n: usize,
-    pixels: Buf,
+    pixels: GemmBuffer,
     pos: DeviceBuffer<i32>,
     cu_dev: DeviceBuffer<i32>,
     cu: Vec<i32>,
@@ -205,13 +136,13 @@ pub struct GemmaCuda {
     precision: CudaPrecision,
     /// Head dim the attention kernels run at (`head_dim`, or the next kernel size when padded).
     kd: usize,
-    patch_w: Buf,
+    patch_w: GemmBuffer,
     patch_b: DeviceBuffer<f32>,
     pos: DeviceBuffer<f32>,
     layers: Vec<DevLayer>,
     /// `diag(std_scale)` `[H, H]` and `−std_bias ⊙ std_scale` `[H]` (f32).
     std: Option<(DeviceBuffer<f32>, DeviceBuffer<f32>)>,
-    proj: Buf,
+    proj: GemmBuffer,
     inv_freq: DeviceBuffer<f32>,
     /// f32 identity `[H, H]`: exact row-block copies (pooling images at an offset).
     eye_h: DeviceBuffer<f32>,
@@ -219,36 +150,14 @@ pub struct GemmaCuda {
     ws: Option<Workspace>,
 }
 
+/// q/k/v rows padded per head from `hd` to `kd` (zero rows).
 fn pad_rows(l: &Linear, heads: usize, hd: usize, kd: usize) -> Vec<f32> {
-    if hd == kd {
-        return l.w.clone();
-    }
-    let h = l.inp;
-    let mut out = vec![0.0f32; heads * kd * h];
-    for head in 0..heads {
-        for r in 0..hd {
-            let src = (head * hd + r) * h;
-            let dst = (head * kd + r) * h;
-            out[dst..dst + h].copy_from_slice(&l.w[src..src + h]);
-        }
-    }
-    out
+    pad_head_rows(&l.w, l.inp, heads, hd, kd)
 }
 
+/// o columns padded per head from `hd` to `kd` (zero columns).
 fn pad_cols(l: &Linear, heads: usize, hd: usize, kd: usize) -> Vec<f32> {
-    if hd == kd {
-        return l.w.clone();
-    }
-    let (rows, wp) = (l.out, heads * kd);
-    let mut out = vec![0.0f32; rows * wp];
-    for j in 0..rows {
-        for head in 0..heads {
-            let src = j * l.inp + head * hd;
-            let dst = j * wp + head * kd;
-            out[dst..dst + hd].copy_from_slice(&l.w[src..src + hd]);
-        }
-    }
-    out
+    pad_head_cols(&l.w, l.out, heads, hd, kd)
 }
 
 fn eye<T: Copy>(n: usize, one: T, zero: T) -> Vec<T> {
@@ -273,7 +182,7 @@ fn groups(
             all.extend_from_slice(w);
         }
         Ok(vec![Group {
-            w: Buf::upload(dev, p, &all)?,
+            w: GemmBuffer::upload(dev, p, &all)?,
             width,
             col: 0,
             clamp_in: parts[0].0.clamp_in,
@@ -283,7 +192,7 @@ fn groups(
         let mut v = Vec::new();
         for (l, w, r) in parts {
             v.push(Group {
-                w: Buf::upload(dev, p, w)?,
+                w: GemmBuffer::upload(dev, p, w)?,
                 width: *r,
                 col,
                 clamp_in: l.clamp_in,
@@ -303,24 +212,9 @@ impl GemmaCuda {
         precision: CudaPrecision,
     ) -> CudaResult<GemmaCuda> {
         let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
-        let kd = match precision {
-            CudaPrecision::F32 if hd <= MAX_F32_ATTN_HEAD_DIM => hd,
-            CudaPrecision::F32 => {
-                return Err(CudaError::Unsupported(format!(
-                    "head_dim {hd}: the f32 attention kernel stops at {MAX_F32_ATTN_HEAD_DIM}"
-                )))
-            }
-            CudaPrecision::Bf16 => KERNEL_HEAD_DIMS
-                .iter()
-                .copied()
-                .find(|&k| k >= hd)
-                .ok_or_else(|| {
-                    CudaError::Unsupported(format!(
-                        "head_dim {hd}: the bf16 attention kernels stop at {}",
-                        KERNEL_HEAD_DIMS[2]
-                    ))
-                })?,
-        };
+        let kd = precision
+            .attention_head_dim(hd)
+            .map_err(|e| CudaError::Unsupported(e.to_string()))?;
         let wp = heads * kd;
         let p = precision;
         let d = &*dev;
@@ -358,7 +252,7 @@ impl GemmaCuda {
                 qkv_out: [l.q.clamp_out, l.k.clamp_out, l.v.clamp_out],
                 q_norm: d.upload(&l.q_norm)?,
                 k_norm: d.upload(&l.k_norm)?,
-                o: Buf::upload(d, p, &pad_cols(&l.o, heads, hd, kd))?,
+                o: GemmBuffer::upload(d, p, &pad_cols(&l.o, heads, hd, kd))?,
                 o_in: l.o.clamp_in,
                 o_out: l.o.clamp_out,
                 mlp,
@@ -369,7 +263,7 @@ impl GemmaCuda {
                     up: l.up.clamp_out,
                     out: l.down.clamp_in,
                 },
-                down: Buf::upload(d, p, &l.down.w)?,
+                down: GemmBuffer::upload(d, p, &l.down.w)?,
                 down_out: l.down.clamp_out,
             });
         }
@@ -392,12 +286,12 @@ impl GemmaCuda {
             cfg: cfg.clone(),
             precision,
             kd,
-            patch_w: Buf::upload(d, p, &patch2)?,
+            patch_w: GemmBuffer::upload(d, p, &patch2)?,
             patch_b: d.upload(&bias)?,
             pos: d.upload(&w.pos)?,
             layers,
             std,
-            proj: Buf::upload(d, p, &w.proj)?,
+            proj: GemmBuffer::upload(d, p, &w.proj)?,
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
             eye_h: d.upload(&eye(h, 1.0f32, 0.0))?,
             weight_bytes: 0,
@@ -476,7 +370,7 @@ impl GemmaCuda {
         let d = &*self.dev;
         Ok(GemmaBatch {
             n: pos.len() / 2,
-            pixels: Buf::upload(d, self.precision, &pixels)?,
+            pixels: GemmBuffer::upload(d, self.precision, &pixels)?,
             pos: d.upload(&pos)?,
             cu_dev: d.upload(&cu)?,
             cu,
@@ -504,15 +398,15 @@ impl GemmaCuda {
             cap,
             cap_p,
             x: d.alloc(cap * h)?,
-            hn: Buf::alloc(d, p, cap * h)?,
-            qkv: Buf::alloc(d, p, cap * 3 * wp)?,
-            attn: Buf::alloc(d, p, cap * wp)?,
+            hn: GemmBuffer::alloc(d, p, cap * h)?,
+            qkv: GemmBuffer::alloc(d, p, cap * 3 * wp)?,
+            attn: GemmBuffer::alloc(d, p, cap * wp)?,
             y: d.alloc(cap * h)?,
-            gu: Buf::alloc(d, p, cap * 2 * mi)?,
-            act: Buf::alloc(d, p, cap * mi)?,
+            gu: GemmBuffer::alloc(d, p, cap * 2 * mi)?,
+            act: GemmBuffer::alloc(d, p, cap * mi)?,
             pooled: d.alloc(cap_p * h)?,
             std: d.alloc(cap_p * h)?,
-            normed: Buf::alloc(d, p, cap_p * h)?,
+            normed: GemmBuffer::alloc(d, p, cap_p * h)?,
             rows: d.alloc(cap_p * c.text_hidden)?,
         });
         Ok(())
@@ -580,18 +474,14 @@ impl GemmaCuda {
         &self,
         x: &DeviceBuffer<f32>,
         w: Option<&DeviceBuffer<f32>>,
-        hn: &mut Buf,
+        hn: &mut GemmBuffer,
         rows: usize,
         clamp: Clamp,
     ) -> CudaResult<()> {
         let h = self.cfg.hidden;
         let m = Mat::dense(rows, h);
         let eps = self.cfg.eps as f32;
-        match hn {
-            Buf::B(o) => self.dev.rms_norm(x, m, w, o, m, eps, clamp)?,
-            Buf::F(o) => self.dev.rms_norm(x, m, w, o, m, eps, clamp)?,
-        }
-        Ok(())
+        Ok(self.dev.rms_norm_mixed(x, m, w, hn, m, eps, clamp)?)
     }
 
     /// `out[:, g.col .. g.col + g.width] = hn · g.wᵀ` for every group, each on its own clamped pre-norm.
@@ -601,9 +491,9 @@ impl GemmaCuda {
         &self,
         x: &DeviceBuffer<f32>,
         norm_w: &DeviceBuffer<f32>,
-        hn: &mut Buf,
+        hn: &mut GemmBuffer,
         gs: &[Group],
-        mut out: OutRef<'_>,
+        out: &mut GemmBuffer,
         ld: usize,
         n: usize,
         prenormed: bool,
@@ -618,12 +508,13 @@ impl GemmaCuda {
                 y_offset: g.col,
                 ..GemmShape::dense(n, g.width, h)
             };
-            let o = match &mut out {
-                OutRef::B(o) => GemmOutput::Bf16(o),
-                OutRef::F(o) => GemmOutput::F32(o),
-            };
-            self.dev
-                .gemm(gemm_in(hn, &g.w)?, None, o, shape, Epilogue::None)?;
+            self.dev.gemm(
+                GemmBuffer::inputs(hn, &g.w)?,
+                None,
+                out.out(),
+                shape,
+                Epilogue::None,
+            )?;
         }
         Ok(())
     }
@@ -644,7 +535,7 @@ impl GemmaCuda {
 
         // Patch projection (input law folded into weight and bias) + position tables.
         d.gemm(
-            gemm_in(&batch.pixels, &self.patch_w)?,
+            GemmBuffer::inputs(&batch.pixels, &self.patch_w)?,
             Some(GemmBias::F32(&self.patch_b)),
             GemmOutput::F32(&mut ws.x),
             GemmShape::dense(n, h, pd),
@@ -675,18 +566,22 @@ impl GemmaCuda {
                 &l.ln_in,
                 &mut ws.hn,
                 &l.qkv,
-                ws.qkv.out(),
+                &mut ws.qkv,
                 3 * wp,
                 n,
                 prenormed,
             )?;
             match (&mut ws.qkv, &mut ws.attn) {
-                (Buf::B(qkv), Buf::B(attn)) => self.attention_core(l, qkv, attn, batch, &rope)?,
-                (Buf::F(qkv), Buf::F(attn)) => self.attention_core(l, qkv, attn, batch, &rope)?,
+                (GemmBuffer::Bf16(qkv), GemmBuffer::Bf16(attn)) => {
+                    self.attention_core(l, qkv, attn, batch, &rope)?
+                }
+                (GemmBuffer::F32(qkv), GemmBuffer::F32(attn)) => {
+                    self.attention_core(l, qkv, attn, batch, &rope)?
+                }
                 _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
             }
             d.gemm(
-                gemm_in(&ws.attn, &l.o)?,
+                GemmBuffer::inputs(&ws.attn, &l.o)?,
                 None,
                 GemmOutput::F32(&mut ws.y),
                 GemmShape::dense(n, h, wp),
@@ -695,7 +590,7 @@ impl GemmaCuda {
             let fuse_ffn = fusable(&l.mlp);
             {
                 let next = match (&mut ws.hn, fuse_ffn) {
-                    (Buf::B(hn), true) => Some((Some(&l.ln_pre_ffn), hn, eps)),
+                    (GemmBuffer::Bf16(hn), true) => Some((Some(&l.ln_pre_ffn), hn, eps)),
                     _ => None,
                 };
                 d.residual_rms_add(
@@ -714,24 +609,24 @@ impl GemmaCuda {
                 &l.ln_pre_ffn,
                 &mut ws.hn,
                 &l.mlp,
-                ws.gu.out(),
+                &mut ws.gu,
                 2 * mi,
                 n,
                 fuse_ffn,
             )?;
             let gate_m = Mat::strided(n, mi, 2 * mi, 0);
             let up_m = Mat::strided(n, mi, 2 * mi, mi);
-            match (&ws.gu, &mut ws.act) {
-                (Buf::B(gu), Buf::B(act)) => {
-                    d.gated_act(act, Mat::dense(n, mi), gu, gate_m, gu, up_m, l.gate)?
-                }
-                (Buf::F(gu), Buf::F(act)) => {
-                    d.gated_act(act, Mat::dense(n, mi), gu, gate_m, gu, up_m, l.gate)?
-                }
-                _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
-            }
+            d.gated_act_mixed(
+                &mut ws.act,
+                Mat::dense(n, mi),
+                &ws.gu,
+                gate_m,
+                &ws.gu,
+                up_m,
+                l.gate,
+            )?;
             d.gemm(
-                gemm_in(&ws.act, &l.down)?,
+                GemmBuffer::inputs(&ws.act, &l.down)?,
                 None,
                 GemmOutput::F32(&mut ws.y),
                 GemmShape::dense(n, h, mi),
@@ -740,7 +635,9 @@ impl GemmaCuda {
             {
                 let fuse_next = li + 1 < nl && fusable(&self.layers[li + 1].qkv);
                 let next = match (&mut ws.hn, fuse_next) {
-                    (Buf::B(hn), true) => Some((Some(&self.layers[li + 1].ln_in), hn, eps)),
+                    (GemmBuffer::Bf16(hn), true) => {
+                        Some((Some(&self.layers[li + 1].ln_in), hn, eps))
+                    }
                     _ => None,
                 };
                 prenormed = next.is_some();
@@ -790,12 +687,9 @@ impl GemmaCuda {
         }
         // Gemma4MultimodalEmbedder: weightless RMSNorm, then the projection to the LM width.
         let m = Mat::dense(np, h);
-        match &mut ws.normed {
-            Buf::B(o) => d.rms_norm(std_buf, m, None, o, m, eps, Clamp::NONE)?,
-            Buf::F(o) => d.rms_norm(std_buf, m, None, o, m, eps, Clamp::NONE)?,
-        }
+        d.rms_norm_mixed(std_buf, m, None, &mut ws.normed, m, eps, Clamp::NONE)?;
         d.gemm(
-            gemm_in(&ws.normed, &self.proj)?,
+            GemmBuffer::inputs(&ws.normed, &self.proj)?,
             None,
             GemmOutput::F32(&mut ws.rows),
             GemmShape::dense(np, c.text_hidden, h),
@@ -821,12 +715,7 @@ impl GemmaCuda {
         let (c, d) = (&self.cfg, &*self.dev);
         let (n, heads, hd, kd) = (batch.n, c.heads, c.head_dim, self.kd);
         let wp = heads * kd;
-        let per_head: Vec<(usize, usize)> = if kd == hd {
-            vec![(0, heads)]
-        } else {
-            (0..heads).map(|i| (i * kd, 1)).collect()
-        };
-        for (off, nh) in per_head {
+        for (off, nh) in head_groups(heads, hd, kd) {
             let spec = QkvSpec {
                 tokens: n,
                 heads: nh,

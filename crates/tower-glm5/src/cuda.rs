@@ -26,9 +26,9 @@
 use std::sync::Arc;
 
 use gpu_core::{
-    bf16, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp, DeviceBuffer, Epilogue, Gate,
-    GemmBias, GemmInputs, GemmOutput, GemmShape, Mat, QkvSpec, RopeLayout, RopeSpec,
-    MAX_F32_ATTN_HEAD_DIM,
+    bf16, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation, AttnArgs,
+    Clamp, DeviceBuffer, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs, GemmOutput, GemmShape,
+    Mat, QkvSpec, RopeLayout, RopeSpec,
 };
 use rayon::prelude::*;
 
@@ -39,8 +39,8 @@ use crate::forward::{
 };
 use crate::weights::{GlmWeights, Linear};
 
-/// The device type and its error, re-exported for callers of this path.
-pub use gpu_core::{Device, GpuError};
+/// The device type, its error and the precision of the GEMMs, re-exported for callers of this path.
+pub use gpu_core::{CudaPrecision, Device, GpuError};
 
 /// Errors of the CUDA path.
 #[derive(Debug, thiserror::Error)]
@@ -59,96 +59,30 @@ pub enum CudaError {
 /// Short for `Result<T, CudaError>`.
 pub type CudaResult<T> = std::result::Result<T, CudaError>;
 
-/// The arithmetic of the GEMMs and of the buffers they read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CudaPrecision {
-    /// bf16 weights and GEMM inputs on the tensor cores, f32 accumulation (the product mode).
-    Bf16,
-    /// f32 weights and GEMMs (no TF32), f32 attention: the exactness mode.
-    F32,
-}
-
-/// Head dims the bf16 flash-attention kernels exist for.
-const KERNEL_HEAD_DIMS: [usize; 3] = [64, 72, 96];
-
-/// A device matrix in the GEMM precision.
-#[derive(Debug)]
-enum Buf {
-    B(DeviceBuffer<bf16>),
-    F(DeviceBuffer<f32>),
-}
-
-impl Buf {
-    fn bytes(&self) -> usize {
-        match self {
-            Buf::B(b) => 2 * b.len(),
-            Buf::F(b) => 4 * b.len(),
-        }
-    }
-    fn alloc(dev: &Device, p: CudaPrecision, len: usize) -> CudaResult<Buf> {
-        Ok(match p {
-            CudaPrecision::Bf16 => Buf::B(dev.alloc(len)?),
-            CudaPrecision::F32 => Buf::F(dev.alloc(len)?),
-        })
-    }
-    fn upload(dev: &Device, p: CudaPrecision, host: &[f32]) -> CudaResult<Buf> {
-        Ok(match p {
-            CudaPrecision::Bf16 => {
-                let v: Vec<bf16> = host.par_iter().map(|&x| bf16::from_f32(x)).collect();
-                Buf::B(dev.upload(&v)?)
-            }
-            CudaPrecision::F32 => Buf::F(dev.upload(host)?),
-        })
-    }
-    fn out(&mut self) -> GemmOutput<'_> {
-        match self {
-            Buf::B(b) => GemmOutput::Bf16(b),
-            Buf::F(b) => GemmOutput::F32(b),
-        }
-    }
-}
-
-fn gemm_in<'a>(x: &'a Buf, w: &'a Buf) -> CudaResult<GemmInputs<'a>> {
-    match (x, w) {
-        (Buf::B(x), Buf::B(w)) => Ok(GemmInputs::Bf16 { x, w }),
-        (Buf::F(x), Buf::F(w)) => Ok(GemmInputs::F32 { x, w }),
-        _ => Err(CudaError::Unsupported(
-            "GEMM operands of different precisions".into(),
-        )),
-    }
-}
-
+/// An f32 bias (GEMMs into f32 outputs: the residual stream, the downsample, the rows).
 fn bias(b: &Option<DeviceBuffer<f32>>) -> Option<GemmBias<'_>> {
     b.as_ref().map(GemmBias::F32)
 }
 
-/// The bias of a GEMM whose output is in the GEMM precision, in that precision: an f32 bias on a
-/// bf16 output gave `CUBLAS_STATUS_INVALID_VALUE` on the H200 (by elimination: gpu-core's tested
-/// pairs are bf16→f32 with an f32 bias and bf16→bf16 with a bf16 bias; docs/notes/glm-cuda.md).
-fn out_bias(b: &Option<Buf>) -> Option<GemmBias<'_>> {
-    b.as_ref().map(|b| match b {
-        Buf::B(b) => GemmBias::Bf16(b),
-        Buf::F(b) => GemmBias::F32(b),
-    })
-}
-
-fn mixed() -> CudaError {
-    CudaError::Unsupported("mixed-precision workspace".into())
+/// A bias in the GEMM precision (GEMMs whose output is in that precision; see
+/// [`GemmBuffer::bias`]).
+fn out_bias(b: &Option<GemmBuffer>) -> Option<GemmBias<'_>> {
+    b.as_ref().map(GemmBuffer::bias)
 }
 
 #[derive(Debug)]
 struct DevBlock {
     norm1: DeviceBuffer<f32>,
     norm2: DeviceBuffer<f32>,
-    qkv: Buf,
-    qkv_b: Option<Buf>,
+    qkv: GemmBuffer,
+    qkv_b: Option<GemmBuffer>,
     q_norm: DeviceBuffer<f32>,
     k_norm: DeviceBuffer<f32>,
-    proj: Buf,
+    proj: GemmBuffer,
     proj_b: Option<DeviceBuffer<f32>>,
-    gate_up: Buf,
-    gate_up_b: Option<Buf>,
-    down: Buf,
+    gate_up: GemmBuffer,
+    gate_up_b: Option<GemmBuffer>,
+    down: GemmBuffer,
     down_b: Option<DeviceBuffer<f32>>,
 }
 
@@ -160,20 +94,20 @@ struct Workspace {
     /// Residual stream `[N, H]`.
     x: DeviceBuffer<f32>,
     /// Pre-norms `[N, H]` (and the post-norm the downsample reads as `[N/m², m²H]`).
-    hn: Buf,
-    qkv: Buf,
-    attn: Buf,
-    gu: Buf,
-    act: Buf,
+    hn: GemmBuffer,
+    qkv: GemmBuffer,
+    attn: GemmBuffer,
+    gu: GemmBuffer,
+    act: GemmBuffer,
     /// f32 `post_norm` for the stages (only written when they are kept).
     stage: Option<DeviceBuffer<f32>>,
     ds: DeviceBuffer<f32>,
     /// bf16 mode: the downsample output cast for the merger's first GEMM.
     ds_b: Option<DeviceBuffer<bf16>>,
     m: DeviceBuffer<f32>,
-    mn: Buf,
-    mgu: Buf,
-    mact: Buf,
+    mn: GemmBuffer,
+    mgu: GemmBuffer,
+    mact: GemmBuffer,
     rows: DeviceBuffer<f32>,
 }
 
@@ -181,7 +115,7 @@ struct Workspace {
 #[derive(Debug)]
 pub struct GlmBatch {
     n: usize,
-    pixels: Buf,
+    pixels: GemmBuffer,
     pos: DeviceBuffer<i32>,
     cu_dev: DeviceBuffer<i32>,
     cu: Vec<i32>,
@@ -216,20 +150,20 @@ pub struct GlmCuda {
     precision: CudaPrecision,
     /// Head dim the attention kernels run at (`head_dim`, or the next kernel size when padded).
     kd: usize,
-    patch_w: Buf,
+    patch_w: GemmBuffer,
     patch_b: DeviceBuffer<f32>,
     blocks: Vec<DevBlock>,
     post_norm: DeviceBuffer<f32>,
     /// Downsample `[O, m²H]`, columns permuted to (ky, kx, c).
-    ds_w: Buf,
+    ds_w: GemmBuffer,
     ds_b: Option<DeviceBuffer<f32>>,
-    m_proj: Buf,
+    m_proj: GemmBuffer,
     m_proj_b: Option<DeviceBuffer<f32>>,
     m_norm_w: DeviceBuffer<f32>,
     m_norm_b: DeviceBuffer<f32>,
-    m_gate_up: Buf,
-    m_gate_up_b: Option<Buf>,
-    m_down: Buf,
+    m_gate_up: GemmBuffer,
+    m_gate_up_b: Option<GemmBuffer>,
+    m_down: GemmBuffer,
     m_down_b: Option<DeviceBuffer<f32>>,
     inv_freq: DeviceBuffer<f32>,
     gate: Gate,
@@ -248,38 +182,6 @@ fn swiglu(cfg: &GlmConfig) -> Gate {
         },
         None => Gate::plain(cfg.activation),
     }
-}
-
-/// Rows of `[heads·hd, inp]` (and a bias `[heads·hd]` with `inp = 1`) spread to `[heads·kd, inp]`
-/// with zero rows in the padding.
-fn pad_head_rows(w: &[f32], inp: usize, heads: usize, hd: usize, kd: usize) -> Vec<f32> {
-    if hd == kd {
-        return w.to_vec();
-    }
-    let mut out = vec![0.0f32; heads * kd * inp];
-    for head in 0..heads {
-        let src = head * hd * inp;
-        let dst = head * kd * inp;
-        out[dst..dst + hd * inp].copy_from_slice(&w[src..src + hd * inp]);
-    }
-    out
-}
-
-/// `[out, heads·hd]` spread to `[out, heads·kd]` with zero columns in the padding.
-fn pad_head_cols(l: &Linear, heads: usize, hd: usize, kd: usize) -> Vec<f32> {
-    if hd == kd {
-        return l.w.clone();
-    }
-    let wp = heads * kd;
-    let mut out = vec![0.0f32; l.out * wp];
-    for j in 0..l.out {
-        for head in 0..heads {
-            let src = j * l.inp + head * hd;
-            let dst = j * wp + head * kd;
-            out[dst..dst + hd].copy_from_slice(&l.w[src..src + hd]);
-        }
-    }
-    out
 }
 
 /// The Conv2d downsample weight `[O, H·u]` with columns (c, j) (j = ky·m + kx, u = m²) as
@@ -321,13 +223,6 @@ fn upload_opt(dev: &Device, v: Option<&[f32]>) -> CudaResult<Option<DeviceBuffer
     })
 }
 
-fn upload_opt_buf(dev: &Device, p: CudaPrecision, v: Option<&[f32]>) -> CudaResult<Option<Buf>> {
-    Ok(match v {
-        Some(v) => Some(Buf::upload(dev, p, v)?),
-        None => None,
-    })
-}
-
 impl GlmCuda {
     /// Uploads `w` once (see the module docs for the layout).
     pub fn new(
@@ -337,24 +232,9 @@ impl GlmCuda {
         precision: CudaPrecision,
     ) -> CudaResult<GlmCuda> {
         let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
-        let kd = match precision {
-            CudaPrecision::F32 if hd <= MAX_F32_ATTN_HEAD_DIM => hd,
-            CudaPrecision::F32 => {
-                return Err(CudaError::Unsupported(format!(
-                    "head_dim {hd}: the f32 attention kernel stops at {MAX_F32_ATTN_HEAD_DIM}"
-                )))
-            }
-            CudaPrecision::Bf16 => KERNEL_HEAD_DIMS
-                .iter()
-                .copied()
-                .find(|&k| k >= hd)
-                .ok_or_else(|| {
-                    CudaError::Unsupported(format!(
-                        "head_dim {hd}: the bf16 attention kernels stop at {}",
-                        KERNEL_HEAD_DIMS[2]
-                    ))
-                })?,
-        };
+        let kd = precision
+            .attention_head_dim(hd)
+            .map_err(|e| CudaError::Unsupported(e.to_string()))?;
         if cfg.merge == 0 || w.blocks.len() != cfg.layers {
             return Err(CudaError::Unsupported(format!(
                 "merge {} / {} blocks for {} layers",
@@ -397,15 +277,19 @@ impl GlmCuda {
             blocks.push(DevBlock {
                 norm1: d.upload(&b.norm1)?,
                 norm2: d.upload(&b.norm2)?,
-                qkv: Buf::upload(d, p, &qkv)?,
-                qkv_b: upload_opt_buf(d, p, qkv_b.as_deref())?,
+                qkv: GemmBuffer::upload(d, p, &qkv)?,
+                qkv_b: GemmBuffer::upload_opt(d, p, qkv_b.as_deref())?,
                 q_norm: d.upload(&b.q_norm)?,
                 k_norm: d.upload(&b.k_norm)?,
-                proj: Buf::upload(d, p, &pad_head_cols(&b.proj, heads, hd, kd))?,
+                proj: GemmBuffer::upload(
+                    d,
+                    p,
+                    &pad_head_cols(&b.proj.w, b.proj.out, heads, hd, kd),
+                )?,
                 proj_b: upload_opt(d, b.proj.b.as_deref())?,
-                gate_up: Buf::upload(d, p, &gu)?,
-                gate_up_b: upload_opt_buf(d, p, gu_b.as_deref())?,
-                down: Buf::upload(d, p, &b.down.w)?,
+                gate_up: GemmBuffer::upload(d, p, &gu)?,
+                gate_up_b: GemmBuffer::upload_opt(d, p, gu_b.as_deref())?,
+                down: GemmBuffer::upload(d, p, &b.down.w)?,
                 down_b: upload_opt(d, b.down.b.as_deref())?,
             });
         }
@@ -415,23 +299,23 @@ impl GlmCuda {
             cfg: cfg.clone(),
             precision,
             kd,
-            patch_w: Buf::upload(d, p, &w.patch.w)?,
+            patch_w: GemmBuffer::upload(d, p, &w.patch.w)?,
             patch_b: d.upload(&patch_b)?,
             blocks,
             post_norm: d.upload(&w.post_norm)?,
-            ds_w: Buf::upload(
+            ds_w: GemmBuffer::upload(
                 d,
                 p,
                 &permute_downsample(&w.downsample, h, cfg.merge_unit()),
             )?,
             ds_b: upload_opt(d, w.downsample.b.as_deref())?,
-            m_proj: Buf::upload(d, p, &w.merger_proj.w)?,
+            m_proj: GemmBuffer::upload(d, p, &w.merger_proj.w)?,
             m_proj_b: upload_opt(d, w.merger_proj.b.as_deref())?,
             m_norm_w: d.upload(&w.merger_norm_w)?,
             m_norm_b: d.upload(&w.merger_norm_b)?,
-            m_gate_up: Buf::upload(d, p, &mgu)?,
-            m_gate_up_b: upload_opt_buf(d, p, mgu_b.as_deref())?,
-            m_down: Buf::upload(d, p, &w.merger_down.w)?,
+            m_gate_up: GemmBuffer::upload(d, p, &mgu)?,
+            m_gate_up_b: GemmBuffer::upload_opt(d, p, mgu_b.as_deref())?,
+            m_down: GemmBuffer::upload(d, p, &w.merger_down.w)?,
             m_down_b: upload_opt(d, w.merger_down.b.as_deref())?,
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
             gate: swiglu(cfg),
@@ -447,7 +331,7 @@ impl GlmCuda {
     fn count_weight_bytes(&self) -> usize {
         let f = |b: &DeviceBuffer<f32>| 4 * b.len();
         let o = |b: &Option<DeviceBuffer<f32>>| b.as_ref().map_or(0, f);
-        let ob = |b: &Option<Buf>| b.as_ref().map_or(0, Buf::bytes);
+        let ob = |b: &Option<GemmBuffer>| b.as_ref().map_or(0, GemmBuffer::bytes);
         let mut n = self.patch_w.bytes() + f(&self.patch_b) + f(&self.post_norm);
         n += self.ds_w.bytes() + o(&self.ds_b) + self.m_proj.bytes() + o(&self.m_proj_b);
         n += f(&self.m_norm_w) + f(&self.m_norm_b) + self.m_gate_up.bytes();
@@ -504,7 +388,7 @@ impl GlmCuda {
         let unit = cfg.merge_unit();
         Ok(GlmBatch {
             n: pos.len() / 2,
-            pixels: Buf::upload(d, self.precision, &pixels)?,
+            pixels: GemmBuffer::upload(d, self.precision, &pixels)?,
             pos: d.upload(&pos)?,
             cu_dev: d.upload(&cu)?,
             cu,
@@ -537,11 +421,11 @@ impl GlmCuda {
             cap,
             cap_p,
             x: d.alloc(cap * h)?,
-            hn: Buf::alloc(d, p, cap * h)?,
-            qkv: Buf::alloc(d, p, cap * 3 * wp)?,
-            attn: Buf::alloc(d, p, cap * wp)?,
-            gu: Buf::alloc(d, p, cap * 2 * mi)?,
-            act: Buf::alloc(d, p, cap * mi)?,
+            hn: GemmBuffer::alloc(d, p, cap * h)?,
+            qkv: GemmBuffer::alloc(d, p, cap * 3 * wp)?,
+            attn: GemmBuffer::alloc(d, p, cap * wp)?,
+            gu: GemmBuffer::alloc(d, p, cap * 2 * mi)?,
+            act: GemmBuffer::alloc(d, p, cap * mi)?,
             stage: if keep || had_stage {
                 Some(d.alloc(cap * h)?)
             } else {
@@ -553,9 +437,9 @@ impl GlmCuda {
                 CudaPrecision::F32 => None,
             },
             m: d.alloc(cap_p * o)?,
-            mn: Buf::alloc(d, p, cap_p * o)?,
-            mgu: Buf::alloc(d, p, cap_p * 2 * pi)?,
-            mact: Buf::alloc(d, p, cap_p * pi)?,
+            mn: GemmBuffer::alloc(d, p, cap_p * o)?,
+            mgu: GemmBuffer::alloc(d, p, cap_p * 2 * pi)?,
+            mact: GemmBuffer::alloc(d, p, cap_p * pi)?,
             rows: d.alloc(cap_p * o)?,
         });
         Ok(())
@@ -618,30 +502,30 @@ impl GlmCuda {
         &self,
         x: &DeviceBuffer<f32>,
         w: &DeviceBuffer<f32>,
-        hn: &mut Buf,
+        hn: &mut GemmBuffer,
         rows: usize,
     ) -> CudaResult<()> {
         let m = Mat::dense(rows, self.cfg.hidden);
         let eps = self.cfg.eps as f32;
-        match hn {
-            Buf::B(o) => self.dev.rms_norm(x, m, Some(w), o, m, eps, Clamp::NONE)?,
-            Buf::F(o) => self.dev.rms_norm(x, m, Some(w), o, m, eps, Clamp::NONE)?,
-        }
-        Ok(())
+        Ok(self
+            .dev
+            .rms_norm_mixed(x, m, Some(w), hn, m, eps, Clamp::NONE)?)
     }
 
     /// `out = act(gate)·up` over the column halves of a fused `[rows, 2·width]` buffer.
-    fn swiglu_into(&self, gu: &Buf, out: &mut Buf, rows: usize, width: usize) -> CudaResult<()> {
-        let d = &*self.dev;
+    fn swiglu_into(
+        &self,
+        gu: &GemmBuffer,
+        out: &mut GemmBuffer,
+        rows: usize,
+        width: usize,
+    ) -> CudaResult<()> {
         let gm = Mat::strided(rows, width, 2 * width, 0);
         let um = Mat::strided(rows, width, 2 * width, width);
         let om = Mat::dense(rows, width);
-        match (gu, out) {
-            (Buf::B(gu), Buf::B(o)) => d.gated_act(o, om, gu, gm, gu, um, self.gate)?,
-            (Buf::F(gu), Buf::F(o)) => d.gated_act(o, om, gu, gm, gu, um, self.gate)?,
-            _ => return Err(mixed()),
-        }
-        Ok(())
+        Ok(self
+            .dev
+            .gated_act_mixed(out, om, gu, gm, gu, um, self.gate)?)
     }
 
     fn run_in(
@@ -665,7 +549,7 @@ impl GlmCuda {
 
         // Conv3d patch embedding (kernel = stride) ≡ a GEMM over the pixel rows, with bias.
         d.gemm(
-            gemm_in(&batch.pixels, &self.patch_w)?,
+            GemmBuffer::inputs(&batch.pixels, &self.patch_w)?,
             Some(GemmBias::F32(&self.patch_b)),
             GemmOutput::F32(&mut ws.x),
             GemmShape::dense(n, h, pd),
@@ -684,19 +568,23 @@ impl GlmCuda {
             // x += proj(attn(RMS(x)·norm1)) + b
             self.norm_into(&ws.x, &b.norm1, &mut ws.hn, n)?;
             d.gemm(
-                gemm_in(&ws.hn, &b.qkv)?,
+                GemmBuffer::inputs(&ws.hn, &b.qkv)?,
                 out_bias(&b.qkv_b),
                 ws.qkv.out(),
                 GemmShape::dense(n, 3 * wp, h),
                 Epilogue::None,
             )?;
             match (&mut ws.qkv, &mut ws.attn) {
-                (Buf::B(qkv), Buf::B(attn)) => self.attention_core(b, qkv, attn, batch, &rope)?,
-                (Buf::F(qkv), Buf::F(attn)) => self.attention_core(b, qkv, attn, batch, &rope)?,
-                _ => return Err(mixed()),
+                (GemmBuffer::Bf16(qkv), GemmBuffer::Bf16(attn)) => {
+                    self.attention_core(b, qkv, attn, batch, &rope)?
+                }
+                (GemmBuffer::F32(qkv), GemmBuffer::F32(attn)) => {
+                    self.attention_core(b, qkv, attn, batch, &rope)?
+                }
+                _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
             }
             d.gemm(
-                gemm_in(&ws.attn, &b.proj)?,
+                GemmBuffer::inputs(&ws.attn, &b.proj)?,
                 bias(&b.proj_b),
                 GemmOutput::F32(&mut ws.x),
                 acc(n, h, wp),
@@ -705,7 +593,7 @@ impl GlmCuda {
             // x += down(swiglu(gate|up(RMS(x)·norm2))) + b
             self.norm_into(&ws.x, &b.norm2, &mut ws.hn, n)?;
             d.gemm(
-                gemm_in(&ws.hn, &b.gate_up)?,
+                GemmBuffer::inputs(&ws.hn, &b.gate_up)?,
                 out_bias(&b.gate_up_b),
                 ws.gu.out(),
                 GemmShape::dense(n, 2 * mi, h),
@@ -713,7 +601,7 @@ impl GlmCuda {
             )?;
             self.swiglu_into(&ws.gu, &mut ws.act, n, mi)?;
             d.gemm(
-                gemm_in(&ws.act, &b.down)?,
+                GemmBuffer::inputs(&ws.act, &b.down)?,
                 bias(&b.down_b),
                 GemmOutput::F32(&mut ws.x),
                 acc(n, h, mi),
@@ -735,7 +623,7 @@ impl GlmCuda {
             s.post_norm = self.download_rows(st, n, h)?;
         }
         d.gemm(
-            gemm_in(&ws.hn, &self.ds_w)?,
+            GemmBuffer::inputs(&ws.hn, &self.ds_w)?,
             bias(&self.ds_b),
             GemmOutput::F32(&mut ws.ds),
             GemmShape::dense(np, o, u * h),
@@ -746,12 +634,12 @@ impl GlmCuda {
         }
         // Merger: proj → LayerNorm(eps 1e-5) → erf GELU → gate|up → SwiGLU → down.
         let proj_in = match (&mut ws.ds_b, &self.m_proj) {
-            (Some(xb), Buf::B(w)) => {
+            (Some(xb), GemmBuffer::Bf16(w)) => {
                 d.cast_f32_bf16(&ws.ds, xb)?;
                 GemmInputs::Bf16 { x: &*xb, w }
             }
-            (None, Buf::F(w)) => GemmInputs::F32 { x: &ws.ds, w },
-            _ => return Err(mixed()),
+            (None, GemmBuffer::F32(w)) => GemmInputs::F32 { x: &ws.ds, w },
+            _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
         };
         d.gemm(
             proj_in,
@@ -763,18 +651,16 @@ impl GlmCuda {
         let mm = Mat::dense(np, o);
         let leps = MERGER_LAYER_NORM_EPS as f32;
         let (lw, lb) = (Some(&self.m_norm_w), Some(&self.m_norm_b));
-        match &mut ws.mn {
-            Buf::B(y) => {
-                d.layer_norm(&ws.m, mm, lw, lb, y, mm, leps)?;
-                d.act_in_place(y, mm, Activation::GeluErf, Clamp::NONE, Clamp::NONE)?;
-            }
-            Buf::F(y) => {
-                d.layer_norm(&ws.m, mm, lw, lb, y, mm, leps)?;
-                d.act_in_place(y, mm, Activation::GeluErf, Clamp::NONE, Clamp::NONE)?;
-            }
-        }
+        d.layer_norm_mixed(&ws.m, mm, lw, lb, &mut ws.mn, mm, leps)?;
+        d.act_in_place_mixed(
+            &mut ws.mn,
+            mm,
+            Activation::GeluErf,
+            Clamp::NONE,
+            Clamp::NONE,
+        )?;
         d.gemm(
-            gemm_in(&ws.mn, &self.m_gate_up)?,
+            GemmBuffer::inputs(&ws.mn, &self.m_gate_up)?,
             out_bias(&self.m_gate_up_b),
             ws.mgu.out(),
             GemmShape::dense(np, 2 * pi, o),
@@ -782,7 +668,7 @@ impl GlmCuda {
         )?;
         self.swiglu_into(&ws.mgu, &mut ws.mact, np, pi)?;
         d.gemm(
-            gemm_in(&ws.mact, &self.m_down)?,
+            GemmBuffer::inputs(&ws.mact, &self.m_down)?,
             bias(&self.m_down_b),
             GemmOutput::F32(&mut ws.rows),
             GemmShape::dense(np, o, pi),
@@ -807,12 +693,7 @@ impl GlmCuda {
         let (c, d) = (&self.cfg, &*self.dev);
         let (n, heads, hd, kd) = (batch.n, c.heads, c.head_dim, self.kd);
         let wp = heads * kd;
-        let per_head: Vec<(usize, usize)> = if kd == hd {
-            vec![(0, heads)]
-        } else {
-            (0..heads).map(|i| (i * kd, 1)).collect()
-        };
-        for (off, nh) in per_head {
+        for (off, nh) in head_groups(heads, hd, kd) {
             let spec = QkvSpec {
                 tokens: n,
                 heads: nh,
@@ -876,45 +757,6 @@ mod tests {
         for (a, b) in got.iter().zip(&want) {
             assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
         }
-    }
-
-    /// Zero-padded heads (hd 16 → kernel 64) give the same q/k/v lanes and the same proj output.
-    #[test]
-    fn padded_heads_are_exact() {
-        let (heads, hd, kd, h, n) = (3, 16, 64, 40, 5);
-        let x: Vec<f32> = (0..n * h).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
-        let q = lin(heads * hd, h, 1);
-        let y = host::gemm(&x, &q.w, None, n, heads * hd, h);
-        let padded = pad_head_rows(&q.w, h, heads, hd, kd);
-        let yp = host::gemm(&x, &padded, None, n, heads * kd, h);
-        for t in 0..n {
-            for head in 0..heads {
-                for r in 0..kd {
-                    let got = yp[t * heads * kd + head * kd + r];
-                    let want = if r < hd {
-                        y[t * heads * hd + head * hd + r]
-                    } else {
-                        0.0
-                    };
-                    assert_eq!(got, want, "token {t} head {head} lane {r}");
-                }
-            }
-        }
-        let bias: Vec<f32> = (0..heads * hd).map(|i| i as f32).collect();
-        let bp = pad_head_rows(&bias, 1, heads, hd, kd);
-        assert_eq!(bp[kd + 3], 19.0);
-        assert_eq!(bp[hd], 0.0);
-        let o = lin(h, heads * hd, 2);
-        let out = host::gemm(&y, &o.w, None, n, h, heads * hd);
-        let out_p = host::gemm(
-            &yp,
-            &pad_head_cols(&o, heads, hd, kd),
-            None,
-            n,
-            h,
-            heads * kd,
-        );
-        assert_eq!(out, out_p);
     }
 
     /// The swiglu law of glm5_next is the host path's (limit on the gate, clamp on up).

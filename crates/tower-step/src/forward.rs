@@ -190,12 +190,16 @@ pub struct StepStages {
 }
 
 /// A validated view: where it sits and its patch grid.
-struct Grid<'a> {
-    view: StepView<'a>,
-    image: usize,
-    local: bool,
-    gh: usize,
-    gw: usize,
+pub(crate) struct Grid<'a> {
+    pub(crate) view: StepView<'a>,
+    /// The image (request) it belongs to.
+    pub(crate) image: usize,
+    /// A crop tile (else the global view).
+    pub(crate) local: bool,
+    /// Patch rows.
+    pub(crate) gh: usize,
+    /// Patch columns.
+    pub(crate) gw: usize,
 }
 
 fn validate<'a>(
@@ -238,8 +242,37 @@ fn validate<'a>(
     })
 }
 
+/// Every view of `images` validated, in upstream order: per image its crops, then its global
+/// view (the one input check of the host and CUDA paths).
+pub(crate) fn validate_images<'a>(
+    cfg: &StepConfig,
+    images: &[StepImage<'a>],
+) -> Result<Vec<Grid<'a>>> {
+    let mut grids = Vec::new();
+    for (i, img) in images.iter().enumerate() {
+        for &c in &img.crops {
+            grids.push(validate(cfg, c, i, true)?);
+        }
+        grids.push(validate(cfg, img.global, i, false)?);
+        if img.newline_mask.len() != img.crops.len() {
+            return Err(StepError::Input(format!(
+                "image {i}: {} newline flags for {} crops",
+                img.newline_mask.len(),
+                img.crops.len()
+            )));
+        }
+    }
+    Ok(grids)
+}
+
+/// A view's rope positions: raster over its grid (`get_vision_position_ids`: (row, col)),
+/// as (x = col, y = row) pairs, the order the rope kernels take.
+pub(crate) fn grid_positions(gh: usize, gw: usize) -> impl Iterator<Item = i32> {
+    (0..gh * gw).flat_map(move |i| [(i % gw) as i32, (i / gw) as i32])
+}
+
 /// The patch rows of one view, raster over patches, each row (c, ky, kx) like the conv weight.
-fn patchify(g: &Grid<'_>, p: usize, out: &mut Vec<f32>) {
+pub(crate) fn patchify(g: &Grid<'_>, p: usize, out: &mut Vec<f32>) {
     let (h, w) = (g.view.height, g.view.width);
     for r in 0..g.gh {
         for col in 0..g.gw {
@@ -262,20 +295,7 @@ pub fn forward_host(
     images: &[StepImage<'_>],
     keep_stages: bool,
 ) -> Result<(Vec<StepRows>, Option<StepStages>)> {
-    let mut grids = Vec::new();
-    for (i, img) in images.iter().enumerate() {
-        for &c in &img.crops {
-            grids.push(validate(cfg, c, i, true)?);
-        }
-        grids.push(validate(cfg, img.global, i, false)?);
-        if img.newline_mask.len() != img.crops.len() {
-            return Err(StepError::Input(format!(
-                "image {i}: {} newline flags for {} crops",
-                img.newline_mask.len(),
-                img.crops.len()
-            )));
-        }
-    }
+    let grids = validate_images(cfg, images)?;
     let (h, hd, heads, inner) = (cfg.hidden, cfg.head_dim, cfg.heads, cfg.intermediate);
     let eps = cfg.eps as f32;
     let pd = cfg.patch_dim();
@@ -285,12 +305,7 @@ pub fn forward_host(
     let mut cu = vec![0i32];
     for g in &grids {
         patchify(g, cfg.patch, &mut pixels);
-        // get_vision_position_ids: raster (row, col); the rope takes (x = col, y = row).
-        for r in 0..g.gh {
-            for c in 0..g.gw {
-                pos.extend([c as i32, r as i32]);
-            }
-        }
+        pos.extend(grid_positions(g.gh, g.gw));
         let tokens = i32::try_from(pos.len() / 2)
             .map_err(|_| StepError::Input("more tokens than an i32 counts".into()))?;
         cu.push(tokens);

@@ -21,11 +21,13 @@
 #![deny(missing_docs)]
 
 mod config;
+pub mod cuda;
 mod error;
 mod forward;
 mod weights;
 
 pub use config::StepConfig;
+pub use cuda::{CudaError, CudaPrecision, StepBatch, StepCuda};
 pub use error::{Result, StepError};
 pub use forward::{
     attention_scale, forward_host, StepImage, StepProcessorOutput, StepRows, StepStages, StepView,
@@ -47,7 +49,7 @@ pub enum LmAttentionLaw {
     Bidirectional,
 }
 
-/// A loaded Step-3.7 vision tower (host weights; the CUDA path is added by the tower issue).
+/// A loaded Step-3.7 vision tower (host weights; [`StepTower::to_cuda`] puts them on a device).
 #[derive(Debug, Clone)]
 pub struct StepTower {
     /// Dimensions and laws.
@@ -78,6 +80,15 @@ impl StepTower {
     /// The dimensions and laws.
     pub fn config(&self) -> &StepConfig {
         &self.config
+    }
+
+    /// Uploads the weights to `dev` once, in `precision` (see [`cuda`]).
+    pub fn to_cuda(
+        &self,
+        dev: std::sync::Arc<cuda::Device>,
+        precision: CudaPrecision,
+    ) -> std::result::Result<StepCuda, CudaError> {
+        StepCuda::new(dev, &self.config, &self.weights, precision)
     }
 
     /// The LM's attention law over the image rows: causal (see [`LmAttentionLaw::Causal`]).

@@ -1,0 +1,394 @@
+//! The two precisions the towers' CUDA paths run in, and the buffers, GEMM operands and
+//! launches that follow one precision through a whole forward pass.
+//!
+//! A tower picks a [`CudaPrecision`] once: its linear weights and every activation buffer that
+//! feeds a GEMM (pre-norms, fused qkv, attention output, MLP activations) are then
+//! [`GemmBuffer`]s of that precision — bf16 on the tensor cores in the product mode, f32 in the
+//! exactness mode, where nothing on the path rounds to bf16. The residual stream, norms and
+//! biases of f32 outputs stay f32 in both. The `*_mixed` methods on [`Device`] dispatch the
+//! activation-side kernels on the buffer's precision, so tower code is written once.
+//!
+//! Head padding: the bf16 attention kernels exist for [`BF16_ATTN_HEAD_DIMS`] only; a tower with
+//! another head dim runs at the next one, with zero q/k/v weight rows ([`pad_head_rows`]) and
+//! zero output-projection columns ([`pad_head_cols`]), so the padded lanes contribute exact zeros.
+use half::bf16;
+use rayon::prelude::*;
+
+use crate::{
+    Activation, Clamp, Device, DeviceBuffer, Gate, GemmBias, GemmInputs, GemmOutput, GpuError, Mat,
+    Result, MAX_F32_ATTN_HEAD_DIM,
+};
+
+/// Head dims the bf16 tensor-core flash-attention kernels exist for (`flash_attn_hd*_bf16`).
+pub const BF16_ATTN_HEAD_DIMS: [usize; 3] = [64, 72, 96];
+
+/// The arithmetic of a tower's GEMMs and of the buffers they read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaPrecision {
+    /// bf16 weights and GEMM inputs on the tensor cores, f32 accumulation (the product mode).
+    Bf16,
+    /// f32 weights and GEMMs (no TF32), f32 norm + rope, attention and activations: the
+    /// exactness mode.
+    F32,
+}
+
+impl CudaPrecision {
+    /// The head dim attention runs at for a model head dim `hd`: f32 runs `hd` itself (up to
+    /// [`MAX_F32_ATTN_HEAD_DIM`]); bf16 the smallest of [`BF16_ATTN_HEAD_DIMS`] that holds it.
+    pub fn attention_head_dim(self, hd: usize) -> Result<usize> {
+        let refuse = |what: String| GpuError::Shape {
+            op: "attention_head_dim",
+            what,
+        };
+        match self {
+            CudaPrecision::F32 if (1..=MAX_F32_ATTN_HEAD_DIM).contains(&hd) => Ok(hd),
+            CudaPrecision::F32 => Err(refuse(format!(
+                "head_dim {hd}: the f32 attention kernel takes 1..={MAX_F32_ATTN_HEAD_DIM}"
+            ))),
+            CudaPrecision::Bf16 => BF16_ATTN_HEAD_DIMS
+                .iter()
+                .copied()
+                .find(|&k| k >= hd && hd > 0)
+                .ok_or_else(|| {
+                    refuse(format!(
+                        "head_dim {hd}: the bf16 attention kernels stop at {}",
+                        BF16_ATTN_HEAD_DIMS[BF16_ATTN_HEAD_DIMS.len() - 1]
+                    ))
+                }),
+        }
+    }
+}
+
+/// A device matrix in a tower's GEMM precision (see the module docs).
+#[derive(Debug)]
+pub enum GemmBuffer {
+    /// The product mode's bf16.
+    Bf16(DeviceBuffer<bf16>),
+    /// The exactness mode's f32.
+    F32(DeviceBuffer<f32>),
+}
+
+fn mixed(op: &'static str) -> GpuError {
+    GpuError::Shape {
+        op,
+        what: "buffers of different precisions (bf16 and f32)".into(),
+    }
+}
+
+impl GemmBuffer {
+    /// Allocates `len` elements of unspecified contents in precision `p`.
+    pub fn alloc(dev: &Device, p: CudaPrecision, len: usize) -> Result<GemmBuffer> {
+        Ok(match p {
+            CudaPrecision::Bf16 => GemmBuffer::Bf16(dev.alloc(len)?),
+            CudaPrecision::F32 => GemmBuffer::F32(dev.alloc(len)?),
+        })
+    }
+
+    /// Uploads f32 host values in precision `p` (bf16: rounded to nearest even, in parallel).
+    pub fn upload(dev: &Device, p: CudaPrecision, host: &[f32]) -> Result<GemmBuffer> {
+        Ok(match p {
+            CudaPrecision::Bf16 => {
+                let v: Vec<bf16> = host.par_iter().map(|&x| bf16::from_f32(x)).collect();
+                GemmBuffer::Bf16(dev.upload(&v)?)
+            }
+            CudaPrecision::F32 => GemmBuffer::F32(dev.upload(host)?),
+        })
+    }
+
+    /// [`GemmBuffer::upload`] of an optional tensor (e.g. a bias some checkpoints lack).
+    pub fn upload_opt(
+        dev: &Device,
+        p: CudaPrecision,
+        host: Option<&[f32]>,
+    ) -> Result<Option<GemmBuffer>> {
+        host.map(|h| GemmBuffer::upload(dev, p, h)).transpose()
+    }
+
+    /// The buffer's precision.
+    pub fn precision(&self) -> CudaPrecision {
+        match self {
+            GemmBuffer::Bf16(_) => CudaPrecision::Bf16,
+            GemmBuffer::F32(_) => CudaPrecision::F32,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            GemmBuffer::Bf16(b) => b.len(),
+            GemmBuffer::F32(b) => b.len(),
+        }
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes on the device.
+    pub fn bytes(&self) -> usize {
+        match self {
+            GemmBuffer::Bf16(b) => 2 * b.len(),
+            GemmBuffer::F32(b) => 4 * b.len(),
+        }
+    }
+
+    /// This buffer as a GEMM output.
+    pub fn out(&mut self) -> GemmOutput<'_> {
+        match self {
+            GemmBuffer::Bf16(b) => GemmOutput::Bf16(b),
+            GemmBuffer::F32(b) => GemmOutput::F32(b),
+        }
+    }
+
+    /// This buffer as a GEMM bias. A GEMM whose output is in the GEMM precision takes its bias
+    /// in that precision: an f32 bias on a bf16 output gave `CUBLAS_STATUS_INVALID_VALUE` on the
+    /// H200 (docs/notes/glm-cuda.md); GEMMs into f32 outputs take f32 biases.
+    pub fn bias(&self) -> GemmBias<'_> {
+        match self {
+            GemmBuffer::Bf16(b) => GemmBias::Bf16(b),
+            GemmBuffer::F32(b) => GemmBias::F32(b),
+        }
+    }
+
+    /// The GEMM operands `x·wᵀ`; both must be in one precision.
+    pub fn inputs<'a>(x: &'a GemmBuffer, w: &'a GemmBuffer) -> Result<GemmInputs<'a>> {
+        match (x, w) {
+            (GemmBuffer::Bf16(x), GemmBuffer::Bf16(w)) => Ok(GemmInputs::Bf16 { x, w }),
+            (GemmBuffer::F32(x), GemmBuffer::F32(w)) => Ok(GemmInputs::F32 { x, w }),
+            _ => Err(mixed("gemm")),
+        }
+    }
+
+    /// Downloads the whole buffer as f32 (bf16 values widened exactly); synchronises.
+    pub fn download_f32(&self, dev: &Device) -> Result<Vec<f32>> {
+        Ok(match self {
+            GemmBuffer::Bf16(b) => dev.download(b)?.into_iter().map(bf16::to_f32).collect(),
+            GemmBuffer::F32(b) => dev.download(b)?,
+        })
+    }
+}
+
+impl Device {
+    /// [`Device::rms_norm`] into a buffer of either precision.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm_mixed(
+        &self,
+        x: &DeviceBuffer<f32>,
+        xm: Mat,
+        w: Option<&DeviceBuffer<f32>>,
+        y: &mut GemmBuffer,
+        ym: Mat,
+        eps: f32,
+        clamp: Clamp,
+    ) -> Result<()> {
+        match y {
+            GemmBuffer::Bf16(y) => self.rms_norm(x, xm, w, y, ym, eps, clamp),
+            GemmBuffer::F32(y) => self.rms_norm(x, xm, w, y, ym, eps, clamp),
+        }
+    }
+
+    /// [`Device::layer_norm`] into a buffer of either precision.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_norm_mixed(
+        &self,
+        x: &DeviceBuffer<f32>,
+        xm: Mat,
+        w: Option<&DeviceBuffer<f32>>,
+        b: Option<&DeviceBuffer<f32>>,
+        y: &mut GemmBuffer,
+        ym: Mat,
+        eps: f32,
+    ) -> Result<()> {
+        match y {
+            GemmBuffer::Bf16(y) => self.layer_norm(x, xm, w, b, y, ym, eps),
+            GemmBuffer::F32(y) => self.layer_norm(x, xm, w, b, y, ym, eps),
+        }
+    }
+
+    /// [`Device::gated_act`] on buffers of one precision (gate and up may be one buffer).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_act_mixed(
+        &self,
+        out: &mut GemmBuffer,
+        om: Mat,
+        gate: &GemmBuffer,
+        gm: Mat,
+        up: &GemmBuffer,
+        um: Mat,
+        g: Gate,
+    ) -> Result<()> {
+        match (out, gate, up) {
+            (GemmBuffer::Bf16(o), GemmBuffer::Bf16(ga), GemmBuffer::Bf16(u)) => {
+                self.gated_act(o, om, ga, gm, u, um, g)
+            }
+            (GemmBuffer::F32(o), GemmBuffer::F32(ga), GemmBuffer::F32(u)) => {
+                self.gated_act(o, om, ga, gm, u, um, g)
+            }
+            _ => Err(mixed("gated_act")),
+        }
+    }
+
+    /// [`Device::act`] (a strided copy with [`Activation::Identity`]) on buffers of one precision.
+    #[allow(clippy::too_many_arguments)]
+    pub fn act_mixed(
+        &self,
+        out: &mut GemmBuffer,
+        om: Mat,
+        x: &GemmBuffer,
+        xm: Mat,
+        act: Activation,
+        input: Clamp,
+        output: Clamp,
+    ) -> Result<()> {
+        match (out, x) {
+            (GemmBuffer::Bf16(o), GemmBuffer::Bf16(x)) => {
+                self.act(o, om, x, xm, act, input, output)
+            }
+            (GemmBuffer::F32(o), GemmBuffer::F32(x)) => self.act(o, om, x, xm, act, input, output),
+            _ => Err(mixed("act")),
+        }
+    }
+
+    /// [`Device::act_in_place`] on a buffer of either precision.
+    pub fn act_in_place_mixed(
+        &self,
+        x: &mut GemmBuffer,
+        xm: Mat,
+        act: Activation,
+        input: Clamp,
+        output: Clamp,
+    ) -> Result<()> {
+        match x {
+            GemmBuffer::Bf16(x) => self.act_in_place(x, xm, act, input, output),
+            GemmBuffer::F32(x) => self.act_in_place(x, xm, act, input, output),
+        }
+    }
+}
+
+/// Rows of `[heads·hd, inp]` (a bias is `inp = 1`) spread to `[heads·kd, inp]`, zero rows in the
+/// padding of each head.
+pub fn pad_head_rows(w: &[f32], inp: usize, heads: usize, hd: usize, kd: usize) -> Vec<f32> {
+    if hd == kd {
+        return w.to_vec();
+    }
+    let mut out = vec![0.0f32; heads * kd * inp];
+    for head in 0..heads {
+        let src = head * hd * inp;
+        let dst = head * kd * inp;
+        out[dst..dst + hd * inp].copy_from_slice(&w[src..src + hd * inp]);
+    }
+    out
+}
+
+/// `[rows, heads·hd]` spread to `[rows, heads·kd]`, zero columns in the padding of each head.
+pub fn pad_head_cols(w: &[f32], rows: usize, heads: usize, hd: usize, kd: usize) -> Vec<f32> {
+    if hd == kd {
+        return w.to_vec();
+    }
+    let (inp, wp) = (heads * hd, heads * kd);
+    let mut out = vec![0.0f32; rows * wp];
+    for j in 0..rows {
+        for head in 0..heads {
+            let src = j * inp + head * hd;
+            let dst = j * wp + head * kd;
+            out[dst..dst + hd].copy_from_slice(&w[src..src + hd]);
+        }
+    }
+    out
+}
+
+/// The per-head launches of a q/k norm + rope over heads padded from `hd` to `kd`: one
+/// `(column offset, heads)` group covering every head when nothing is padded, else one group per
+/// head (the kernel then sees only the real `hd` lanes of each).
+pub fn head_groups(heads: usize, hd: usize, kd: usize) -> Vec<(usize, usize)> {
+    if kd == hd {
+        vec![(0, heads)]
+    } else {
+        (0..heads).map(|i| (i * kd, 1)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host;
+
+    fn vals(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Zero-padded heads (hd 16 → kernel 64) give the same q/k/v lanes (weights and biases) and
+    /// the same output projection.
+    #[test]
+    fn padded_heads_are_exact() {
+        let (heads, hd, kd, h, n) = (3, 16, 64, 40, 5);
+        let x = vals(n * h, 7);
+        let q = vals(heads * hd * h, 1);
+        let y = host::gemm(&x, &q, None, n, heads * hd, h);
+        let yp = host::gemm(
+            &x,
+            &pad_head_rows(&q, h, heads, hd, kd),
+            None,
+            n,
+            heads * kd,
+            h,
+        );
+        for t in 0..n {
+            for head in 0..heads {
+                for r in 0..kd {
+                    let got = yp[t * heads * kd + head * kd + r];
+                    let want = if r < hd {
+                        y[t * heads * hd + head * hd + r]
+                    } else {
+                        0.0
+                    };
+                    assert_eq!(got, want, "token {t} head {head} lane {r}");
+                }
+            }
+        }
+        let bias: Vec<f32> = (0..heads * hd).map(|i| i as f32).collect();
+        let bp = pad_head_rows(&bias, 1, heads, hd, kd);
+        assert_eq!(bp.len(), heads * kd);
+        assert_eq!(bp[kd + 3], 19.0);
+        assert_eq!(bp[hd], 0.0);
+        let o = vals(h * heads * hd, 2);
+        let out = host::gemm(&y, &o, None, n, h, heads * hd);
+        let op = pad_head_cols(&o, h, heads, hd, kd);
+        assert_eq!(out, host::gemm(&yp, &op, None, n, h, heads * kd));
+        // Unpadded: both are the identity.
+        assert_eq!(pad_head_rows(&q, h, heads, hd, hd), q);
+        assert_eq!(pad_head_cols(&o, h, heads, hd, hd), o);
+    }
+
+    #[test]
+    fn head_groups_cover_every_head_once() {
+        assert_eq!(head_groups(16, 96, 96), vec![(0, 16)]);
+        assert_eq!(head_groups(3, 16, 64), vec![(0, 1), (64, 1), (128, 1)]);
+    }
+
+    #[test]
+    fn attention_head_dim_follows_the_kernels() {
+        let b = CudaPrecision::Bf16;
+        assert_eq!(b.attention_head_dim(16).ok(), Some(64));
+        assert_eq!(b.attention_head_dim(64).ok(), Some(64));
+        assert_eq!(b.attention_head_dim(65).ok(), Some(72));
+        assert_eq!(b.attention_head_dim(96).ok(), Some(96));
+        assert!(matches!(
+            b.attention_head_dim(97),
+            Err(GpuError::Shape { .. })
+        ));
+        assert!(b.attention_head_dim(0).is_err());
+        let f = CudaPrecision::F32;
+        assert_eq!(f.attention_head_dim(24).ok(), Some(24));
+        assert_eq!(
+            f.attention_head_dim(MAX_F32_ATTN_HEAD_DIM).ok(),
+            Some(MAX_F32_ATTN_HEAD_DIM)
+        );
+        assert!(f.attention_head_dim(MAX_F32_ATTN_HEAD_DIM + 1).is_err());
+    }
+}

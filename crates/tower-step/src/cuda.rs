@@ -1,0 +1,1397 @@
+//! The Step-3.7 tower on a CUDA device: the same op sequence as [`crate::forward_host`], on
+//! gpu-core's kernels and cuBLASLt GEMMs, for every view (crop tiles and global views) of many
+//! images in one padding-free pass (one attention segment per view).
+//!
+//! **Architecture Invariant:** nothing is copied to the host inside [`StepCuda::run`]; only the
+//! stages (when asked) and the final rows ([`StepCuda::rows`]) come back.
+//!
+//! Layout on the device:
+//! - linear weights in bf16 ([`CudaPrecision::Bf16`], the product mode) or f32
+//!   ([`CudaPrecision::F32`], the exactness mode: f32 GEMMs, rope, attention and activation);
+//!   norms, the position tables and the residual stream in f32;
+//! - LayerScale folded at upload (in f32, before any bf16 rounding): `λ ⊙ (a·Wᵀ + b)` =
+//!   `a·(λ ⊙ W)ᵀ + λ ⊙ b`, so out_proj and c_proj accumulate straight into the f32 residual
+//!   stream (`GemmShape::accumulate`, beta = 1): no add kernel, no LayerScale kernel, no `y` buffer;
+//! - a GEMM whose output is in the GEMM precision (qkv, fc1, the two convolutions) takes its
+//!   bias in that precision, one into f32 (out_proj, c_proj, the rows) an f32 bias;
+//! - the patch rows and the patch weight get zero columns up to a multiple of 8 (588 → 592), so
+//!   the bf16 GEMM's rows start 16-byte aligned;
+//! - the position table for each grid size is resized (bilinear, align_corners = false) once and
+//!   cached on the device; each view's table is copied into the patch-embedding buffer and the
+//!   patch GEMM accumulates onto it;
+//! - inside a batch the views are grouped by grid size (stable, first appearance first): the
+//!   3×3 stride-2 convolutions then run once per grid size over all its views, as im2col + GEMM.
+//!   bf16: gpu-core's `im2col_3x3s2` (columns (c, ky, kx), the checkpoint's weight as is); f32:
+//!   strided copies with the weight's columns permuted to (ky, kx, c) at upload (gpu-core's
+//!   im2col is bf16 only). Rows come back in upstream order ([`StepCuda::rows`]);
+//! - bf16 mode: head dims the tensor-core attention kernels lack (they exist for 64, 72, 96; the
+//!   fixtures' mini towers have 16) are zero-padded to the next one: zero q/k/v weight rows and
+//!   biases, zero out_proj columns, so the padded lanes contribute exact zeros.
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use gpu_core::{
+    conv3x3s2_out, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation,
+    AttnArgs, Clamp, DeviceBuffer, Epilogue, GemmBias, GemmBuffer, GemmOutput, GemmShape, Mat,
+    QkvSpec, RopeLayout, RopeSpec,
+};
+use rayon::prelude::*;
+
+use crate::config::StepConfig;
+use crate::error::StepError;
+use crate::forward::{
+    attention_scale, grid_positions, patchify, validate_images, Grid, StepImage, StepRows,
+    StepStages, ViewStages,
+};
+use crate::weights::{Layer, StepWeights};
+
+/// The device type, its error and the precision of the GEMMs, re-exported for callers of this path.
+pub use gpu_core::{CudaPrecision, Device, GpuError};
+
+/// Errors of the CUDA path.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// The device or a kernel launch failed (includes [`GpuError::NoDevice`]).
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// The tower refused its input or weights.
+    #[error(transparent)]
+    Step(#[from] StepError),
+    /// A shape or mode the CUDA kernels cannot run (e.g. a head dim over 96 in bf16).
+    #[error("unsupported on the CUDA path: {0}")]
+    Unsupported(String),
+}
+
+/// Short for `Result<T, CudaError>`.
+pub type CudaResult<T> = std::result::Result<T, CudaError>;
+
+/// Taps of the downsamplers' 3×3 kernels (`Step3p7VisionModel.downsampler{1,2}`,
+/// modeling_step3p7.py: `kernel_size=3, stride=2, padding=1`).
+const CONV_TAPS: usize = 9;
+
+/// One encoder layer on the device.
+#[derive(Debug)]
+struct DevLayer {
+    ln1_w: DeviceBuffer<f32>,
+    ln1_b: DeviceBuffer<f32>,
+    /// q | k | v `[3·heads·kd, H]`, rows padded per head.
+    qkv: GemmBuffer,
+    qkv_b: GemmBuffer,
+    /// `λ1 ⊙ out_proj` `[H, heads·kd]`, columns padded per head.
+    out: GemmBuffer,
+    /// `λ1 ⊙ out_proj.bias` (f32: the GEMM accumulates into the residual stream).
+    out_b: DeviceBuffer<f32>,
+    ln2_w: DeviceBuffer<f32>,
+    ln2_b: DeviceBuffer<f32>,
+    fc1: GemmBuffer,
+    fc1_b: GemmBuffer,
+    /// `λ2 ⊙ c_proj` `[H, I]`.
+    fc2: GemmBuffer,
+    /// `λ2 ⊙ c_proj.bias`.
+    fc2_b: DeviceBuffer<f32>,
+}
+
+/// One view of a batch, in the batch's device order.
+#[derive(Debug, Clone, Copy)]
+struct DevView {
+    image: usize,
+    local: bool,
+    gh: usize,
+    gw: usize,
+    /// First token.
+    tok: usize,
+    /// First row of the first downsampler's output (`[Σ h1·w1, 2H]`).
+    r1: usize,
+    /// First row of the second downsampler's output and of the rows (`[Σ h2·w2, ·]`).
+    r2: usize,
+}
+
+impl DevView {
+    fn tokens(&self) -> usize {
+        self.gh * self.gw
+    }
+    fn n1(&self) -> usize {
+        conv3x3s2_out(self.gh) * conv3x3s2_out(self.gw)
+    }
+    fn n2(&self) -> usize {
+        conv3x3s2_out(conv3x3s2_out(self.gh)) * conv3x3s2_out(conv3x3s2_out(self.gw))
+    }
+}
+
+/// Consecutive views (device order) of one grid size.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    first: usize,
+    views: usize,
+    gh: usize,
+    gw: usize,
+}
+
+/// Where every view of a batch sits on the device: views grouped by grid size (stable, first
+/// appearance first), so each grid size is one run of consecutive views.
+#[derive(Debug, Clone)]
+struct ViewPlan {
+    /// Views in device order.
+    views: Vec<DevView>,
+    /// Index into the validated (upstream-order) views of each device slot.
+    order: Vec<usize>,
+    runs: Vec<Run>,
+    /// Device slot of each view in upstream order (per image: crops, then the global view).
+    upstream: Vec<usize>,
+    /// Tokens, first- and second-downsampler rows of the whole batch.
+    n: usize,
+    n1: usize,
+    n2: usize,
+}
+
+impl ViewPlan {
+    fn new(grids: &[Grid<'_>]) -> CudaResult<ViewPlan> {
+        let mut sizes: Vec<(usize, usize)> = Vec::new();
+        for g in grids {
+            if !sizes.contains(&(g.gh, g.gw)) {
+                sizes.push((g.gh, g.gw));
+            }
+        }
+        let order: Vec<usize> = sizes
+            .iter()
+            .flat_map(|&s| (0..grids.len()).filter(move |&i| (grids[i].gh, grids[i].gw) == s))
+            .collect();
+        let mut upstream = vec![0usize; grids.len()];
+        let mut views: Vec<DevView> = Vec::with_capacity(grids.len());
+        let mut runs: Vec<Run> = Vec::new();
+        let (mut tok, mut r1, mut r2) = (0usize, 0usize, 0usize);
+        for (slot, &i) in order.iter().enumerate() {
+            let g = &grids[i];
+            upstream[i] = slot;
+            let v = DevView {
+                image: g.image,
+                local: g.local,
+                gh: g.gh,
+                gw: g.gw,
+                tok,
+                r1,
+                r2,
+            };
+            tok += v.tokens();
+            r1 += v.n1();
+            r2 += v.n2();
+            if i32::try_from(tok).is_err() {
+                return Err(StepError::Input("more tokens than an i32 counts".into()).into());
+            }
+            match runs.last_mut() {
+                Some(r) if (r.gh, r.gw) == (g.gh, g.gw) => r.views += 1,
+                _ => runs.push(Run {
+                    first: slot,
+                    views: 1,
+                    gh: g.gh,
+                    gw: g.gw,
+                }),
+            }
+            views.push(v);
+        }
+        Ok(ViewPlan {
+            views,
+            order,
+            runs,
+            upstream,
+            n: tok,
+            n1: r1,
+            n2: r2,
+        })
+    }
+
+    /// The attention segments, one per view in device order.
+    fn cu_seqlens(&self) -> Vec<i32> {
+        let mut cu = vec![0i32];
+        // ViewPlan::new checked that the token count fits an i32.
+        cu.extend(self.views.iter().map(|v| (v.tok + v.tokens()) as i32));
+        cu
+    }
+
+    /// Rows `[n2, t]` in device order split per image in upstream order (crops, then global).
+    fn split_rows(&self, all: &[f32], t: usize, masks: &[Vec<bool>]) -> Vec<StepRows> {
+        let mut out: Vec<StepRows> = masks
+            .iter()
+            .map(|m| StepRows {
+                rows: Vec::new(),
+                crop_rows: Vec::with_capacity(m.len()),
+                global_rows: 0,
+                newline_mask: m.clone(),
+            })
+            .collect();
+        for &slot in &self.upstream {
+            let v = &self.views[slot];
+            let n2 = v.n2();
+            if let Some(o) = out.get_mut(v.image) {
+                if v.local {
+                    o.crop_rows.push(n2);
+                } else {
+                    o.global_rows = n2;
+                }
+                o.rows.extend_from_slice(&all[v.r2 * t..(v.r2 + n2) * t]);
+            }
+        }
+        out
+    }
+}
+
+/// A batch of validated views on the device: pixels, rope positions, attention segments and
+/// where each view's rows go.
+#[derive(Debug)]
+pub struct StepBatch {
+    plan: ViewPlan,
+    pixels: GemmBuffer,
+    pos: DeviceBuffer<i32>,
+    cu_dev: DeviceBuffer<i32>,
+    cu: Vec<i32>,
+    /// Each image's newline mask, returned with its rows.
+    masks: Vec<Vec<bool>>,
+}
+
+impl StepBatch {
+    /// Patches (tokens) in the batch.
+    pub fn tokens(&self) -> usize {
+        self.plan.n
+    }
+    /// Views (crop tiles and global views) in the batch.
+    pub fn views(&self) -> usize {
+        self.plan.views.len()
+    }
+    /// Images (requests) in the batch.
+    pub fn images(&self) -> usize {
+        self.masks.len()
+    }
+    /// Output rows of the whole batch.
+    pub fn output_rows(&self) -> usize {
+        self.plan.n2
+    }
+    /// The attention segments (one per view, device order), `[views + 1]`.
+    pub fn cu_seqlens(&self) -> &[i32] {
+        &self.cu
+    }
+}
+
+/// Buffers sized for up to `cap` tokens, `cap1`/`cap2` downsampler rows.
+#[derive(Debug)]
+struct Workspace {
+    cap: usize,
+    cap1: usize,
+    cap2: usize,
+    /// Widest first-downsampler output grid (f32 mode: the zero source's rows).
+    capw: usize,
+    /// Residual stream `[N, H]`.
+    x: DeviceBuffer<f32>,
+    /// Patch embedding + position table `[N, H]` (ln_pre's input).
+    y: DeviceBuffer<f32>,
+    /// Pre-norms `[N, H]`; bf16 mode: afterwards the blocks' output cast for the convolutions.
+    hn: GemmBuffer,
+    qkv: GemmBuffer,
+    /// Attention output `[N, heads·kd]`; bf16 mode: afterwards a later grid size's conv input,
+    /// moved to offset 0 (gpu-core's im2col reads from the start of its buffer).
+    attn: GemmBuffer,
+    /// fc1 output and its activation `[N, I]`.
+    f: GemmBuffer,
+    col1: GemmBuffer,
+    d1: GemmBuffer,
+    col2: GemmBuffer,
+    d2: GemmBuffer,
+    rows: DeviceBuffer<f32>,
+    /// f32 mode: zeros for the convolutions' padding taps.
+    zeros: Option<DeviceBuffer<f32>>,
+}
+
+/// The Step-3.7 tower's weights on a CUDA device, with the resized position tables and a
+/// workspace kept between calls.
+#[derive(Debug)]
+pub struct StepCuda {
+    dev: Arc<Device>,
+    cfg: StepConfig,
+    precision: CudaPrecision,
+    /// Head dim the attention kernels run at (`head_dim`, or the next kernel size when padded).
+    kd: usize,
+    /// The norm + rope launches over (possibly padded) heads: `(column offset, heads)`.
+    head_groups: Vec<(usize, usize)>,
+    rope: RopeLayout,
+    patch: GemmBuffer,
+    /// The learned table `[side², H]`.
+    pos: DeviceBuffer<f32>,
+    /// Tables resized to other grids, computed once per grid size.
+    tables: Vec<((usize, usize), DeviceBuffer<f32>)>,
+    ln_pre_w: DeviceBuffer<f32>,
+    ln_pre_b: DeviceBuffer<f32>,
+    layers: Vec<DevLayer>,
+    /// `[2H, 9H]`: bf16 columns (c, ky, kx); f32 columns (ky, kx, c).
+    down1: GemmBuffer,
+    down1_b: GemmBuffer,
+    /// `[4H, 18H]`, columns as `down1`.
+    down2: GemmBuffer,
+    down2_b: GemmBuffer,
+    proj: GemmBuffer,
+    proj_b: Option<DeviceBuffer<f32>>,
+    inv_freq: DeviceBuffer<f32>,
+    weight_bytes: usize,
+    ws: Option<Workspace>,
+}
+
+/// One layer's transformed tensors in host f32, as [`StepCuda::new`] uploads them.
+struct HostLayer {
+    /// q | k | v `[3·heads·kd, H]`, each third's rows padded per head.
+    qkv: Vec<f32>,
+    qkv_b: Vec<f32>,
+    /// `λ1 ⊙ out_proj`, columns padded per head.
+    out: Vec<f32>,
+    out_b: Vec<f32>,
+    /// `λ2 ⊙ c_proj`.
+    fc2: Vec<f32>,
+    fc2_b: Vec<f32>,
+}
+
+impl HostLayer {
+    fn new(cfg: &StepConfig, l: &Layer, kd: usize) -> HostLayer {
+        let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
+        let mut qkv = Vec::with_capacity(3 * heads * kd * h);
+        let mut qkv_b = Vec::with_capacity(3 * heads * kd);
+        for part in 0..3 {
+            qkv.extend(pad_head_rows(
+                &l.qkv_w[part * h * h..(part + 1) * h * h],
+                h,
+                heads,
+                hd,
+                kd,
+            ));
+            qkv_b.extend(pad_head_rows(
+                &l.qkv_b[part * h..(part + 1) * h],
+                1,
+                heads,
+                hd,
+                kd,
+            ));
+        }
+        HostLayer {
+            qkv,
+            qkv_b,
+            out: pad_head_cols(&scale_rows(&l.out_w, &l.ls1, h), h, heads, hd, kd),
+            out_b: hadamard(&l.out_b, &l.ls1),
+            fc2: scale_rows(&l.fc2_w, &l.ls2, cfg.intermediate),
+            fc2_b: hadamard(&l.fc2_b, &l.ls2),
+        }
+    }
+}
+
+/// A downsampler weight `[O, C·9]` in the layout the precision's im2col produces: bf16 as the
+/// checkpoint has it (gpu-core's im2col, columns (c, ky, kx)); f32 columns (ky, kx, c)
+/// ([`im2col_plan`]).
+fn conv_layout(p: CudaPrecision, w: &[f32], c: usize) -> Cow<'_, [f32]> {
+    match p {
+        CudaPrecision::Bf16 => Cow::Borrowed(w),
+        CudaPrecision::F32 => Cow::Owned(taps_major(w, c, CONV_TAPS)),
+    }
+}
+
+/// The patch GEMM's inner width: `3·p²` rounded up to a multiple of 8 (588 → 592 at p = 14), so
+/// every bf16 row starts 16-byte aligned; the extra columns are zeros in both operands.
+fn patch_k(c: &StepConfig) -> usize {
+    c.patch_dim().next_multiple_of(8)
+}
+
+/// Rows of width `cols` spread to width `cols.next_multiple_of(8)` with zero columns.
+fn pad_cols(w: &[f32], cols: usize) -> Vec<f32> {
+    let k = cols.next_multiple_of(8);
+    if k == cols {
+        return w.to_vec();
+    }
+    let mut out = vec![0.0f32; w.len() / cols * k];
+    out.par_chunks_mut(k)
+        .zip(w.par_chunks(cols))
+        .for_each(|(dst, src)| dst[..cols].copy_from_slice(src));
+    out
+}
+
+/// `[rows, cols]` with row `r` scaled by `s[r]` (a LayerScale folded into the linear before it).
+fn scale_rows(w: &[f32], s: &[f32], cols: usize) -> Vec<f32> {
+    let mut out = w.to_vec();
+    out.par_chunks_mut(cols)
+        .zip(s.par_iter())
+        .for_each(|(row, &g)| row.iter_mut().for_each(|v| *v *= g));
+    out
+}
+
+fn hadamard(a: &[f32], b: &[f32]) -> Vec<f32> {
+    a.iter().zip(b).map(|(x, y)| x * y).collect()
+}
+
+/// A Conv2d weight `[O, C·taps]` with columns (c, t) as `[O, taps·C]` with columns (t, c).
+fn taps_major(w: &[f32], c: usize, taps: usize) -> Vec<f32> {
+    let inp = c * taps;
+    let mut out = vec![0.0f32; w.len()];
+    out.par_chunks_mut(inp)
+        .zip(w.par_chunks(inp))
+        .for_each(|(dst, src)| {
+            for ch in 0..c {
+                for t in 0..taps {
+                    dst[t * c + ch] = src[ch * taps + t];
+                }
+            }
+        });
+    out
+}
+
+/// One strided copy of the f32 im2col: `rows` runs of `c` values, destination row stride
+/// `9c`; the source is `Some((offset, row stride))` or `None` for zeros (a padding tap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ColCopy {
+    rows: usize,
+    src: Option<(usize, usize)>,
+    dst: usize,
+}
+
+/// The copies that build the 3×3 stride-2 pad-1 im2col of `views` `[gh, gw, c]` grids (starting
+/// at token `tok` of the source) as `[views·oh·ow, 9c]` rows with columns (ky, kx, c); every
+/// element of those rows is written (padding taps from zeros). Rows of one copy are consecutive
+/// output columns `ox`, whose source pixels are two tokens apart.
+fn im2col_plan(views: usize, gh: usize, gw: usize, c: usize, tok: usize) -> Vec<ColCopy> {
+    let (oh, ow) = (conv3x3s2_out(gh), conv3x3s2_out(gw));
+    let mut plan = Vec::new();
+    let row_w = CONV_TAPS * c;
+    for v in 0..views {
+        for oy in 0..oh {
+            let out_row = (v * oh + oy) * ow;
+            for ky in 0..3 {
+                let iy = (2 * oy + ky).checked_sub(1).filter(|&iy| iy < gh);
+                for kx in 0..3 {
+                    let at = |ox: usize| (out_row + ox) * row_w + (ky * 3 + kx) * c;
+                    // valid ox: 0 ≤ 2·ox + kx − 1 < gw
+                    let lo = usize::from(kx == 0);
+                    let hi = ((gw + 1).saturating_sub(kx)).div_ceil(2).min(ow);
+                    let Some(iy) = iy.filter(|_| lo < hi) else {
+                        plan.push(ColCopy {
+                            rows: ow,
+                            src: None,
+                            dst: at(0),
+                        });
+                        continue;
+                    };
+                    if lo > 0 {
+                        plan.push(ColCopy {
+                            rows: lo,
+                            src: None,
+                            dst: at(0),
+                        });
+                    }
+                    let src_tok = tok + v * gh * gw + iy * gw + 2 * lo + kx - 1;
+                    plan.push(ColCopy {
+                        rows: hi - lo,
+                        src: Some((src_tok * c, 2 * c)),
+                        dst: at(lo),
+                    });
+                    if hi < ow {
+                        plan.push(ColCopy {
+                            rows: ow - hi,
+                            src: None,
+                            dst: at(hi),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    plan
+}
+
+impl StepCuda {
+    /// Uploads `w` once (see the module docs for the layout).
+    pub fn new(
+        dev: Arc<Device>,
+        cfg: &StepConfig,
+        w: &StepWeights,
+        precision: CudaPrecision,
+    ) -> CudaResult<StepCuda> {
+        let (h, hd) = (cfg.hidden, cfg.head_dim);
+        let kd = precision
+            .attention_head_dim(hd)
+            .map_err(|e| CudaError::Unsupported(e.to_string()))?;
+        if w.layers.len() != cfg.layers {
+            return Err(CudaError::Unsupported(format!(
+                "{} layers for a config of {}",
+                w.layers.len(),
+                cfg.layers
+            )));
+        }
+        let p = precision;
+        let d = &*dev;
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            let hl = HostLayer::new(cfg, l, kd);
+            layers.push(DevLayer {
+                ln1_w: d.upload(&l.ln1_w)?,
+                ln1_b: d.upload(&l.ln1_b)?,
+                qkv: GemmBuffer::upload(d, p, &hl.qkv)?,
+                qkv_b: GemmBuffer::upload(d, p, &hl.qkv_b)?,
+                out: GemmBuffer::upload(d, p, &hl.out)?,
+                out_b: d.upload(&hl.out_b)?,
+                ln2_w: d.upload(&l.ln2_w)?,
+                ln2_b: d.upload(&l.ln2_b)?,
+                fc1: GemmBuffer::upload(d, p, &l.fc1_w)?,
+                fc1_b: GemmBuffer::upload(d, p, &l.fc1_b)?,
+                fc2: GemmBuffer::upload(d, p, &hl.fc2)?,
+                fc2_b: d.upload(&hl.fc2_b)?,
+            });
+        }
+        let conv = |wt: &[f32], c: usize| GemmBuffer::upload(d, p, &conv_layout(p, wt, c));
+        let mut t = StepCuda {
+            cfg: cfg.clone(),
+            precision,
+            kd,
+            head_groups: head_groups(cfg.heads, hd, kd),
+            rope: w.layout.rope(),
+            patch: GemmBuffer::upload(d, p, &pad_cols(&w.patch, cfg.patch_dim()))?,
+            pos: d.upload(&w.pos)?,
+            tables: Vec::new(),
+            ln_pre_w: d.upload(&w.ln_pre_w)?,
+            ln_pre_b: d.upload(&w.ln_pre_b)?,
+            layers,
+            down1: conv(&w.down1_w, h)?,
+            down1_b: GemmBuffer::upload(d, p, &w.down1_b)?,
+            down2: conv(&w.down2_w, 2 * h)?,
+            down2_b: GemmBuffer::upload(d, p, &w.down2_b)?,
+            proj: GemmBuffer::upload(d, p, &w.proj)?,
+            proj_b: w.proj_b.as_deref().map(|b| d.upload(b)).transpose()?,
+            inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
+            weight_bytes: 0,
+            ws: None,
+            dev,
+        };
+        t.weight_bytes = t.count_weight_bytes();
+        t.dev.synchronize()?;
+        Ok(t)
+    }
+
+    fn count_weight_bytes(&self) -> usize {
+        let f = |b: &DeviceBuffer<f32>| 4 * b.len();
+        let mut n = self.patch.bytes() + f(&self.pos) + f(&self.ln_pre_w) + f(&self.ln_pre_b);
+        n += self.down1.bytes() + self.down1_b.bytes() + self.down2.bytes();
+        n += self.down2_b.bytes() + self.proj.bytes() + self.proj_b.as_ref().map_or(0, f);
+        n += f(&self.inv_freq);
+        for l in &self.layers {
+            n += f(&l.ln1_w) + f(&l.ln1_b) + f(&l.ln2_w) + f(&l.ln2_b);
+            n += l.qkv.bytes() + l.qkv_b.bytes() + l.out.bytes() + f(&l.out_b);
+            n += l.fc1.bytes() + l.fc1_b.bytes() + l.fc2.bytes() + f(&l.fc2_b);
+        }
+        n
+    }
+
+    /// Bytes of the model's tensors on the device (without the resized tables and workspace).
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// The device this tower runs on.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// The precision the weights were uploaded in.
+    pub fn precision(&self) -> CudaPrecision {
+        self.precision
+    }
+
+    /// Dimensions and laws.
+    pub fn config(&self) -> &StepConfig {
+        &self.cfg
+    }
+
+    /// Validates `images` (the host path's checks) and uploads every view's patch rows, rope
+    /// positions and attention segment, views grouped by grid size (see the module docs).
+    pub fn prepare(&self, images: &[StepImage<'_>]) -> CudaResult<StepBatch> {
+        let cfg = &self.cfg;
+        let grids = validate_images(cfg, images)?;
+        if grids.is_empty() {
+            return Err(StepError::Input("no images".into()).into());
+        }
+        let plan = ViewPlan::new(&grids)?;
+        let (mut pixels, mut pos) = (Vec::new(), Vec::new());
+        for &i in &plan.order {
+            let g = &grids[i];
+            patchify(g, cfg.patch, &mut pixels);
+            pos.extend(grid_positions(g.gh, g.gw));
+        }
+        let pixels = pad_cols(&pixels, cfg.patch_dim());
+        let cu = plan.cu_seqlens();
+        let d = &*self.dev;
+        Ok(StepBatch {
+            pixels: GemmBuffer::upload(d, self.precision, &pixels)?,
+            pos: d.upload(&pos)?,
+            cu_dev: d.upload(&cu)?,
+            cu,
+            plan,
+            masks: images.iter().map(|i| i.newline_mask.clone()).collect(),
+        })
+    }
+
+    /// Resizes the position table to every grid of `batch` not seen before (once per size).
+    fn ensure_tables(&mut self, batch: &StepBatch) -> CudaResult<()> {
+        let (t, h) = (self.cfg.pos_side, self.cfg.hidden);
+        for r in &batch.plan.runs {
+            let key = (r.gh, r.gw);
+            if key == (t, t) || self.tables.iter().any(|(k, _)| *k == key) {
+                continue;
+            }
+            let mut out = self.dev.alloc::<f32>(r.gh * r.gw * h)?;
+            self.dev
+                .bilinear_resize(&self.pos, t, t, &mut out, r.gh, r.gw, h)?;
+            self.tables.push((key, out));
+        }
+        Ok(())
+    }
+
+    fn table(&self, gh: usize, gw: usize) -> CudaResult<&DeviceBuffer<f32>> {
+        let t = self.cfg.pos_side;
+        if (gh, gw) == (t, t) {
+            return Ok(&self.pos);
+        }
+        self.tables
+            .iter()
+            .find(|(k, _)| *k == (gh, gw))
+            .map(|(_, b)| b)
+            .ok_or_else(|| CudaError::Unsupported(format!("no position table for {gh}×{gw}")))
+    }
+
+    fn ensure_workspace(&mut self, b: &ViewPlan) -> CudaResult<()> {
+        let capw = b
+            .views
+            .iter()
+            .map(|v| conv3x3s2_out(v.gw))
+            .max()
+            .unwrap_or(1);
+        if let Some(ws) = &self.ws {
+            if ws.cap >= b.n && ws.cap1 >= b.n1 && ws.cap2 >= b.n2 && ws.capw >= capw {
+                return Ok(());
+            }
+        }
+        let (cap, cap1, cap2, capw) = match &self.ws {
+            Some(ws) => (
+                ws.cap.max(b.n),
+                ws.cap1.max(b.n1),
+                ws.cap2.max(b.n2),
+                ws.capw.max(capw),
+            ),
+            None => (b.n, b.n1, b.n2, capw),
+        };
+        self.ws = None; // free the old one first
+        let c = &self.cfg;
+        let (h, wp, i) = (c.hidden, c.heads * self.kd, c.intermediate);
+        let d = &*self.dev;
+        let p = self.precision;
+        self.ws = Some(Workspace {
+            cap,
+            cap1,
+            cap2,
+            capw,
+            x: d.alloc(cap * h)?,
+            y: d.alloc(cap * h)?,
+            hn: GemmBuffer::alloc(d, p, cap * h)?,
+            qkv: GemmBuffer::alloc(d, p, cap * 3 * wp)?,
+            attn: GemmBuffer::alloc(d, p, cap * wp)?,
+            f: GemmBuffer::alloc(d, p, cap * i)?,
+            col1: GemmBuffer::alloc(d, p, cap1 * CONV_TAPS * h)?,
+            d1: GemmBuffer::alloc(d, p, cap1 * 2 * h)?,
+            col2: GemmBuffer::alloc(d, p, cap2 * CONV_TAPS * 2 * h)?,
+            d2: GemmBuffer::alloc(d, p, cap2 * c.out_width())?,
+            rows: d.alloc(cap2 * c.text_hidden)?,
+            zeros: match p {
+                CudaPrecision::F32 => Some(d.alloc_zeros(capw * 2 * h)?),
+                CudaPrecision::Bf16 => None,
+            },
+        });
+        Ok(())
+    }
+
+    /// Runs the whole forward on `batch` on the device; the rows stay there ([`StepCuda::rows`]).
+    /// With `keep_stages` the stage activations are downloaded as they are produced.
+    pub fn run(&mut self, batch: &StepBatch, keep_stages: bool) -> CudaResult<Option<StepStages>> {
+        self.ensure_tables(batch)?;
+        self.ensure_workspace(&batch.plan)?;
+        let mut ws = self
+            .ws
+            .take()
+            .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
+        let r = self.run_in(&mut ws, batch, keep_stages);
+        self.ws = Some(ws);
+        r
+    }
+
+    /// Downloads the rows of the last [`StepCuda::run`] on `batch`: per image its crops' rows in
+    /// crop order, then the global view's (upstream order), with the newline mask.
+    pub fn rows(&self, batch: &StepBatch) -> CudaResult<Vec<StepRows>> {
+        let ws = self
+            .ws
+            .as_ref()
+            .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
+        let all = self.dev.download(&ws.rows)?;
+        Ok(batch
+            .plan
+            .split_rows(&all, self.cfg.text_hidden, &batch.masks))
+    }
+
+    /// [`StepCuda::prepare`], [`StepCuda::run`] and [`StepCuda::rows`] in one call.
+    pub fn encode(
+        &mut self,
+        images: &[StepImage<'_>],
+        keep_stages: bool,
+    ) -> CudaResult<(Vec<StepRows>, Option<StepStages>)> {
+        let batch = self.prepare(images)?;
+        let stages = self.run(&batch, keep_stages)?;
+        Ok((self.rows(&batch)?, stages))
+    }
+
+    fn run_in(
+        &self,
+        ws: &mut Workspace,
+        batch: &StepBatch,
+        keep: bool,
+    ) -> CudaResult<Option<StepStages>> {
+        let (c, b) = (&self.cfg, &batch.plan);
+        let d = &*self.dev;
+        let (n, h, wp, inner) = (b.n, c.hidden, c.heads * self.kd, c.intermediate);
+        let eps = c.eps as f32;
+        let hm = Mat::dense(n, h);
+        let acc = |m, nn, k| GemmShape {
+            accumulate: true,
+            ..GemmShape::dense(m, nn, k)
+        };
+        let mut host = keep.then(HostStages::default);
+
+        // Each view's position table (as is, or bilinear to its grid), then the patch conv (no
+        // bias) accumulated onto it: embeddings + pos (modeling_step3p7.py:329-339).
+        for v in &b.views {
+            let rows = v.tokens();
+            d.act(
+                &mut ws.y,
+                Mat::strided(rows, h, h, v.tok * h),
+                self.table(v.gh, v.gw)?,
+                Mat::dense(rows, h),
+                Activation::Identity,
+                Clamp::NONE,
+                Clamp::NONE,
+            )?;
+        }
+        d.gemm(
+            GemmBuffer::inputs(&batch.pixels, &self.patch)?,
+            None,
+            GemmOutput::F32(&mut ws.y),
+            acc(n, h, patch_k(c)),
+            Epilogue::None,
+        )?;
+        if let Some(s) = host.as_mut() {
+            s.patch_embed = self.download_rows(&ws.y, n, h)?;
+        }
+        d.layer_norm(
+            &ws.y,
+            hm,
+            Some(&self.ln_pre_w),
+            Some(&self.ln_pre_b),
+            &mut ws.x,
+            hm,
+            eps,
+        )?;
+        if let Some(s) = host.as_mut() {
+            s.pre_ln = self.download_rows(&ws.x, n, h)?;
+        }
+
+        let rope = RopeSpec {
+            layout: self.rope,
+            pos: &batch.pos,
+            inv_freq: &self.inv_freq,
+        };
+        for (li, l) in self.layers.iter().enumerate() {
+            // x += λ1 ⊙ out_proj(attn(LN1(x)))   (λ1 folded into out_proj)
+            d.layer_norm_mixed(
+                &ws.x,
+                hm,
+                Some(&l.ln1_w),
+                Some(&l.ln1_b),
+                &mut ws.hn,
+                hm,
+                eps,
+            )?;
+            d.gemm(
+                GemmBuffer::inputs(&ws.hn, &l.qkv)?,
+                Some(l.qkv_b.bias()),
+                ws.qkv.out(),
+                GemmShape::dense(n, 3 * wp, h),
+                Epilogue::None,
+            )?;
+            match (&mut ws.qkv, &mut ws.attn) {
+                (GemmBuffer::Bf16(qkv), GemmBuffer::Bf16(attn)) => {
+                    self.attention_core(qkv, attn, batch, &rope)?
+                }
+                (GemmBuffer::F32(qkv), GemmBuffer::F32(attn)) => {
+                    self.attention_core(qkv, attn, batch, &rope)?
+                }
+                _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
+            }
+            d.gemm(
+                GemmBuffer::inputs(&ws.attn, &l.out)?,
+                Some(GemmBias::F32(&l.out_b)),
+                GemmOutput::F32(&mut ws.x),
+                acc(n, h, wp),
+                Epilogue::None,
+            )?;
+            // x += λ2 ⊙ fc2(quick_gelu(fc1(LN2(x))))   (λ2 folded into fc2)
+            d.layer_norm_mixed(
+                &ws.x,
+                hm,
+                Some(&l.ln2_w),
+                Some(&l.ln2_b),
+                &mut ws.hn,
+                hm,
+                eps,
+            )?;
+            d.gemm(
+                GemmBuffer::inputs(&ws.hn, &l.fc1)?,
+                Some(l.fc1_b.bias()),
+                ws.f.out(),
+                GemmShape::dense(n, inner, h),
+                Epilogue::None,
+            )?;
+            d.act_in_place_mixed(
+                &mut ws.f,
+                Mat::dense(n, inner),
+                c.activation,
+                Clamp::NONE,
+                Clamp::NONE,
+            )?;
+            d.gemm(
+                GemmBuffer::inputs(&ws.f, &l.fc2)?,
+                Some(GemmBias::F32(&l.fc2_b)),
+                GemmOutput::F32(&mut ws.x),
+                acc(n, h, inner),
+                Epilogue::None,
+            )?;
+            if let (Some(s), 0) = (host.as_mut(), li) {
+                s.block_0 = self.download_rows(&ws.x, n, h)?;
+            }
+        }
+        if let Some(s) = host.as_mut() {
+            s.blocks_out = self.download_rows(&ws.x, n, h)?;
+            s.d1 = vec![0.0; b.n1 * 2 * h];
+        }
+
+        // No post-LN; per grid size the two 3×3 stride-2 pad-1 convs with bias as im2col + GEMM
+        // (modeling_step3p7.py:430-434), then the projector over every view (:958-960).
+        if let GemmBuffer::Bf16(xb) = &mut ws.hn {
+            d.cast_f32_bf16(&ws.x, xb)?;
+        }
+        for r in &b.runs {
+            let v0 = b.views[r.first];
+            let (h1, w1) = (conv3x3s2_out(r.gh), conv3x3s2_out(r.gw));
+            let (h2, w2) = (conv3x3s2_out(h1), conv3x3s2_out(w1));
+            let (m1, m2) = (r.views * h1 * w1, r.views * h2 * w2);
+            match (&mut ws.hn, &mut ws.attn, &mut ws.col1) {
+                (GemmBuffer::Bf16(xb), GemmBuffer::Bf16(moved), GemmBuffer::Bf16(col)) => {
+                    let rows = r.views * r.gh * r.gw;
+                    let src = if v0.tok == 0 {
+                        &*xb
+                    } else {
+                        d.act(
+                            moved,
+                            Mat::dense(rows, h),
+                            xb,
+                            Mat::strided(rows, h, h, v0.tok * h),
+                            Activation::Identity,
+                            Clamp::NONE,
+                            Clamp::NONE,
+                        )?;
+                        &*moved
+                    };
+                    d.im2col_3x3s2(src, r.views, r.gh, r.gw, h, col)?;
+                }
+                (_, _, GemmBuffer::F32(col)) => {
+                    let plan = im2col_plan(r.views, r.gh, r.gw, h, v0.tok);
+                    self.im2col_f32(&ws.x, col, ws.zeros.as_ref(), h, &plan)?;
+                }
+                _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
+            }
+            d.gemm(
+                GemmBuffer::inputs(&ws.col1, &self.down1)?,
+                Some(self.down1_b.bias()),
+                ws.d1.out(),
+                GemmShape::dense(m1, 2 * h, CONV_TAPS * h),
+                Epilogue::None,
+            )?;
+            if let Some(s) = host.as_mut() {
+                let got = ws.d1.download_f32(d)?;
+                let (a, z) = (v0.r1 * 2 * h, (v0.r1 + m1) * 2 * h);
+                s.d1[a..z].copy_from_slice(&got[..z - a]);
+            }
+            match (&ws.d1, &mut ws.col2) {
+                (GemmBuffer::Bf16(d1), GemmBuffer::Bf16(col)) => {
+                    d.im2col_3x3s2(d1, r.views, h1, w1, 2 * h, col)?
+                }
+                (GemmBuffer::F32(d1), GemmBuffer::F32(col)) => {
+                    let plan = im2col_plan(r.views, h1, w1, 2 * h, 0);
+                    self.im2col_f32(d1, col, ws.zeros.as_ref(), 2 * h, &plan)?;
+                }
+                _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
+            }
+            d.gemm(
+                GemmBuffer::inputs(&ws.col2, &self.down2)?,
+                Some(self.down2_b.bias()),
+                ws.d2.out(),
+                GemmShape {
+                    y_offset: v0.r2 * c.out_width(),
+                    ..GemmShape::dense(m2, c.out_width(), CONV_TAPS * 2 * h)
+                },
+                Epilogue::None,
+            )?;
+        }
+        d.gemm(
+            GemmBuffer::inputs(&ws.d2, &self.proj)?,
+            self.proj_b.as_ref().map(GemmBias::F32),
+            GemmOutput::F32(&mut ws.rows),
+            GemmShape::dense(b.n2, c.text_hidden, c.out_width()),
+            Epilogue::None,
+        )?;
+        let Some(mut s) = host else {
+            return Ok(None);
+        };
+        let mut d2 = ws.d2.download_f32(d)?;
+        d2.truncate(b.n2 * c.out_width());
+        s.d2 = d2;
+        let all = self.dev.download(&ws.rows)?;
+        let rows = b
+            .split_rows(&all, c.text_hidden, &batch.masks)
+            .into_iter()
+            .flat_map(|r| r.rows)
+            .collect();
+        Ok(Some(s.assemble(b, h, rows)))
+    }
+
+    /// The f32 im2col of `plan` from `src` into `col` (strided copies; padding from `zeros`).
+    fn im2col_f32(
+        &self,
+        src: &DeviceBuffer<f32>,
+        col: &mut DeviceBuffer<f32>,
+        zeros: Option<&DeviceBuffer<f32>>,
+        c: usize,
+        plan: &[ColCopy],
+    ) -> CudaResult<()> {
+        let zeros =
+            zeros.ok_or_else(|| CudaError::Unsupported("f32 im2col without zeros".into()))?;
+        for p in plan {
+            let dst = Mat::strided(p.rows, c, CONV_TAPS * c, p.dst);
+            let (buf, m) = match p.src {
+                Some((off, ld)) => (src, Mat::strided(p.rows, c, ld, off)),
+                None => (zeros, Mat::dense(p.rows, c)),
+            };
+            self.dev.act(
+                col,
+                dst,
+                buf,
+                m,
+                Activation::Identity,
+                Clamp::NONE,
+                Clamp::NONE,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn download_rows(
+        &self,
+        buf: &DeviceBuffer<f32>,
+        rows: usize,
+        width: usize,
+    ) -> CudaResult<Vec<f32>> {
+        let mut v = self.dev.download(buf)?;
+        v.truncate(rows * width);
+        Ok(v)
+    }
+
+    /// Rope of q and k (the layout matching the weights: vendor interleaved or HF NeoX pairs) on
+    /// the fused qkv GEMM output in place, then attention (scale hd^−½, one segment per view).
+    fn attention_core<T: ActElem>(
+        &self,
+        qkv: &mut DeviceBuffer<T>,
+        attn: &mut DeviceBuffer<T>,
+        b: &StepBatch,
+        rope: &RopeSpec<'_>,
+    ) -> CudaResult<()> {
+        let (c, d) = (&self.cfg, &*self.dev);
+        let (n, heads, hd, kd) = (b.plan.n, c.heads, c.head_dim, self.kd);
+        let wp = heads * kd;
+        for &(off, nh) in &self.head_groups {
+            let spec = QkvSpec {
+                tokens: n,
+                heads: nh,
+                head_dim: hd,
+                ld: 3 * wp,
+                offsets: [off, wp + off, 2 * wp + off],
+                q_weight: None,
+                k_weight: None,
+                norm: [false; 3],
+                eps: c.eps as f32,
+                clamps: [Clamp::NONE; 3],
+            };
+            d.qk_norm_rope(qkv, &spec, Some(rope))?;
+        }
+        let args = AttnArgs {
+            q: (&*qkv, Mat::strided(n, wp, 3 * wp, 0)),
+            k: (&*qkv, Mat::strided(n, wp, 3 * wp, wp)),
+            v: (&*qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
+            heads,
+            head_dim: kd,
+            cu_seqlens: &b.cu_dev,
+            cu_seqlens_host: &b.cu,
+            scale: attention_scale(hd),
+            variant: None,
+        };
+        d.flash_attn(&args, attn, Mat::dense(n, wp))?;
+        Ok(())
+    }
+}
+
+/// Stage activations downloaded in device order, before they are split per view.
+#[derive(Debug, Default)]
+struct HostStages {
+    patch_embed: Vec<f32>,
+    pre_ln: Vec<f32>,
+    block_0: Vec<f32>,
+    blocks_out: Vec<f32>,
+    d1: Vec<f32>,
+    d2: Vec<f32>,
+}
+
+impl HostStages {
+    /// The stages as the host path reports them: global views and crop tiles apart, each in
+    /// batch order.
+    fn assemble(self, b: &ViewPlan, h: usize, rows: Vec<f32>) -> StepStages {
+        let mut out = StepStages {
+            rows,
+            ..StepStages::default()
+        };
+        for &slot in &b.upstream {
+            let v = &b.views[slot];
+            let dst: &mut ViewStages = if v.local {
+                &mut out.local
+            } else {
+                &mut out.global
+            };
+            let tok = v.tok * h..(v.tok + v.tokens()) * h;
+            dst.patch_embed
+                .extend_from_slice(&self.patch_embed[tok.clone()]);
+            dst.pre_ln.extend_from_slice(&self.pre_ln[tok.clone()]);
+            dst.block_0.extend_from_slice(&self.block_0[tok.clone()]);
+            dst.blocks_out.extend_from_slice(&self.blocks_out[tok]);
+            dst.downsample1
+                .extend_from_slice(&self.d1[v.r1 * 2 * h..(v.r1 + v.n1()) * 2 * h]);
+            dst.downsample2
+                .extend_from_slice(&self.d2[v.r2 * 4 * h..(v.r2 + v.n2()) * 4 * h]);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpu_core::host;
+
+    fn vals(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// The f32 im2col plan with the (ky, kx, c) weight gives the host twin's im2col with the
+    /// checkpoint's (c, ky, kx) weight, and writes every element (the output starts as NaN).
+    #[test]
+    fn im2col_plan_matches_the_host_twin() {
+        for (views, gh, gw, c) in [
+            (1, 12, 12, 5),
+            (2, 8, 8, 3),
+            (3, 6, 6, 4),
+            (2, 5, 7, 2),
+            (1, 3, 3, 3),
+            (2, 1, 1, 2),
+            (1, 2, 1, 3),
+            (1, 1, 4, 2),
+        ] {
+            let lead = 3; // tokens before the run in the source buffer
+            let src = vals((lead + views * gh * gw) * c, 11);
+            let (oh, ow) = (conv3x3s2_out(gh), conv3x3s2_out(gw));
+            let m = views * oh * ow;
+            let mut col = vec![f32::NAN; m * CONV_TAPS * c];
+            for p in im2col_plan(views, gh, gw, c, lead) {
+                for r in 0..p.rows {
+                    let dst = p.dst + r * CONV_TAPS * c;
+                    match p.src {
+                        Some((off, ld)) => {
+                            col[dst..dst + c].copy_from_slice(&src[off + r * ld..off + r * ld + c])
+                        }
+                        None => col[dst..dst + c].fill(0.0),
+                    }
+                }
+            }
+            assert!(
+                col.iter().all(|v| v.is_finite()),
+                "{views}×{gh}×{gw}: unwritten"
+            );
+            let want_col = host::im2col_3x3s2(&src[lead * c..], views, gh, gw, c);
+            let o = 4;
+            let w = vals(o * CONV_TAPS * c, 5);
+            let want = host::gemm(&want_col, &w, None, m, o, CONV_TAPS * c);
+            let got = host::gemm(
+                &col,
+                &taps_major(&w, c, CONV_TAPS),
+                None,
+                m,
+                o,
+                CONV_TAPS * c,
+            );
+            for (a, b) in got.iter().zip(&want) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                    "{views}×{gh}×{gw}×{c}: {a} vs {b}"
+                );
+            }
+        }
+    }
+
+    fn fixture_tower() -> crate::StepTower {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/step3p7");
+        let ck = st_reader::Checkpoint::open(dir).expect("fixture checkpoint");
+        crate::StepTower::from_checkpoint(&ck).expect("fixture tower")
+    }
+
+    /// `run_in`'s op sequence on the host twins, with the device layouts of `precision` (padded
+    /// heads and the checkpoint's conv columns for bf16; permuted conv columns and the im2col
+    /// plan for f32) and the batch's device order, views split back as `run_in` does.
+    fn emulate(
+        t: &crate::StepTower,
+        images: &[StepImage<'_>],
+        p: CudaPrecision,
+    ) -> (Vec<StepRows>, StepStages) {
+        let (c, w) = (&t.config, &t.weights);
+        let (h, heads, hd, inner) = (c.hidden, c.heads, c.head_dim, c.intermediate);
+        let kd = p.attention_head_dim(hd).unwrap();
+        let wp = heads * kd;
+        let eps = c.eps as f32;
+        let grids = validate_images(c, images).unwrap();
+        let plan = ViewPlan::new(&grids).unwrap();
+        let (mut pixels, mut pos) = (Vec::new(), Vec::new());
+        for &i in &plan.order {
+            patchify(&grids[i], c.patch, &mut pixels);
+            pos.extend(grid_positions(grids[i].gh, grids[i].gw));
+        }
+        let cu = plan.cu_seqlens();
+        let n = plan.n;
+        let ts = c.pos_side;
+        let mut y = vec![0.0f32; n * h];
+        for v in &plan.views {
+            let table = if (v.gh, v.gw) == (ts, ts) {
+                w.pos.clone()
+            } else {
+                host::bilinear_resize(&w.pos, ts, ts, v.gh, v.gw, h)
+            };
+            y[v.tok * h..(v.tok + v.tokens()) * h].copy_from_slice(&table);
+        }
+        let pk = patch_k(c);
+        let pixels = pad_cols(&pixels, c.patch_dim());
+        let pe = host::gemm(&pixels, &pad_cols(&w.patch, c.patch_dim()), None, n, h, pk);
+        y.iter_mut().zip(&pe).for_each(|(a, b)| *a += b);
+        let mut st = HostStages {
+            patch_embed: y.clone(),
+            ..HostStages::default()
+        };
+        let mut x = host::layer_norm(&y, h, Some(&w.ln_pre_w), Some(&w.ln_pre_b), eps);
+        st.pre_ln = x.clone();
+        let inv = rope_inv_freq(hd, c.rope_theta);
+        let add = |x: &mut Vec<f32>, y: Vec<f32>| x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
+        for (li, l) in w.layers.iter().enumerate() {
+            let hl = HostLayer::new(c, l, kd);
+            let hn = host::layer_norm(&x, h, Some(&l.ln1_w), Some(&l.ln1_b), eps);
+            let mut qkv = host::gemm(&hn, &hl.qkv, Some(&hl.qkv_b), n, 3 * wp, h);
+            for (off, nh) in head_groups(heads, hd, kd) {
+                host::qk_norm_rope(
+                    &mut qkv,
+                    n,
+                    nh,
+                    hd,
+                    3 * wp,
+                    [off, wp + off, 2 * wp + off],
+                    [None, None],
+                    [false; 3],
+                    eps,
+                    [Clamp::NONE; 3],
+                    Some((w.layout.rope(), &pos, &inv)),
+                );
+            }
+            let a = host::attention(
+                &qkv,
+                &qkv,
+                &qkv,
+                3 * wp,
+                [0, wp, 2 * wp],
+                heads,
+                kd,
+                &cu,
+                attention_scale(hd),
+            );
+            add(&mut x, host::gemm(&a, &hl.out, Some(&hl.out_b), n, h, wp));
+            let hn = host::layer_norm(&x, h, Some(&l.ln2_w), Some(&l.ln2_b), eps);
+            let f = host::gemm(&hn, &l.fc1_w, Some(&l.fc1_b), n, inner, h);
+            let f = host::act(&f, c.activation, Clamp::NONE, Clamp::NONE);
+            add(
+                &mut x,
+                host::gemm(&f, &hl.fc2, Some(&hl.fc2_b), n, h, inner),
+            );
+            if li == 0 {
+                st.block_0 = x.clone();
+            }
+        }
+        st.blocks_out = x.clone();
+        let (dw1, dw2) = (
+            conv_layout(p, &w.down1_w, h),
+            conv_layout(p, &w.down2_w, 2 * h),
+        );
+        let im2col = |src: &[f32], views, gh, gw, ch, tok| -> Vec<f32> {
+            match p {
+                CudaPrecision::Bf16 => host::im2col_3x3s2(&src[tok * ch..], views, gh, gw, ch),
+                CudaPrecision::F32 => {
+                    let m = views * conv3x3s2_out(gh) * conv3x3s2_out(gw);
+                    let mut col = vec![f32::NAN; m * CONV_TAPS * ch];
+                    for q in im2col_plan(views, gh, gw, ch, tok) {
+                        for r in 0..q.rows {
+                            let dst = q.dst + r * CONV_TAPS * ch;
+                            match q.src {
+                                Some((o, ld)) => col[dst..dst + ch]
+                                    .copy_from_slice(&src[o + r * ld..o + r * ld + ch]),
+                                None => col[dst..dst + ch].fill(0.0),
+                            }
+                        }
+                    }
+                    col
+                }
+            }
+        };
+        st.d1 = vec![0.0; plan.n1 * 2 * h];
+        st.d2 = vec![0.0; plan.n2 * 4 * h];
+        for r in &plan.runs {
+            let v0 = plan.views[r.first];
+            let (h1, w1) = (conv3x3s2_out(r.gh), conv3x3s2_out(r.gw));
+            let (h2, w2) = (conv3x3s2_out(h1), conv3x3s2_out(w1));
+            let (m1, m2) = (r.views * h1 * w1, r.views * h2 * w2);
+            let col = im2col(&x, r.views, r.gh, r.gw, h, v0.tok);
+            let d1 = host::gemm(&col, &dw1, Some(&w.down1_b), m1, 2 * h, 9 * h);
+            st.d1[v0.r1 * 2 * h..(v0.r1 + m1) * 2 * h].copy_from_slice(&d1);
+            let col = im2col(&d1, r.views, h1, w1, 2 * h, 0);
+            let d2 = host::gemm(&col, &dw2, Some(&w.down2_b), m2, 4 * h, 18 * h);
+            st.d2[v0.r2 * 4 * h..(v0.r2 + m2) * 4 * h].copy_from_slice(&d2);
+        }
+        let all = host::gemm(
+            &st.d2,
+            &w.proj,
+            w.proj_b.as_deref(),
+            plan.n2,
+            c.text_hidden,
+            4 * h,
+        );
+        let masks: Vec<Vec<bool>> = images.iter().map(|i| i.newline_mask.clone()).collect();
+        let rows = plan.split_rows(&all, c.text_hidden, &masks);
+        let flat = rows.iter().flat_map(|r| r.rows.iter().copied()).collect();
+        (rows, st.assemble(&plan, h, flat))
+    }
+
+    /// The device op sequence (run on the host twins with the device layouts and order) gives
+    /// the host reference's rows and stages, in both precisions' layouts, on a batch whose views
+    /// must be regrouped (crops of two images around a global-only image of another grid).
+    #[test]
+    fn device_sequence_matches_the_host_reference() {
+        let t = fixture_tower();
+        let px = |n: usize, seed: u32| vals(n, seed).iter().map(|v| 2.0 * v).collect::<Vec<f32>>();
+        let crops: Vec<Vec<f32>> = (0..5).map(|i| px(3 * 112 * 112, 20 + i)).collect();
+        let (g0, g1, g2) = (
+            px(3 * 168 * 168, 1),
+            px(3 * 140 * 126, 2),
+            px(3 * 168 * 168, 3),
+        );
+        fn view(p: &[f32], height: usize, width: usize) -> crate::StepView<'_> {
+            crate::StepView {
+                pixels: p,
+                height,
+                width,
+            }
+        }
+        let images = vec![
+            StepImage {
+                crops: crops[..3].iter().map(|p| view(p, 112, 112)).collect(),
+                global: view(&g0, 168, 168),
+                newline_mask: vec![false, false, true],
+            },
+            StepImage {
+                crops: vec![],
+                global: view(&g1, 140, 126),
+                newline_mask: vec![],
+            },
+            StepImage {
+                crops: crops[3..].iter().map(|p| view(p, 112, 112)).collect(),
+                global: view(&g2, 168, 168),
+                newline_mask: vec![true, false],
+            },
+        ];
+        let (want, ws) = t.forward_host(&images, true).unwrap();
+        let ws = ws.unwrap();
+        for p in [CudaPrecision::Bf16, CudaPrecision::F32] {
+            let (got, gs) = emulate(&t, &images, p);
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(
+                    (&g.crop_rows, g.global_rows, &g.newline_mask),
+                    (&w.crop_rows, w.global_rows, &w.newline_mask)
+                );
+                let r = host::rel_l2(&g.rows, &w.rows);
+                assert!(r < 1e-5, "{p:?} rows rel-L2 {r}");
+            }
+            for (kind, a, b) in [
+                ("global", &gs.global, &ws.global),
+                ("local", &gs.local, &ws.local),
+            ] {
+                for ((name, x), (_, y)) in a.named().iter().zip(b.named()) {
+                    assert_eq!(x.len(), y.len(), "{p:?} {kind}/{name} length");
+                    let r = host::rel_l2(x, y);
+                    assert!(r < 1e-5, "{p:?} {kind}/{name} rel-L2 {r}");
+                }
+            }
+            assert!(host::rel_l2(&gs.rows, &ws.rows) < 1e-5);
+        }
+    }
+
+    /// `λ ⊙ (a·Wᵀ + b)` = `a·(λ ⊙ W)ᵀ + λ ⊙ b`: the LayerScale fold.
+    #[test]
+    fn layer_scale_folds_into_the_linear() {
+        let (n, inp, out) = (5, 7, 6);
+        let a = vals(n * inp, 1);
+        let w = vals(out * inp, 2);
+        let bias = vals(out, 3);
+        let ls = vals(out, 4);
+        let y = host::gemm(&a, &w, Some(&bias), n, out, inp);
+        let folded = host::gemm(
+            &a,
+            &scale_rows(&w, &ls, inp),
+            Some(&hadamard(&bias, &ls)),
+            n,
+            out,
+            inp,
+        );
+        for t in 0..n {
+            for o in 0..out {
+                let want = ls[o] * y[t * out + o];
+                let got = folded[t * out + o];
+                assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0));
+            }
+        }
+    }
+}
