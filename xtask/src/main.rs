@@ -1,5 +1,7 @@
 //! `cargo xtask <command>`: the project's automation, in the rust-analyzer manner.
 
+mod bench;
+mod bench_towers;
 mod fixtures;
 mod gpu;
 mod parity;
@@ -17,6 +19,7 @@ commands:
   parity     compare every available path against the oracle fixtures and print the table
   ptx        compile kernels/*.cu to committed PTX with nvcc (CUDA machine only)
   gpu-test   run the GPU-only (ignored) tests; needs a CUDA device
+  bench      our towers against PyTorch (eager, torch.compile) on the anchors' shapes (GPU machine)
 ";
 
 fn main() -> Result<()> {
@@ -31,6 +34,7 @@ fn main() -> Result<()> {
         "parity" => parity::run(rest),
         "ptx" => gpu::ptx(rest),
         "gpu-test" => gpu::gpu_test(rest),
+        "bench" => bench::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())
