@@ -2,7 +2,8 @@
 //! vision-language model splices into its prompt out.
 //!
 //! This facade re-exports the narrow crates that do the work, opens a weight file of either
-//! format ([`WeightFile`]), and detects which model family it belongs to ([`Family`]).
+//! format ([`WeightFile`]), detects which model family it belongs to ([`Family`]), and runs its
+//! tower on the CPU or a CUDA device ([`Device`], [`Model`]).
 #![deny(missing_docs)]
 
 mod family;
@@ -18,10 +19,14 @@ pub use inspect::inspect_json;
 pub use model::{Encoded, LmAttention, Model, ModelError};
 pub use prep::{preprocessor_for, read_image_arg, ImageArg, PrepOpenError, MAX_IMAGE_FILE_BYTES};
 pub use st_write::{safetensors_bytes, write_safetensors, OutDtype, OutTensor, WriteError};
-pub use tower::{Device, Rows, Tower, TowerError};
+pub use tower::{
+    Device, ParseDeviceError, Precision, Rows, Tower, TowerError, TowerOptions,
+    DEFAULT_MAX_PATCHES_PER_PASS,
+};
 pub use weights::WeightFile;
 
 pub use gguf_reader;
+pub use gpu_core;
 pub use st_reader;
 pub use tower_gemma;
 pub use tower_glm5;

@@ -1,9 +1,11 @@
 //! A model end to end: its preprocessor and its tower behind one handle — plan from the header,
-//! encode many images in one padding-free pass, and the LM attention law for image spans.
+//! encode many images in padding-free passes (on the CPU or a CUDA device), and the LM attention
+//! law for image spans.
 
-use crate::tower::{InputError, Rows};
+use crate::tower::{Images, InputError, Rows};
 use crate::{
-    detect_family, preprocessor_for, Device, Family, PrepOpenError, Tower, TowerError, WeightFile,
+    detect_family, preprocessor_for, Device, Family, Precision, PrepOpenError, Tower, TowerError,
+    TowerOptions, WeightFile,
 };
 use rayon::prelude::*;
 use serde_json::Value;
@@ -80,13 +82,35 @@ pub struct Model {
     lm: LmAttention,
 }
 
+impl ModelError {
+    /// Whether the device ran out of memory; after a failed pass the model stays usable.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, ModelError::Tower(t) if t.is_out_of_memory())
+    }
+}
+
 impl Model {
-    /// Opens the weight file or model directory at `path` for `device`.
+    /// Opens the weight file or model directory at `path` for `device`, with the device's own
+    /// precision and the default pass ceiling.
     pub fn open(path: &Path, device: Device, settings: PrepSettings) -> Result<Model, ModelError> {
+        let options = TowerOptions {
+            device,
+            ..TowerOptions::default()
+        };
+        Model::open_with(path, &options, settings)
+    }
+
+    /// Opens the weight file or model directory at `path` with the tower `options` (device,
+    /// precision, patches per pass) and the processor `settings`.
+    pub fn open_with(
+        path: &Path,
+        options: &TowerOptions,
+        settings: PrepSettings,
+    ) -> Result<Model, ModelError> {
         let file = WeightFile::open(path).map_err(|e| ModelError::Tower(TowerError::Open(e)))?;
         let pre = preprocessor_for(path, &file, settings)?;
         let lm = lm_attention(&file);
-        let tower = Tower::open(path, device)?;
+        let tower = Tower::open_with(path, options)?;
         Ok(Model {
             path: path.to_path_buf(),
             pre,
@@ -98,6 +122,16 @@ impl Model {
     /// The family.
     pub fn family(&self) -> Family {
         self.tower.family()
+    }
+
+    /// The device its tower runs on (never [`Device::Auto`]: what `auto` chose).
+    pub fn device(&self) -> Device {
+        self.tower.device()
+    }
+
+    /// Its tower's arithmetic.
+    pub fn precision(&self) -> Precision {
+        self.tower.precision()
     }
 
     /// The LM attention law for this model's image spans.
@@ -122,8 +156,10 @@ impl Model {
             .map_err(|source| ModelError::Image { index: 0, source })
     }
 
-    /// Admits, decodes and prepares every image (in parallel), runs them through the tower in one
-    /// padding-free pass, and returns each image's plan and rows, in request order.
+    /// Admits, decodes and prepares every image (in parallel), runs them through the tower in
+    /// padding-free passes of at most `max_patches_per_pass` patches, and returns each image's
+    /// plan and rows, in request order. A device out-of-memory is an error
+    /// ([`ModelError::is_out_of_memory`]) that leaves the model usable.
     pub fn encode(&self, images: &[ImageSource<'_>]) -> Result<Vec<Encoded>, ModelError> {
         let prepared = images
             .par_iter()
@@ -182,14 +218,14 @@ fn lm_attention(file: &WeightFile) -> LmAttention {
 }
 
 impl Tower {
-    /// Runs the tower on several prepared images in one padding-free pass (one attention segment
+    /// Runs the tower on several prepared images in padding-free passes (one attention segment
     /// per image, per frame pair, or per view).
     pub(crate) fn encode_batch(&self, prepared: &[Prepared]) -> Result<Rows, InputError> {
         let missing =
             |what: &str| InputError::Message(format!("a prepared image lacks the {what} tensors"));
-        match self {
-            Tower::Gemma4(t) => {
-                let images = prepared
+        let images = match self.family() {
+            Family::Gemma4 => Images::Gemma4(
+                prepared
                     .iter()
                     .map(|p| {
                         p.gemma4()
@@ -199,15 +235,10 @@ impl Tower {
                             })
                             .ok_or_else(|| missing("gemma4"))
                     })
-                    .collect::<Result<Vec<_>, _>>()?;
-                let per_image = t.encode_host(&images).map_err(InputError::Gemma)?;
-                Ok(Rows {
-                    width: t.config.text_hidden,
-                    per_image,
-                })
-            }
-            Tower::Glm(t) => {
-                let images = prepared
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            Family::Glm5Next | Family::GlmOcr => Images::Glm(
+                prepared
                     .iter()
                     .map(|p| {
                         let g = p.glm().ok_or_else(|| missing("glm"))?;
@@ -225,28 +256,19 @@ impl Tower {
                             ],
                         })
                     })
-                    .collect::<Result<Vec<_>, InputError>>()?;
-                let per_image = t.encode_host(&images).map_err(InputError::Glm)?;
-                Ok(Rows {
-                    width: t.config.out_hidden,
-                    per_image,
-                })
-            }
-            Tower::Step3p7(t) => {
-                let images = prepared
+                    .collect::<Result<Vec<_>, InputError>>()?,
+            ),
+            Family::Step3p7 => Images::Step3p7(
+                prepared
                     .iter()
                     .map(|p| {
                         let s = p.step3p7().ok_or_else(|| missing("step3p7"))?;
                         step_image(&s)
                     })
-                    .collect::<Result<Vec<_>, InputError>>()?;
-                let rows = t.encode_host(&images).map_err(InputError::Step)?;
-                Ok(Rows {
-                    width: t.config.text_hidden,
-                    per_image: rows.into_iter().map(|r| r.rows).collect(),
-                })
-            }
-        }
+                    .collect::<Result<Vec<_>, InputError>>()?,
+            ),
+        };
+        self.run(&images)
     }
 }
 

@@ -1,11 +1,15 @@
-//! `vtower encode` on the tiny Gemma-4 fixture model, from both weight sources, against the
-//! upstream f64 rows (host f32 bound 1e-5 rel-L2).
+//! `vtower encode` on the fixture models, from every weight source, against the upstream f64
+//! rows (host f32 bound 1e-5 rel-L2); device selection without a GPU. The CUDA runs of the
+//! command line are in `tests/cuda.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The fixtures: `VT_FIXTURES` (a test binary run on another machine), else this checkout's.
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+    std::env::var_os("VT_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"))
 }
 
 fn rel_l2(out: &[f32], reference: &[f64]) -> f64 {
@@ -67,7 +71,7 @@ fn encode_matches_upstream_rows_for_every_family_and_source() {
             model.replace('/', "_")
         ));
         let status = Command::new(env!("CARGO_BIN_EXE_vtower"))
-            .args(["encode", "--model"])
+            .args(["encode", "--device", "cpu", "--model"])
             .arg(fixtures().join(model))
             .arg("--inputs")
             .arg(&case_path)
@@ -116,4 +120,52 @@ fn encode_refuses_bad_inputs_with_one_line() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("vtower-bad-inputs"), "{stderr}");
     let _ = std::fs::remove_file(bad);
+}
+
+/// Runs `vtower encode` on the gemma4 fixture and one image with `device`.
+fn encode_with_device(device: &str, out: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_vtower"))
+        .args(["encode", "--device", device, "--model"])
+        .arg(fixtures().join("models/gemma4"))
+        .arg("--image")
+        .arg(fixtures().join("images/coffee_144x96.jpg"))
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_named_cuda_device_without_one_is_one_line_and_exit_1() {
+    if vision_towers::gpu_core::is_available() {
+        return; // covered by tests/cuda.rs on a GPU machine
+    }
+    let out = std::env::temp_dir().join(format!("vtower-nocuda-{}.st", std::process::id()));
+    for device in ["cuda", "cuda:1"] {
+        let run = encode_with_device(device, &out);
+        assert_eq!(run.status.code(), Some(1), "--device {device}");
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains("no usable CUDA device"), "{stderr}");
+        assert!(!out.exists(), "--device {device} wrote {}", out.display());
+    }
+}
+
+#[test]
+fn auto_without_a_device_gives_the_cpu_rows() {
+    if vision_towers::gpu_core::is_available() {
+        return; // auto picks the GPU there: tests/cuda.rs
+    }
+    let dir = std::env::temp_dir();
+    let (auto, cpu) = (
+        dir.join(format!("vtower-auto-{}.st", std::process::id())),
+        dir.join(format!("vtower-cpu-{}.st", std::process::id())),
+    );
+    let a = encode_with_device("auto", &auto);
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    assert!(String::from_utf8_lossy(&a.stderr).contains("(cpu f32)"));
+    let c = encode_with_device("cpu", &cpu);
+    assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
+    assert_eq!(std::fs::read(&auto).unwrap(), std::fs::read(&cpu).unwrap());
+    let _ = (std::fs::remove_file(auto), std::fs::remove_file(cpu));
 }

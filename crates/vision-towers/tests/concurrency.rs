@@ -1,17 +1,21 @@
-//! A tower is `Send + Sync`, and encodes from several threads at once give results identical,
-//! bit for bit, to serial ones on the host path.
+//! A tower and a model are `Send + Sync`, and encodes from several threads at once give results
+//! identical, bit for bit, to serial ones on the host path (the CUDA path: `tests/cuda.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use vision_towers::vision_prep::{ImageSource, PrepSettings};
 use vision_towers::{preprocessor_for, Device, Tower, WeightFile};
 
+/// The fixtures: `VT_FIXTURES` (a test binary run on another machine), else this checkout's.
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+    std::env::var_os("VT_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"))
 }
 
 const fn assert_send_sync<T: Send + Sync>() {}
 const _: () = assert_send_sync::<Tower>();
+const _: () = assert_send_sync::<vision_towers::Model>();
 
 #[test]
 fn concurrent_host_encodes_equal_serial_ones_bitwise() {

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use vision_towers::vision_prep::{PrepSettings, Prepared, TensorData};
 use vision_towers::{
     inspect_json, preprocessor_for, read_image_arg, write_safetensors, Device, Model, OutTensor,
-    Rows, Tower, WeightFile,
+    Precision, Rows, Tower, TowerOptions, WeightFile, DEFAULT_MAX_PATCHES_PER_PASS,
 };
 
 /// Image bytes plus a model's weight file in, embedding rows out.
@@ -72,12 +72,18 @@ enum Command {
         /// Where to write the rows.
         #[arg(long)]
         out: PathBuf,
-        /// Where the tower runs.
-        #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
-        device: DeviceArg,
-        /// Arithmetic: f32 (host reference) or bf16 (CUDA tensor cores).
-        #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
-        precision: PrecisionArg,
+        /// Where the tower runs: auto (CUDA device 0 when one opens, else the CPU), cpu, cuda
+        /// or cuda:N (an error when that device does not open).
+        #[arg(long, default_value_t = Device::Auto)]
+        device: Device,
+        /// Arithmetic: f32 (the host reference; CUDA's exactness mode) or bf16 (CUDA tensor
+        /// cores). Default: f32 on the CPU, bf16 on CUDA.
+        #[arg(long, value_enum)]
+        precision: Option<PrecisionArg>,
+        /// The most patches one pass of the tower holds: more images run in several passes,
+        /// which bounds activation memory; one image over it is refused.
+        #[arg(long, default_value_t = DEFAULT_MAX_PATCHES_PER_PASS)]
+        max_patches_per_pass: usize,
     },
 }
 
@@ -108,12 +114,6 @@ impl Budget {
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
-enum DeviceArg {
-    Cpu,
-    Cuda,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum PrecisionArg {
     F32,
     Bf16,
@@ -172,23 +172,24 @@ fn run(cli: Cli) -> Result<()> {
             out,
             device,
             precision,
+            max_patches_per_pass,
         } => {
-            let device = match device {
-                DeviceArg::Cpu => Device::Cpu,
-                DeviceArg::Cuda => Device::Cuda,
+            let options = TowerOptions {
+                device,
+                precision: precision.map(|p| match p {
+                    PrecisionArg::F32 => Precision::F32,
+                    PrecisionArg::Bf16 => Precision::Bf16,
+                }),
+                max_patches_per_pass,
             };
-            if device == Device::Cpu && precision == PrecisionArg::Bf16 {
-                anyhow::bail!(
-                    "--precision bf16 runs on CUDA only; the CPU path is the f32 reference"
-                );
-            }
-            let (family, rows) = match inputs {
+            let (family, ran_on, rows) = match inputs {
                 Some(inputs) => {
-                    let tower = Tower::open(&model, device)?;
-                    (tower.family(), tower.encode_prepared_file(&inputs)?)
+                    let tower = Tower::open_with(&model, &options)?;
+                    let ran_on = (tower.device(), tower.precision());
+                    (tower.family(), ran_on, tower.encode_prepared_file(&inputs)?)
                 }
                 None => {
-                    let m = Model::open(&model, device, PrepSettings::default())?;
+                    let m = Model::open_with(&model, &options, PrepSettings::default())?;
                     let read = image
                         .iter()
                         .map(|i| read_image_arg(i))
@@ -198,6 +199,7 @@ fn run(cli: Cli) -> Result<()> {
                     let width = encoded.first().map_or(0, |e| e.width);
                     (
                         m.family(),
+                        (m.device(), m.precision()),
                         Rows {
                             width,
                             per_image: encoded.into_iter().map(|e| e.rows).collect(),
@@ -209,6 +211,8 @@ fn run(cli: Cli) -> Result<()> {
             let n = all.len() / rows.width.max(1);
             let meta = [
                 ("family".to_string(), family.name().to_string()),
+                ("device".to_string(), ran_on.0.to_string()),
+                ("precision".to_string(), ran_on.1.to_string()),
                 (
                     "rows_per_image".to_string(),
                     serde_json::to_string(
@@ -226,9 +230,11 @@ fn run(cli: Cli) -> Result<()> {
                 &meta,
             )?;
             eprintln!(
-                "vtower: wrote {n} rows × {} to {}",
+                "vtower: wrote {n} rows × {} to {} ({} {})",
                 rows.width,
-                out.display()
+                out.display(),
+                ran_on.0,
+                ran_on.1
             );
             Ok(())
         }
