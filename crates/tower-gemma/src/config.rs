@@ -15,6 +15,13 @@ pub const DEFAULT_POOLING_KERNEL: usize = 3;
 pub const DEFAULT_PATCH_SIZE: usize = 16;
 /// transformers `Gemma4VisionConfig.hidden_activation` default.
 pub const DEFAULT_ACTIVATION: &str = "gelu_pytorch_tanh";
+/// Most encoder layers a config may state (every release has ≤ 32; generous on purpose). A
+/// hostile `num_hidden_layers` / `clip.vision.block_count` is refused before anything is sized
+/// by it.
+pub const MAX_LAYERS: usize = 1024;
+/// Largest patch side accepted (releases use 16): keeps the patch row width 3·p² below 2²⁶, so
+/// every product the loader forms with it stays far from overflow.
+pub const MAX_PATCH_SIZE: usize = 1 << 12;
 
 /// Which MLP activation the GGUF path uses when the file names none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -61,9 +68,10 @@ pub struct GemmaConfig {
 }
 
 impl GemmaConfig {
-    /// Width of one patch row: 3·p².
+    /// Width of one patch row: 3·p² (validated: `patch ≤` [`MAX_PATCH_SIZE`], so it cannot
+    /// overflow; saturating all the same for a config built by hand).
     pub fn patch_dim(&self) -> usize {
-        3 * self.patch * self.patch
+        self.patch.saturating_mul(self.patch).saturating_mul(3)
     }
 
     /// Reads an HF `config.json` (whole model: `vision_config` + `text_config`).
@@ -209,8 +217,20 @@ impl GemmaConfig {
                 self.head_dim
             ));
         }
+        if self.layers > MAX_LAYERS {
+            return bad(format!(
+                "{} encoder layers exceed the limit of {MAX_LAYERS}",
+                self.layers
+            ));
+        }
         if self.patch == 0 || self.pool == 0 {
             return bad("patch_size and pooling_kernel_size must be positive".into());
+        }
+        if self.patch > MAX_PATCH_SIZE {
+            return bad(format!(
+                "patch_size {} exceeds the limit of {MAX_PATCH_SIZE}",
+                self.patch
+            ));
         }
         let positive = |v: f64| v.is_finite() && v > 0.0;
         if !positive(self.eps) || !positive(self.rope_theta) {
@@ -251,4 +271,46 @@ fn opt_usize(v: &Value, key: &str) -> Result<Option<usize>> {
 
 fn req_usize(v: &Value, key: &str) -> Result<usize> {
     opt_usize(v, key)?.ok_or_else(|| GemmaError::Config(format!("{key} missing")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn config(vision: serde_json::Value) -> serde_json::Value {
+        let mut v = json!({"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 96,
+            "num_hidden_layers": 2});
+        for (k, x) in vision.as_object().into_iter().flatten() {
+            v[k] = x.clone();
+        }
+        json!({"vision_config": v, "text_config": {"hidden_size": 80}})
+    }
+
+    #[test]
+    fn small_config_reads() {
+        let cfg = GemmaConfig::from_hf(&config(json!({})), 10, false).unwrap();
+        assert_eq!((cfg.layers, cfg.patch, cfg.patch_dim()), (2, 16, 768));
+    }
+
+    #[test]
+    fn huge_layer_counts_and_patch_sizes_are_config_errors() {
+        for (k, v) in [
+            ("num_hidden_layers", 1_000_000u64),
+            ("num_hidden_layers", 1 << 40),
+            ("num_hidden_layers", MAX_LAYERS as u64 + 1),
+            ("patch_size", 1 << 33),
+            ("patch_size", (1 << 32) - 1),
+            ("patch_size", MAX_PATCH_SIZE as u64 + 1),
+        ] {
+            let got = GemmaConfig::from_hf(&config(json!({ k: v })), 10, false);
+            assert!(
+                matches!(got, Err(GemmaError::Config(_))),
+                "{k} = {v}: {got:?}"
+            );
+        }
+        let cfg = config(json!({"num_hidden_layers": MAX_LAYERS, "patch_size": MAX_PATCH_SIZE}));
+        let cfg = GemmaConfig::from_hf(&cfg, 10, false).unwrap();
+        assert_eq!(cfg.patch_dim(), 3 * MAX_PATCH_SIZE * MAX_PATCH_SIZE);
+    }
 }

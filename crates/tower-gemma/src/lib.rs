@@ -9,7 +9,7 @@ mod error;
 mod forward;
 mod weights;
 
-pub use config::{GemmaConfig, GgufActivation};
+pub use config::{GemmaConfig, GgufActivation, MAX_LAYERS, MAX_PATCH_SIZE};
 pub use cuda::{CudaError, CudaPrecision, GemmaBatch, GemmaCuda};
 pub use error::{GemmaError, Result};
 pub use forward::{forward_host, GemmaImage, GemmaStages, ATTENTION_SCALE};

@@ -372,6 +372,35 @@ fn count_layers(src: &dyn Source, names: &Names) -> usize {
         .count()
 }
 
+/// Where the HF encoder layers live (with and without the `model.` prefix st-reader tolerates).
+const HF_LAYER_STEMS: [&str; 2] = [
+    "model.vision_tower.encoder.layers.",
+    "vision_tower.encoder.layers.",
+];
+
+/// The layer index of `name` if it lies under one of `stems` (`<stem><i>.…`).
+fn layer_index(name: &str, stems: &[&str]) -> Option<usize> {
+    let rest = stems.iter().find_map(|s| name.strip_prefix(s))?;
+    rest.split('.').next()?.parse().ok()
+}
+
+/// Refuses a configured layer count the file does not hold, before anything is sized by it
+/// (the census builds a name per configured layer): the first configured layer with no tensor
+/// in the file is named by its `ln_in`. One pass over the file's names, whatever the count; a
+/// layer that is present but incomplete is left to the census and the loader.
+fn require_layers<'a>(
+    file: impl Iterator<Item = &'a str>,
+    stems: &[&str],
+    names: &Names,
+    layers: usize,
+) -> Result<()> {
+    let present: BTreeSet<usize> = file.filter_map(|n| layer_index(n, stems)).collect();
+    match (0..layers).find(|i| !present.contains(i)) {
+        Some(i) => Err(GemmaError::MissingTensor((names.norm)(i, "ln_in"))),
+        None => Ok(()),
+    }
+}
+
 /// Loads an HF checkpoint (`model.vision_tower.*` + `model.embed_vision.*`).
 pub fn load_hf(ck: &Checkpoint) -> Result<(GemmaConfig, GemmaWeights)> {
     let names = hf_names();
@@ -387,6 +416,12 @@ pub fn load_hf(ck: &Checkpoint) -> Result<(GemmaConfig, GemmaWeights)> {
         .config()
         .ok_or_else(|| GemmaError::Config("the checkpoint has no config.json".into()))?;
     let cfg = GemmaConfig::from_hf(config, pos_rows, clipped)?;
+    require_layers(
+        ck.tensors().map(|t| t.name.as_str()),
+        &HF_LAYER_STEMS,
+        &names,
+        cfg.layers,
+    )?;
     check_census(
         ck.tensors().map(|t| t.name.as_str()),
         &["model.vision_tower.", "model.embed_vision."],

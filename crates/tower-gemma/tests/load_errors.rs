@@ -156,3 +156,30 @@ fn a_position_outside_i32_is_refused() {
     };
     assert!(matches!(t.encode_host(&[image]), Err(GemmaError::Input(_))));
 }
+
+/// A configured layer count the file does not hold is refused before the census builds a name
+/// per layer: one layer too many is the first absent layer, named; a count over the bound is a
+/// config error (10⁶ used to build 10⁷ names first).
+#[test]
+fn a_layer_count_beyond_the_file_is_refused_before_anything_is_built() {
+    let dir = variant("layers", |n, s, b| vec![(n.into(), s.to_vec(), b.to_vec())]);
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let with_layers = |n: u64| {
+        let mut c = config.clone();
+        c["vision_config"]["num_hidden_layers"] = json!(n);
+        std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+        open(&dir)
+    };
+    match with_layers(3) {
+        Err(GemmaError::MissingTensor(name)) => assert_eq!(
+            name,
+            "model.vision_tower.encoder.layers.2.input_layernorm.weight"
+        ),
+        other => panic!("expected MissingTensor, got {other:?}"),
+    }
+    for n in [1_000_000, 1 << 40] {
+        let got = with_layers(n);
+        assert!(matches!(got, Err(GemmaError::Config(_))), "{n}: {got:?}");
+    }
+}

@@ -48,6 +48,9 @@ pub const MERGER_LAYER_NORM_EPS: f64 = 1e-5;
 /// Largest width any single dimension may state (real releases are ≤ 10240): keeps every
 /// product the loader forms (`3H`, `O·H·m²`, `C·T·p²`) far from overflow on a hostile config.
 pub const MAX_DIMENSION: usize = 1 << 20;
+/// Most vision blocks (`depth`) a config may state (releases have 24; generous on purpose):
+/// [`MAX_DIMENSION`] alone would admit 10⁶, and the loader walks every configured block.
+pub const MAX_LAYERS: usize = 1024;
 
 /// Which GLM vision family the checkpoint is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,6 +255,12 @@ impl GlmConfig {
         ];
         if dims.iter().any(|&d| d > MAX_DIMENSION) {
             return bad(format!("a dimension exceeds {MAX_DIMENSION} in {self:?}"));
+        }
+        if self.layers > MAX_LAYERS {
+            return bad(format!(
+                "depth {} exceeds the limit of {MAX_LAYERS} blocks",
+                self.layers
+            ));
         }
         let pd = [self.temporal_patch, self.patch, self.patch]
             .iter()

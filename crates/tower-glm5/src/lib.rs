@@ -15,7 +15,7 @@ mod weights;
 
 pub use config::{
     GlmConfig, GlmFamily, DEFAULT_PROJECTION_INTERMEDIATE_SIZE, DEFAULT_RMS_NORM_EPS,
-    DEFAULT_ROPE_THETA, DEFAULT_SWIGLU_LIMIT, MAX_DIMENSION, MERGER_LAYER_NORM_EPS,
+    DEFAULT_ROPE_THETA, DEFAULT_SWIGLU_LIMIT, MAX_DIMENSION, MAX_LAYERS, MERGER_LAYER_NORM_EPS,
 };
 pub use cuda::{CudaError, CudaPrecision, GlmBatch, GlmCuda};
 pub use error::{GlmError, Result};

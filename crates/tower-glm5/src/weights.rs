@@ -181,6 +181,29 @@ fn check_census(ck: &Checkpoint, cfg: &GlmConfig) -> Result<()> {
     Ok(())
 }
 
+/// Where the vision blocks live (with and without the `model.` prefix).
+const BLOCK_STEMS: [&str; 2] = ["model.visual.blocks.", "visual.blocks."];
+
+/// Refuses a configured block count the checkpoint does not hold, before the census builds a
+/// name per configured block: the first configured block with no tensor in the file is named by
+/// its `norm1`. One pass over the file's names, whatever `depth` says; a block that is present
+/// but incomplete is left to the census and the loader.
+fn require_blocks(ck: &Checkpoint, layers: usize) -> Result<()> {
+    let present: BTreeSet<usize> = ck
+        .tensors()
+        .filter_map(|t| {
+            let rest = BLOCK_STEMS.iter().find_map(|s| t.name.strip_prefix(s))?;
+            rest.split('.').next()?.parse().ok()
+        })
+        .collect();
+    match (0..layers).find(|i| !present.contains(i)) {
+        Some(l) => Err(GlmError::MissingTensor(name(&format!(
+            "blocks.{l}.norm1.weight"
+        )))),
+        None => Ok(()),
+    }
+}
+
 /// Loads an HF checkpoint, reading the config from its `config.json`.
 pub fn load_hf(ck: &Checkpoint) -> Result<(GlmConfig, GlmWeights)> {
     probe(ck)?;
@@ -208,6 +231,7 @@ pub fn load_hf_with_config(
     probe(ck)?;
     let cfg = GlmConfig::from_hf(config)?;
     // Extra blocks are unknown tensors; a missing one is a missing tensor, named.
+    require_blocks(ck, cfg.layers)?;
     check_census(ck, &cfg)?;
     let w = load(ck, &cfg)?;
     Ok((cfg, w))

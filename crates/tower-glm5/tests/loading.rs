@@ -155,7 +155,7 @@ fn model_prefix_may_be_dropped() {
 fn config_errors_are_typed() {
     let (ck, config) = edited("glm5_next", |_| {});
     type Edit = Box<dyn Fn(&mut serde_json::Value)>;
-    let cases: [(&str, Edit); 8] = [
+    let cases: [(&str, Edit); 10] = [
         (
             "no vision_config",
             Box::new(|c| {
@@ -190,6 +190,14 @@ fn config_errors_are_typed() {
             Box::new(|c| c["vision_config"]["patch_size"] = (1u64 << 19).into()),
         ),
         (
+            "depth 10^6 (under MAX_DIMENSION)",
+            Box::new(|c| c["vision_config"]["depth"] = 1_000_000.into()),
+        ),
+        (
+            "depth over MAX_LAYERS",
+            Box::new(|c| c["vision_config"]["depth"] = (tower_glm5::MAX_LAYERS + 1).into()),
+        ),
+        (
             "negative limit",
             Box::new(|c| c["vision_config"]["swiglu_limit"] = (-1.0).into()),
         ),
@@ -215,11 +223,14 @@ fn config_errors_are_typed() {
         load_hf_with_config(&ck, &c).expect("loads").0.rope_theta,
         10000.0
     );
-    // The fixture config states depth 2; a config saying 3 finds blocks.2 missing, by name.
-    let mut c = config.clone();
-    c["vision_config"]["depth"] = 3.into();
-    assert!(matches!(
-        load_hf_with_config(&ck, &c),
-        Err(GlmError::MissingTensor(n)) if n == "model.visual.blocks.2.norm1.weight"
-    ));
+    // The fixture config states depth 2; a config saying 3 (or the bound) finds blocks.2
+    // missing, by name, before the census builds a name per configured block.
+    for depth in [3, tower_glm5::MAX_LAYERS] {
+        let mut c = config.clone();
+        c["vision_config"]["depth"] = depth.into();
+        assert!(matches!(
+            load_hf_with_config(&ck, &c),
+            Err(GlmError::MissingTensor(n)) if n == "model.visual.blocks.2.norm1.weight"
+        ));
+    }
 }

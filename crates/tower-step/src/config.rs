@@ -32,6 +32,15 @@ pub const DEFAULT_PROJECTOR_BIAS: bool = false;
 /// `Step3p7VisionModel.downsampler{1,2}`: each 3×3 stride-2 conv doubles the width, so the
 /// tower's output (the projector's input) is `hidden · 4` (modeling_step3p7.py:958).
 pub const DOWNSAMPLE_WIDTH_FACTOR: usize = 4;
+/// Most encoder layers a config may state (the release has 47; generous on purpose). A hostile
+/// `num_hidden_layers` / `layers` is refused before anything is sized by it.
+pub const MAX_LAYERS: usize = 1024;
+/// Largest `image_size` accepted (the release uses 728; vision-prep's `MAX_CONFIG_SIDE`): keeps
+/// the position table's `(image_size/patch)²` rows below 2³², far from overflow.
+pub const MAX_IMAGE_SIZE: usize = 1 << 16;
+/// Largest `patch_size` accepted (the release uses 14): keeps the patch row width 3·p² below
+/// 2²⁶.
+pub const MAX_PATCH_SIZE: usize = 1 << 12;
 
 /// Dimensions and laws of one Step-3.7 vision tower.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,9 +74,12 @@ pub struct StepConfig {
 }
 
 impl StepConfig {
-    /// Width of one patch row: `3·p²`, flattened (c, ky, kx) like the conv weight.
+    /// Width of one patch row: `3·p²`, flattened (c, ky, kx) like the conv weight (validated:
+    /// `patch ≤` [`MAX_PATCH_SIZE`]; saturating all the same for a config built by hand).
     pub fn patch_dim(&self) -> usize {
-        NUM_CHANNELS * self.patch * self.patch
+        self.patch
+            .saturating_mul(self.patch)
+            .saturating_mul(NUM_CHANNELS)
     }
 
     /// Width of the tower's output rows (the projector's input): `4·H`.
@@ -75,9 +87,10 @@ impl StepConfig {
         DOWNSAMPLE_WIDTH_FACTOR * self.hidden
     }
 
-    /// Rows of the position table: `pos_side²`.
+    /// Rows of the position table: `pos_side²` (validated: `pos_side ≤` [`MAX_IMAGE_SIZE`];
+    /// saturating all the same for a config built by hand).
     pub fn pos_rows(&self) -> usize {
-        self.pos_side * self.pos_side
+        self.pos_side.saturating_mul(self.pos_side)
     }
 
     /// Reads an HF `config.json` (whole model: `vision_config`, optional `text_config`);
@@ -134,6 +147,11 @@ impl StepConfig {
             .unwrap_or(DEFAULT_ROPE_THETA);
         let patch = opt_usize(v, "patch_size")?.unwrap_or(DEFAULT_PATCH_SIZE);
         let image_size = opt_usize(v, "image_size")?.unwrap_or(DEFAULT_IMAGE_SIZE);
+        if image_size > MAX_IMAGE_SIZE {
+            return Err(StepError::Config(format!(
+                "image_size {image_size} exceeds the limit of {MAX_IMAGE_SIZE}"
+            )));
+        }
         if let Some(t) = config.get("text_config").and_then(|t| t.get("hidden_size")) {
             let t = t.as_u64().and_then(|n| usize::try_from(n).ok());
             if t != Some(text_hidden) {
@@ -186,6 +204,18 @@ impl StepConfig {
             || self.pos_side == 0
         {
             return bad(format!("zero dimension in {self:?}"));
+        }
+        if self.layers > MAX_LAYERS {
+            return bad(format!(
+                "{} encoder layers exceed the limit of {MAX_LAYERS}",
+                self.layers
+            ));
+        }
+        if self.patch > MAX_PATCH_SIZE || self.pos_side > MAX_IMAGE_SIZE {
+            return bad(format!(
+                "patch_size {} / position table side {} exceed the limits {MAX_PATCH_SIZE} / {MAX_IMAGE_SIZE}",
+                self.patch, self.pos_side
+            ));
         }
         if !self.hidden.is_multiple_of(self.heads) {
             return bad(format!(
@@ -279,5 +309,28 @@ mod tests {
             StepConfig::from_hf(&c, 81),
             Err(StepError::Config(_))
         ));
+    }
+
+    #[test]
+    fn hostile_sizes_and_layer_counts_are_config_errors() {
+        for (k, v) in [
+            ("image_size", 1u64 << 40),
+            ("image_size", MAX_IMAGE_SIZE as u64 + 1),
+            ("patch_size", 1 << 33),
+            ("num_hidden_layers", 1_000_000),
+            ("num_hidden_layers", 1 << 40),
+            ("layers", MAX_LAYERS as u64 + 1),
+        ] {
+            let c = json!({"vision_config": {"hidden_size": 64, "num_attention_heads": 4, k: v}});
+            let got = StepConfig::from_hf(&c, 8);
+            assert!(
+                matches!(got, Err(StepError::Config(_))),
+                "{k} = {v}: {got:?}"
+            );
+        }
+        let c = json!({"vision_config": {"hidden_size": 64, "num_attention_heads": 4,
+            "image_size": MAX_IMAGE_SIZE, "patch_size": 1, "num_hidden_layers": MAX_LAYERS}});
+        let cfg = StepConfig::from_hf(&c, 8).unwrap();
+        assert_eq!(cfg.pos_rows(), MAX_IMAGE_SIZE * MAX_IMAGE_SIZE);
     }
 }

@@ -26,7 +26,7 @@ mod error;
 mod forward;
 mod weights;
 
-pub use config::StepConfig;
+pub use config::{StepConfig, MAX_IMAGE_SIZE, MAX_LAYERS, MAX_PATCH_SIZE};
 pub use cuda::{CudaError, CudaPrecision, StepBatch, StepCuda};
 pub use error::{Result, StepError};
 pub use forward::{

@@ -123,6 +123,8 @@ struct Scheme {
     down2: &'static str,
     /// Layer stem, e.g. `transformer.resblocks.{i}.`.
     layer: fn(usize) -> String,
+    /// What precedes the layer index in the stem, e.g. `transformer.resblocks.`.
+    layer_prefix: &'static str,
     ln1: &'static str,
     ln2: &'static str,
     out: &'static str,
@@ -141,6 +143,7 @@ const VENDOR: Scheme = Scheme {
     down1: "vit_downsampler1",
     down2: "vit_downsampler2",
     layer: |i| format!("transformer.resblocks.{i}."),
+    layer_prefix: "transformer.resblocks.",
     ln1: "ln_1",
     ln2: "ln_2",
     out: "attn.out_proj",
@@ -159,6 +162,7 @@ const HF: Scheme = Scheme {
     down1: "downsampler1",
     down2: "downsampler2",
     layer: |i| format!("layers.{i}."),
+    layer_prefix: "layers.",
     ln1: "layernorm_before",
     ln2: "layernorm_after",
     out: "self_attn.out_proj",
@@ -315,9 +319,35 @@ pub fn load(ck: &Checkpoint, config: &serde_json::Value) -> Result<(StepConfig, 
         }
     };
     let cfg = StepConfig::from_hf(config, text_hidden)?;
+    require_layers(ck, &names, cfg.layers)?;
     check_census(ck, &[vision], &all_projectors, &names.known(&cfg))?;
     let w = load_tensors(ck, &names, &cfg)?;
     Ok((cfg, w))
+}
+
+/// Refuses a configured layer count the file does not hold, before the census builds a name per
+/// configured layer: the first configured layer with no tensor in the file is named by its first
+/// LayerNorm weight. One pass over the file's names, whatever the count; a layer that is present
+/// but incomplete is left to the census and the loader.
+fn require_layers(ck: &Checkpoint, names: &Names<'_>, layers: usize) -> Result<()> {
+    let stem = names.v(names.scheme.layer_prefix);
+    let present: BTreeSet<usize> = ck
+        .tensors()
+        .filter_map(|t| {
+            t.name
+                .strip_prefix(stem.as_str())?
+                .split('.')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    match (0..layers).find(|i| !present.contains(i)) {
+        Some(i) => Err(StepError::MissingTensor(
+            names.layer(i, &format!("{}.weight", names.scheme.ln1)),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Refuses any tensor under the tower's or a projector's prefixes that the scheme does not name

@@ -381,3 +381,41 @@ fn hf_layout_missing_split_projection_is_named() {
         other => panic!("expected MissingTensor, got {other:?}"),
     }
 }
+
+/// A configured layer count the file does not hold is refused before the census builds a name
+/// per layer (both layouts): one too many names the first absent layer; a count over the bound
+/// is a config error (10⁶ used to build 2·10⁷ names first).
+#[test]
+fn a_layer_count_beyond_the_file_is_refused_before_anything_is_built() {
+    for (dir, first_absent) in [
+        (
+            "step3p7",
+            "vision_model.transformer.resblocks.2.ln_1.weight",
+        ),
+        (
+            "step3p7_hf",
+            "model.vision_model.layers.2.layernorm_before.weight",
+        ),
+    ] {
+        let ck = open(dir);
+        let with_layers = |n: u64| {
+            let mut c = config(&ck);
+            c["vision_config"]["num_hidden_layers"] = json!(n);
+            if let Some(v) = c["vision_config"].as_object_mut() {
+                v.remove("layers");
+            }
+            StepTower::from_checkpoint_with_config(&ck, &c)
+        };
+        match with_layers(3) {
+            Err(StepError::MissingTensor(n)) => assert_eq!(n, first_absent, "{dir}"),
+            other => panic!("{dir}: expected MissingTensor, got {other:?}"),
+        }
+        for n in [1_000_000, 1 << 40] {
+            let got = with_layers(n);
+            assert!(
+                matches!(got, Err(StepError::Config(_))),
+                "{dir} {n}: {got:?}"
+            );
+        }
+    }
+}

@@ -328,3 +328,71 @@ fn unknown_processor_class_is_typed() {
         Err(PrepError::BadSetting(_))
     ));
 }
+
+/// step3p7 `size` 0 and 2³²−1 are config errors at construction, not a resize of nothing or an
+/// overflow of 3·side² at prepare time.
+#[test]
+fn step3p7_global_view_size_is_bounded() {
+    for side in [
+        0u64,
+        (1 << 32) - 1,
+        u64::from(crate::config::MAX_CONFIG_SIDE) + 1,
+    ] {
+        let cfg = ModelConfigs {
+            preprocessor_config: Some(serde_json::json!({
+                "image_processor_type": "Step3p7ImageProcessor",
+                "size": {"height": side, "width": side}})),
+            ..Default::default()
+        };
+        let got = Preprocessor::from_configs(&cfg, PrepSettings::default());
+        assert!(
+            matches!(got, Err(PrepError::Config { .. })),
+            "{side}: {got:?}"
+        );
+    }
+}
+
+/// A GGUF patch size meets the bounds a processor config's does (it used to overflow
+/// `gemma4_target`'s `max_patches·p²`).
+#[test]
+fn gemma4_gguf_patch_size_is_bounded() {
+    let with = |p: u32| {
+        let g = crate::GgufGemma4Settings {
+            patch_size: Some(p),
+            ..Default::default()
+        };
+        Preprocessor::gemma4_gguf(&g, PrepSettings::default())
+    };
+    // 0, over MAX_CONFIG_SIDE, and 2000 (k·p = 6000 over MAX_ALIGN_FACTOR).
+    for p in [0, u32::MAX, crate::config::MAX_CONFIG_SIDE + 1, 2000] {
+        let got = with(p);
+        assert!(matches!(got, Err(PrepError::Config { .. })), "{p}: {got:?}");
+    }
+    let pre = with(16).expect("the release patch size");
+    assert!(pre.plan_size(640, 480).is_ok());
+}
+
+/// A step3p7 plan whose sides were never bounded (a law built by hand) saturates its byte count
+/// instead of overflowing: it is over any budget.
+#[test]
+fn output_bytes_saturate() {
+    let law = crate::Law::Step3p7(crate::law::Step3p7Law {
+        image_size: u32::MAX,
+        ..Default::default()
+    });
+    let step = ModelConfigs {
+        preprocessor_config: Some(
+            serde_json::json!({"image_processor_type": "Step3p7ImageProcessor"}),
+        ),
+        ..Default::default()
+    };
+    let tokens = Preprocessor::from_configs(&step, PrepSettings::default())
+        .expect("step")
+        .tokens()
+        .clone();
+    let pre = Preprocessor::from_law(law, tokens, crate::Family::Step3p7, PrepSettings::default());
+    let plan = pre
+        .plan_size(64, 64)
+        .expect("a plan for a 2^32 - 1 view side");
+    assert!(plan.output_bytes() > PrepSettings::default().max_output_bytes);
+}

@@ -344,9 +344,19 @@ pub fn law_from_configs(cfg: &ModelConfigs, settings: &PrepSettings) -> Result<L
                     format!("step3p7 global view must be square, got {w}x{h}"),
                 ));
             }
+            // Bounded like every other side: 0 would resize to nothing, 2³²−1 overflows the
+            // plan's 3·side² (transformers would try to allocate it).
+            let image_size = u32::try_from(h)
+                .ok()
+                .filter(|s| (1..=MAX_CONFIG_SIDE).contains(s))
+                .ok_or_else(|| {
+                    cfg_err(
+                        file,
+                        format!("`size.height` = {h} out of range (1..={MAX_CONFIG_SIDE})"),
+                    )
+                })?;
             Law::Step3p7(Step3p7Law {
-                image_size: u32::try_from(h)
-                    .map_err(|_| cfg_err(file, "`size.height` too large"))?,
+                image_size,
                 patch_size: f.u32("patch_size", d.patch_size)?,
                 max_image_size: f.u32("max_image_size", d.max_image_size)?,
                 vision_patch_size: f.u32("vision_patch_size", d.vision_patch_size)?,
@@ -359,7 +369,14 @@ pub fn law_from_configs(cfg: &ModelConfigs, settings: &PrepSettings) -> Result<L
         }
         other => return Err(PrepError::UnknownProcessor(other.to_owned())),
     };
-    let (align, temporal) = match &law {
+    check_law_bounds(file, &law)?;
+    Ok(law)
+}
+
+/// The bounds every law's derived factors must meet (alignment `≤` [`MAX_ALIGN_FACTOR`],
+/// temporal patch `≤ 16`), whatever built it; `file` names the source in the error.
+pub(crate) fn check_law_bounds(file: &str, law: &Law) -> Result<()> {
+    let (align, temporal) = match law {
         Law::Gemma4(l) => (
             u64::from(l.pooling_kernel_size) * u64::from(l.patch_size),
             1,
@@ -383,7 +400,7 @@ pub fn law_from_configs(cfg: &ModelConfigs, settings: &PrepSettings) -> Result<L
             format!("alignment factor {align} / temporal patch {temporal} out of range"),
         ));
     }
-    Ok(law)
+    Ok(())
 }
 
 /// A prompt token: its text and, when found in the configs, its id.

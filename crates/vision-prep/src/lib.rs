@@ -115,11 +115,24 @@ impl Preprocessor {
                 law::GEMMA4_SUPPORTED_SOFT_TOKENS
             )));
         }
+        // The same bounds `law_from_configs` applies to a processor config's patch size.
+        let file = "GGUF clip.vision.patch_size";
+        let patch_size = gguf.patch_size.unwrap_or(16);
+        if !(1..=config::MAX_CONFIG_SIDE).contains(&patch_size) {
+            return Err(PrepError::Config {
+                file: file.into(),
+                reason: format!(
+                    "patch size {patch_size} out of range (1..={})",
+                    config::MAX_CONFIG_SIDE
+                ),
+            });
+        }
         let law = Law::Gemma4(law::Gemma4Law {
-            patch_size: gguf.patch_size.unwrap_or(16),
+            patch_size,
             max_soft_tokens: mst,
             ..Default::default()
         });
+        config::check_law_bounds(file, &law)?;
         let t = |text: &str, id| Token {
             text: text.into(),
             id,

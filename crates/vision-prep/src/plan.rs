@@ -244,15 +244,18 @@ impl Plan {
 
     /// Bytes of the tensors [`crate::Preprocessor::prepare`] would return (all f32 pixels + small integer tensors).
     pub fn output_bytes(&self) -> u64 {
+        // Saturating: a product past u64 is over any budget, and must not wrap under one.
+        let product = |xs: &[u64]| xs.iter().fold(1u64, |a, &x| a.saturating_mul(x));
         let f32s = match &self.geometry {
-            Geometry::Gemma4 { gh, gw, .. } => gh * gw * 768,
-            Geometry::Glm { gh, gw, .. } => gh * gw * 1176,
+            Geometry::Gemma4 { gh, gw, .. } => product(&[*gh, *gw, 768]),
+            Geometry::Glm { gh, gw, .. } => product(&[*gh, *gw, 1176]),
             Geometry::Step3p7 {
                 layout,
                 global_side,
                 crop_side,
                 ..
-            } => 3 * global_side * global_side + layout.nx * layout.ny * 3 * crop_side * crop_side,
+            } => product(&[3, *global_side, *global_side])
+                .saturating_add(product(&[layout.nx, layout.ny, 3, *crop_side, *crop_side])),
         };
         f32s.saturating_mul(4)
             .saturating_add(self.rows.saturating_mul(16))

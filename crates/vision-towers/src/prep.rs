@@ -115,8 +115,13 @@ fn all_ids_known(tokens: &PromptTokens) -> bool {
 /// Image bytes from a command-line argument: a `data:` URI, a refused scheme (`http:`, …), or
 /// a file path.
 pub fn read_image_arg(arg: &str) -> Result<ImageArg, PrepOpenError> {
-    let looks_like_uri =
-        arg.trim_start().to_ascii_lowercase().starts_with("data:") || arg.contains("://");
+    // Case-insensitive on the first five bytes only (a URI may be 20 MB).
+    let looks_like_uri = arg
+        .trim_start()
+        .as_bytes()
+        .get(..5)
+        .is_some_and(|p| p.eq_ignore_ascii_case(b"data:"))
+        || arg.contains("://");
     if looks_like_uri {
         return ImageSource::parse_uri(arg)
             .map(|_| ImageArg::Uri(arg.to_string()))
@@ -171,5 +176,29 @@ fn short(uri: &str) -> String {
         format!("{s}…")
     } else {
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `data:` prefix is matched without regard to case or leading space, and nothing
+    /// shorter than it is taken for a URI.
+    #[test]
+    fn data_uri_prefix_is_case_insensitive() {
+        for arg in ["DATA:image/png;base64,", "  Data:,", "data:"] {
+            let got = read_image_arg(arg);
+            assert!(
+                matches!(&got, Ok(ImageArg::Uri(_)) | Err(PrepOpenError::Prep { .. })),
+                "{arg:?}: {got:?}"
+            );
+        }
+        for arg in ["dat", "", "é", "datæ:x"] {
+            assert!(
+                matches!(read_image_arg(arg), Err(PrepOpenError::Io { .. })),
+                "{arg:?}"
+            );
+        }
     }
 }

@@ -444,7 +444,15 @@ impl Tower {
             path: inputs.to_path_buf(),
             message,
         };
-        let ck = Checkpoint::open(inputs).map_err(|e| bad(e.to_string()))?;
+        let ck = Checkpoint::open(inputs).map_err(|e| {
+            // The reader's message already starts with the file it refused; the variant adds
+            // the path itself, so drop the reader's copy of the same path (keep any other).
+            let message = e.to_string();
+            let prefix = format!("{}: ", inputs.display());
+            bad(message
+                .strip_prefix(&prefix)
+                .map_or_else(|| message.clone(), str::to_owned))
+        })?;
         let set = InputSet::from_checkpoint(&ck).map_err(bad)?;
         self.encode_inputs(&set).map_err(|e| e.at(inputs))
     }
@@ -1044,6 +1052,23 @@ impl InputSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A prepared-input file the reader refuses is named once, not `x: x: …`.
+    #[test]
+    fn an_unreadable_inputs_file_is_named_once() {
+        let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/glm_ocr");
+        let tower = Tower::open(&model, Device::Cpu).expect("fixture tower opens");
+        let file = std::env::temp_dir().join(format!("vt-inputs-once-{}.st", std::process::id()));
+        std::fs::write(&file, [0xffu8; 16]).expect("temp file");
+        let err = tower
+            .encode_prepared_file(&file)
+            .expect_err("16 bytes of 0xff");
+        std::fs::remove_file(&file).ok();
+        assert!(matches!(err, TowerError::Inputs { .. }), "{err:?}");
+        let text = err.to_string();
+        let name = file.display().to_string();
+        assert_eq!(text.matches(name.as_str()).count(), 1, "{text}");
+    }
 
     #[test]
     fn device_names_parse_and_print_back() {
