@@ -177,6 +177,11 @@ impl Device {
         Ok(self.ctx.compute_capability()?)
     }
 
+    /// Free and total device memory in bytes, as the driver reports them now.
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        Ok(self.ctx.mem_get_info()?)
+    }
+
     /// Number of streaming multiprocessors.
     pub fn multiprocessors(&self) -> Result<usize> {
         use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;

@@ -59,10 +59,60 @@ impl GpuError {
         }
     }
 
+    /// Whether the device ran out of memory: a failed allocation, or a driver, launch or cuBLASLt
+    /// status that says so (`CUDA_ERROR_OUT_OF_MEMORY`, `CUBLAS_STATUS_ALLOC_FAILED`).
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            GpuError::OutOfMemory { .. } => true,
+            GpuError::Driver(e) | GpuError::Launch { source: e, .. } => {
+                e.0 == cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY
+            }
+            GpuError::CublasLt(e) => {
+                e.0 == cudarc::cublaslt::sys::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn shape(op: &'static str, what: impl Into<String>) -> Self {
         GpuError::Shape {
             op,
             what: what.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::cublaslt::sys::cublasStatus_t;
+
+    #[test]
+    fn out_of_memory_is_recognised_by_status_not_text() {
+        let oom = DriverError(cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY);
+        let other = DriverError(cudaError_enum::CUDA_ERROR_INVALID_VALUE);
+        assert!(GpuError::OutOfMemory { bytes: 1 }.is_out_of_memory());
+        assert!(GpuError::Driver(oom).is_out_of_memory());
+        assert!(GpuError::Launch {
+            kernel: "k",
+            source: oom
+        }
+        .is_out_of_memory());
+        assert!(
+            GpuError::CublasLt(CublasError(cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED))
+                .is_out_of_memory()
+        );
+        assert!(!GpuError::Driver(other).is_out_of_memory());
+        assert!(!GpuError::Launch {
+            kernel: "k",
+            source: other
+        }
+        .is_out_of_memory());
+        assert!(
+            !GpuError::CublasLt(CublasError(cublasStatus_t::CUBLAS_STATUS_EXECUTION_FAILED))
+                .is_out_of_memory()
+        );
+        assert!(!GpuError::shape("op", "out of memory").is_out_of_memory());
+        assert!(!GpuError::NoDevice("OUT_OF_MEMORY".into()).is_out_of_memory());
     }
 }

@@ -227,20 +227,6 @@ impl TowerError {
     }
 }
 
-/// Whether a gpu-core error means the device ran out of memory.
-fn is_oom(e: &GpuError) -> bool {
-    match e {
-        GpuError::OutOfMemory { .. } => true,
-        // gpu-core maps failed allocations to OutOfMemory; a launch or cuBLASLt call that runs
-        // out still arrives as the driver's status, which only its text names.
-        GpuError::Driver(_) | GpuError::Launch { .. } | GpuError::CublasLt(_) => {
-            let text = e.to_string();
-            text.contains("OUT_OF_MEMORY") || text.contains("ALLOC_FAILED")
-        }
-        _ => false,
-    }
-}
-
 /// A loaded tower of any family, on the host or on a CUDA device. `Send + Sync`: share one
 /// behind an `Arc`; CUDA passes from several threads take turns on the device.
 #[derive(Debug)]
@@ -800,7 +786,7 @@ impl HostTower {
         precision: Precision,
     ) -> Result<Engine, Upload> {
         let failed = |e: GpuError| {
-            Upload::Failed(if is_oom(&e) {
+            Upload::Failed(if e.is_out_of_memory() {
                 TowerError::OutOfMemory {
                     path: path.to_path_buf(),
                     during: "uploading the weights".into(),
@@ -933,7 +919,7 @@ pub(crate) enum InputError {
 
 impl InputError {
     fn gpu(e: GpuError, patches: usize) -> InputError {
-        if is_oom(&e) {
+        if e.is_out_of_memory() {
             InputError::OutOfMemory { patches, source: e }
         } else {
             InputError::Gpu(e)
@@ -1124,8 +1110,8 @@ mod tests {
         };
         assert!(wrapped.is_out_of_memory());
         assert!(!TowerError::Unsupported("x".into()).is_out_of_memory());
-        assert!(is_oom(&GpuError::OutOfMemory { bytes: 1 }));
-        assert!(!is_oom(&GpuError::NoDevice("none".into())));
+        assert!(GpuError::OutOfMemory { bytes: 1 }.is_out_of_memory());
+        assert!(!GpuError::NoDevice("none".into()).is_out_of_memory());
     }
 
     #[test]
