@@ -249,7 +249,22 @@ impl Device {
 
     /// Copies a device buffer back to the host (synchronises).
     pub fn download<T: Elem>(&self, src: &DeviceBuffer<T>) -> Result<Vec<T>> {
-        let v = self.stream.clone_dtoh(&src.slice)?;
+        self.download_prefix(src, src.len())
+    }
+
+    /// Copies the first `len` elements of a device buffer back to the host (synchronises): the
+    /// part a pass wrote into a workspace sized for the largest pass so far.
+    pub fn download_prefix<T: Elem>(&self, src: &DeviceBuffer<T>, len: usize) -> Result<Vec<T>> {
+        if len > src.len() {
+            return Err(GpuError::shape(
+                "download",
+                format!("{len} elements from a buffer of {}", src.len()),
+            ));
+        }
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let v = self.stream.clone_dtoh(&src.slice.slice(0..len))?;
         self.stream.synchronize()?;
         Ok(v)
     }

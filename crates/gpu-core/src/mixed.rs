@@ -160,11 +160,15 @@ impl GemmBuffer {
         }
     }
 
-    /// Downloads the whole buffer as f32 (bf16 values widened exactly); synchronises.
-    pub fn download_f32(&self, dev: &Device) -> Result<Vec<f32>> {
+    /// Copies the first `len` elements back to the host as f32 (synchronises).
+    pub fn download_f32(&self, dev: &Device, len: usize) -> Result<Vec<f32>> {
         Ok(match self {
-            GemmBuffer::Bf16(b) => dev.download(b)?.into_iter().map(bf16::to_f32).collect(),
-            GemmBuffer::F32(b) => dev.download(b)?,
+            GemmBuffer::Bf16(b) => dev
+                .download_prefix(b, len)?
+                .into_iter()
+                .map(bf16::to_f32)
+                .collect(),
+            GemmBuffer::F32(b) => dev.download_prefix(b, len)?,
         })
     }
 }

@@ -207,6 +207,8 @@ pub trait ActElem: Elem {
     const ACT: Kernel;
     #[doc(hidden)]
     const QK_NORM_ROPE: Kernel;
+    #[doc(hidden)]
+    const QK_NORM_ROPE_STAGED: Kernel;
     /// f32: the exact CUDA-core attention kernel; bf16: `None` (tensor-core kernels per head dim).
     #[doc(hidden)]
     const EXACT_ATTN: Option<Kernel>;
@@ -215,12 +217,14 @@ impl ActElem for f32 {
     const GATED_ACT: Kernel = Kernel::GatedActF32;
     const ACT: Kernel = Kernel::ActF32;
     const QK_NORM_ROPE: Kernel = Kernel::QkNormRopeF32;
+    const QK_NORM_ROPE_STAGED: Kernel = Kernel::QkNormRopeStagedF32;
     const EXACT_ATTN: Option<Kernel> = Some(Kernel::FlashAttnF32);
 }
 impl ActElem for bf16 {
     const GATED_ACT: Kernel = Kernel::GatedActBf16;
     const ACT: Kernel = Kernel::ActBf16;
     const QK_NORM_ROPE: Kernel = Kernel::QkNormRopeBf16;
+    const QK_NORM_ROPE_STAGED: Kernel = Kernel::QkNormRopeStagedBf16;
     const EXACT_ATTN: Option<Kernel> = None;
 }
 
@@ -861,50 +865,27 @@ impl Device {
         } else {
             None
         };
-        let Some((tx, ty, unit, blocks)) = staged else {
-            let items = s.tokens * s.heads * 3;
-            let cfg = LaunchConfig {
-                grid_dim: (items.div_ceil(8) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            return self.launch(T::QK_NORM_ROPE, cfg, |b| {
-                b.arg(&qa)
-                    .arg(&n)
-                    .arg(&heads)
-                    .arg(&hd)
-                    .arg(&ld)
-                    .arg(&qo)
-                    .arg(&ko)
-                    .arg(&vo)
-                    .arg(&pos)
-                    .arg(&inv);
-                b.arg(&layout)
-                    .arg(&first_axis)
-                    .arg(&flags)
-                    .arg(&qw)
-                    .arg(&kw)
-                    .arg(&s.eps);
-                b.arg(&c[0].lo)
-                    .arg(&c[0].hi)
-                    .arg(&c[1].lo)
-                    .arg(&c[1].hi)
-                    .arg(&c[2].lo)
-                    .arg(&c[2].hi);
-            });
+        // the staged kernel takes the same arguments plus the active-part mask and its unit
+        let (kernel, cfg, staged_args) = match staged {
+            None => (
+                T::QK_NORM_ROPE,
+                LaunchConfig {
+                    grid_dim: ((s.tokens * s.heads * 3).div_ceil(8) as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                },
+                None,
+            ),
+            Some((tx, ty, unit, blocks)) => (
+                T::QK_NORM_ROPE_STAGED,
+                LaunchConfig {
+                    grid_dim: (blocks as u32, active.len() as u32, 1),
+                    block_dim: (tx as u32, ty as u32, 1),
+                    shared_mem_bytes: (ty * unit * 4) as u32,
+                },
+                Some((active.iter().fold(0i32, |m, &w| m | 1 << w), unit as i32)),
+            ),
         };
-        let kernel = if T::QK_NORM_ROPE == Kernel::QkNormRopeF32 {
-            Kernel::QkNormRopeStagedF32
-        } else {
-            Kernel::QkNormRopeStagedBf16
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, active.len() as u32, 1),
-            block_dim: (tx as u32, ty as u32, 1),
-            shared_mem_bytes: (ty * unit * 4) as u32,
-        };
-        let mask = active.iter().fold(0i32, |m, &w| m | 1 << w);
-        let unit = unit as i32;
         self.launch(kernel, cfg, |b| {
             b.arg(&qa)
                 .arg(&n)
@@ -927,9 +908,10 @@ impl Device {
                 .arg(&c[1].lo)
                 .arg(&c[1].hi)
                 .arg(&c[2].lo)
-                .arg(&c[2].hi)
-                .arg(&mask)
-                .arg(&unit);
+                .arg(&c[2].hi);
+            if let Some((mask, unit)) = &staged_args {
+                b.arg(mask).arg(unit);
+            }
         })
     }
 
@@ -986,16 +968,6 @@ impl Device {
                 )
             }
             None => {
-                let hd_ok = matches!(a.head_dim, 64 | 72 | 96);
-                if !hd_ok {
-                    return Err(GpuError::shape(
-                        OP,
-                        format!(
-                            "head_dim {} (bf16 kernels exist for 64, 72, 96)",
-                            a.head_dim
-                        ),
-                    ));
-                }
                 let segments = cu.len() - 1;
                 let wgmma = self.has_kernel(Kernel::FlashAttnSwHd64W2Bf16);
                 // Measured on the H200 through this op (docs/notes/flash-attn-sm90a.md): the wgmma
@@ -1020,7 +992,13 @@ impl Device {
                     (72, FlashVariant::Wgmma2) => Kernel::FlashAttnSwHd72W2Bf16,
                     (72, FlashVariant::Wgmma3) => Kernel::FlashAttnSwHd72W3Bf16,
                     (96, FlashVariant::Wgmma2) => Kernel::FlashAttnSwHd96W2Bf16,
-                    _ => Kernel::FlashAttnSwHd96W3Bf16,
+                    (96, FlashVariant::Wgmma3) => Kernel::FlashAttnSwHd96W3Bf16,
+                    (hd, _) => {
+                        return Err(GpuError::shape(
+                            OP,
+                            format!("head_dim {hd} (bf16 kernels exist for 64, 72, 96)"),
+                        ))
+                    }
                 };
                 if !self.has_kernel(kernel) {
                     return Err(GpuError::shape(

@@ -436,7 +436,7 @@ impl GemmaCuda {
             .as_ref()
             .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
         let t = self.cfg.text_hidden;
-        let all = self.dev.download(&ws.rows)?;
+        let all = self.dev.download_prefix(&ws.rows, batch.pooled_rows * t)?;
         let mut out = Vec::with_capacity(batch.grids.len());
         let mut start = 0;
         for &(gw, gh) in &batch.grids {
@@ -456,17 +456,6 @@ impl GemmaCuda {
         let batch = self.prepare(images)?;
         let stages = self.run(&batch, keep_stages)?;
         Ok((self.rows(&batch)?, stages))
-    }
-
-    fn download_rows(
-        &self,
-        b: &DeviceBuffer<f32>,
-        rows: usize,
-        width: usize,
-    ) -> CudaResult<Vec<f32>> {
-        let mut v = self.dev.download(b)?;
-        v.truncate(rows * width);
-        Ok(v)
     }
 
     /// Pre-norm of `x` into `hn` with `clamp`, in the GEMM precision.
@@ -543,7 +532,7 @@ impl GemmaCuda {
         )?;
         d.pos_add_xy(&mut ws.x, n, h, &self.pos, c.pos_rows, &batch.pos)?;
         if let Some(s) = stages.as_mut() {
-            s.patch_embed = self.download_rows(&ws.x, n, h)?;
+            s.patch_embed = self.dev.download_prefix(&ws.x, n * h)?;
         }
 
         let rope = RopeSpec {
@@ -652,18 +641,18 @@ impl GemmaCuda {
                 )?;
             }
             if let (Some(s), 0) = (stages.as_mut(), li) {
-                s.block_0 = self.download_rows(&ws.x, n, h)?;
+                s.block_0 = self.dev.download_prefix(&ws.x, n * h)?;
             }
         }
         if let Some(s) = stages.as_mut() {
-            s.blocks_out = self.download_rows(&ws.x, n, h)?;
+            s.blocks_out = self.dev.download_prefix(&ws.x, n * h)?;
         }
 
         // transformers Gemma4VisionPooler: k×k average by position, then × sqrt(H) in f32.
         self.pool(ws, batch)?;
         let np = batch.pooled_rows;
         if let Some(s) = stages.as_mut() {
-            s.pooled = self.download_rows(&ws.pooled, np, h)?;
+            s.pooled = self.dev.download_prefix(&ws.pooled, np * h)?;
         }
         // Standardisation `(p − b)·s` = `p·diag(s) + (−b·s)` as one f32 GEMM.
         let std_buf = match &self.std {
@@ -683,7 +672,7 @@ impl GemmaCuda {
             None => &ws.pooled,
         };
         if let Some(s) = stages.as_mut() {
-            s.standardized = self.download_rows(std_buf, np, h)?;
+            s.standardized = self.dev.download_prefix(std_buf, np * h)?;
         }
         // Gemma4MultimodalEmbedder: weightless RMSNorm, then the projection to the LM width.
         let m = Mat::dense(np, h);
@@ -696,7 +685,7 @@ impl GemmaCuda {
             Epilogue::None,
         )?;
         if let Some(s) = stages.as_mut() {
-            s.rows = self.download_rows(&ws.rows, np, c.text_hidden)?;
+            s.rows = self.dev.download_prefix(&ws.rows, np * c.text_hidden)?;
         }
         Ok(stages)
     }

@@ -465,7 +465,9 @@ impl GlmCuda {
             .as_ref()
             .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
         let o = self.cfg.out_hidden;
-        let all = self.dev.download(&ws.rows)?;
+        let all = self
+            .dev
+            .download_prefix(&ws.rows, batch.merged_rows() * o)?;
         let mut out = Vec::with_capacity(batch.rows_per.len());
         let mut start = 0;
         for &r in &batch.rows_per {
@@ -484,17 +486,6 @@ impl GlmCuda {
         let batch = self.prepare(images)?;
         let stages = self.run(&batch, keep_stages)?;
         Ok((self.rows(&batch)?, stages))
-    }
-
-    fn download_rows(
-        &self,
-        b: &DeviceBuffer<f32>,
-        rows: usize,
-        width: usize,
-    ) -> CudaResult<Vec<f32>> {
-        let mut v = self.dev.download(b)?;
-        v.truncate(rows * width);
-        Ok(v)
     }
 
     /// RMSNorm of `x` rows into `hn`, in the GEMM precision.
@@ -556,7 +547,7 @@ impl GlmCuda {
             Epilogue::None,
         )?;
         if let Some(s) = stages.as_mut() {
-            s.patch_embed = self.download_rows(&ws.x, n, h)?;
+            s.patch_embed = self.dev.download_prefix(&ws.x, n * h)?;
         }
 
         let rope = RopeSpec {
@@ -608,11 +599,11 @@ impl GlmCuda {
                 Epilogue::None,
             )?;
             if let (Some(s), 0) = (stages.as_mut(), li) {
-                s.block_0 = self.download_rows(&ws.x, n, h)?;
+                s.block_0 = self.dev.download_prefix(&ws.x, n * h)?;
             }
         }
         if let Some(s) = stages.as_mut() {
-            s.blocks_out = self.download_rows(&ws.x, n, h)?;
+            s.blocks_out = self.dev.download_prefix(&ws.x, n * h)?;
         }
 
         // post_layernorm, then the m×m stride-m conv as one GEMM over [N/m², m²H] (module docs).
@@ -620,7 +611,7 @@ impl GlmCuda {
         if let (Some(s), Some(st)) = (stages.as_mut(), ws.stage.as_mut()) {
             let m = Mat::dense(n, h);
             d.rms_norm(&ws.x, m, Some(&self.post_norm), st, m, eps, Clamp::NONE)?;
-            s.post_norm = self.download_rows(st, n, h)?;
+            s.post_norm = self.dev.download_prefix(st, n * h)?;
         }
         d.gemm(
             GemmBuffer::inputs(&ws.hn, &self.ds_w)?,
@@ -630,7 +621,7 @@ impl GlmCuda {
             Epilogue::None,
         )?;
         if let Some(s) = stages.as_mut() {
-            s.downsample = self.download_rows(&ws.ds, np, o)?;
+            s.downsample = self.dev.download_prefix(&ws.ds, np * o)?;
         }
         // Merger: proj → LayerNorm(eps 1e-5) → erf GELU → gate|up → SwiGLU → down.
         let proj_in = match (&mut ws.ds_b, &self.m_proj) {
@@ -675,7 +666,7 @@ impl GlmCuda {
             Epilogue::None,
         )?;
         if let Some(s) = stages.as_mut() {
-            s.rows = self.download_rows(&ws.rows, np, o)?;
+            s.rows = self.dev.download_prefix(&ws.rows, np * o)?;
         }
         Ok(stages)
     }

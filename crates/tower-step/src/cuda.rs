@@ -727,10 +727,9 @@ impl StepCuda {
             .ws
             .as_ref()
             .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
-        let all = self.dev.download(&ws.rows)?;
-        Ok(batch
-            .plan
-            .split_rows(&all, self.cfg.text_hidden, &batch.masks))
+        let t = self.cfg.text_hidden;
+        let all = self.dev.download_prefix(&ws.rows, batch.plan.n2 * t)?;
+        Ok(batch.plan.split_rows(&all, t, &batch.masks))
     }
 
     /// [`StepCuda::prepare`], [`StepCuda::run`] and [`StepCuda::rows`] in one call.
@@ -783,7 +782,7 @@ impl StepCuda {
             Epilogue::None,
         )?;
         if let Some(s) = host.as_mut() {
-            s.patch_embed = self.download_rows(&ws.y, n, h)?;
+            s.patch_embed = self.dev.download_prefix(&ws.y, n * h)?;
         }
         d.layer_norm(
             &ws.y,
@@ -795,7 +794,7 @@ impl StepCuda {
             eps,
         )?;
         if let Some(s) = host.as_mut() {
-            s.pre_ln = self.download_rows(&ws.x, n, h)?;
+            s.pre_ln = self.dev.download_prefix(&ws.x, n * h)?;
         }
 
         let rope = RopeSpec {
@@ -869,11 +868,11 @@ impl StepCuda {
                 Epilogue::None,
             )?;
             if let (Some(s), 0) = (host.as_mut(), li) {
-                s.block_0 = self.download_rows(&ws.x, n, h)?;
+                s.block_0 = self.dev.download_prefix(&ws.x, n * h)?;
             }
         }
         if let Some(s) = host.as_mut() {
-            s.blocks_out = self.download_rows(&ws.x, n, h)?;
+            s.blocks_out = self.dev.download_prefix(&ws.x, n * h)?;
             s.d1 = vec![0.0; b.n1 * 2 * h];
         }
 
@@ -920,9 +919,8 @@ impl StepCuda {
                 Epilogue::None,
             )?;
             if let Some(s) = host.as_mut() {
-                let got = ws.d1.download_f32(d)?;
                 let (a, z) = (v0.r1 * 2 * h, (v0.r1 + m1) * 2 * h);
-                s.d1[a..z].copy_from_slice(&got[..z - a]);
+                s.d1[a..z].copy_from_slice(&ws.d1.download_f32(d, z - a)?);
             }
             match (&ws.d1, &mut ws.col2) {
                 (GemmBuffer::Bf16(d1), GemmBuffer::Bf16(col)) => {
@@ -955,10 +953,8 @@ impl StepCuda {
         let Some(mut s) = host else {
             return Ok(None);
         };
-        let mut d2 = ws.d2.download_f32(d)?;
-        d2.truncate(b.n2 * c.out_width());
-        s.d2 = d2;
-        let all = self.dev.download(&ws.rows)?;
+        s.d2 = ws.d2.download_f32(d, b.n2 * c.out_width())?;
+        let all = self.dev.download_prefix(&ws.rows, b.n2 * c.text_hidden)?;
         let rows = b
             .split_rows(&all, c.text_hidden, &batch.masks)
             .into_iter()
@@ -995,17 +991,6 @@ impl StepCuda {
             )?;
         }
         Ok(())
-    }
-
-    fn download_rows(
-        &self,
-        buf: &DeviceBuffer<f32>,
-        rows: usize,
-        width: usize,
-    ) -> CudaResult<Vec<f32>> {
-        let mut v = self.dev.download(buf)?;
-        v.truncate(rows * width);
-        Ok(v)
     }
 
     /// Rope of q and k (the layout matching the weights: vendor interleaved or HF NeoX pairs) on
