@@ -5,7 +5,7 @@ The accumulator lists of wgmma are N/2 registers long and must be spelled out in
 so they are generated. Run: python3 kernels/gen_wgmma.py > kernels/wgmma_ops.cuh
 """
 
-SS_N = [64]              # S = Q·Kᵀ: A (Q) and B (K) from shared memory, N = key tile
+SS_N = [64, 96, 128, 192]   # S = Q·Kᵀ: A (Q) and B (K) from shared memory, N = key tile
 RS_N = [64, 72, 96]       # O += P·V: A (P) from registers, B (V) from shared memory N-major, N = head dim
 
 
@@ -51,6 +51,8 @@ print()
 print('__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory"); }')
 print('__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory"); }')
 print('__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory"); }')
+print('// Wait until at most N committed wgmma groups of this warpgroup are still in flight.')
+print('template <int N> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\\n" ::"n"(N) : "memory"); }')
 print()
 for n in SS_N:
     print(ss(n))

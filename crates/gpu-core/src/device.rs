@@ -69,6 +69,8 @@ pub struct Device {
     /// Indexed like [`Kernel::ALL`]; `None` for kernels of a module this device cannot load (sm_90a).
     funcs: Vec<Option<CudaFunction>>,
     pub(crate) lt: crate::gemm::Lt,
+    /// Dynamic shared memory a block may use (the device's opt-in maximum, set on the large kernels).
+    pub(crate) smem_optin: usize,
 }
 
 impl std::fmt::Debug for Device {
@@ -140,6 +142,11 @@ impl Device {
                 })?;
             modules.push((m, module));
         }
+        // The most dynamic shared memory one block may opt into (227 KB on compute capability 9.0): the
+        // attention kernels' limit, raised at load.
+        let smem_optin = ctx.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?;
         let mut funcs = Vec::with_capacity(Kernel::ALL.len());
         for k in Kernel::ALL {
             let Some((_, module)) = modules.iter().find(|(m, _)| *m == k.module()) else {
@@ -151,9 +158,12 @@ impl Device {
                 what: format!("{}: {e}", k.name()),
             })?;
             if k.module().large_shared_memory() {
+                // the opt-in maximum covers static and dynamic shared memory together
+                let fixed =
+                    f.get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?;
                 f.set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    160 * 1024,
+                    smem_optin - fixed,
                 )?;
             }
             funcs.push(Some(f));
@@ -163,6 +173,7 @@ impl Device {
             ctx,
             stream,
             funcs,
+            smem_optin: smem_optin.max(0) as usize,
             lt,
         })
     }

@@ -641,13 +641,15 @@ fn flash_attn_matches_host() {
     let d = dev();
     let mut r = Rng::new(5);
     let mut variants = vec![FlashVariant::M1, FlashVariant::M2];
-    // the wgmma kernels must be there on a Hopper device; elsewhere only the mma.sync ones exist
+    // the warp-specialised kernels must be there on a Hopper device; elsewhere only the mma.sync ones exist
     let hopper = d.compute_capability().unwrap() == (9, 0);
-    assert_eq!(d.has_kernel(Kernel::FlashAttnSwHd72W2Bf16), hopper);
+    assert_eq!(d.has_kernel(Kernel::FlashAttnWsHd72C3Bf16), hopper);
     if hopper {
-        variants.extend([FlashVariant::Wgmma2, FlashVariant::Wgmma3]);
+        variants.extend([FlashVariant::Ws2, FlashVariant::Ws3]);
     } else {
-        eprintln!("flash_attn_matches_host: no sm_90a device, wgmma variants not tested");
+        eprintln!(
+            "flash_attn_matches_host: no sm_90a device, warp-specialised variants not tested"
+        );
     }
     for variant in variants {
         attn_case(&d, &mut r, 2, 64, &[1, 64, 200, 129], 0.125, variant, 1e-2);
@@ -663,6 +665,18 @@ fn flash_attn_matches_host() {
             1e-2,
         );
         attn_case(&d, &mut r, 1, 72, &[1000], 1.0, variant, 1e-2);
+        // blocks whose later query boxes lie wholly past the last token (the copy engine fills zeros)
+        attn_case(
+            &d,
+            &mut r,
+            2,
+            96,
+            &[3, 1300, 7],
+            96f32.powf(-0.5),
+            variant,
+            1e-2,
+        );
+        attn_case(&d, &mut r, 2, 64, &[193, 2, 385], 0.125, variant, 1e-2);
     }
 }
 

@@ -16,7 +16,7 @@ pub enum Module {
     Act,
     /// `kernels/flash_attn.cu`
     FlashAttn,
-    /// `kernels/flash_attn_sm90a.cu` (wgmma; loaded only on compute capability 9.0 devices)
+    /// `kernels/flash_attn_sm90a.cu` (wgmma, TMA, warp specialisation; loaded only on compute capability 9.0)
     FlashAttnSm90a,
     /// `kernels/layout.cu`
     Layout,
@@ -120,12 +120,12 @@ kernels! {
     FlashAttnHd72M2Bf16 => (FlashAttn, "flash_attn_hd72_m2_bf16"),
     FlashAttnHd96M1Bf16 => (FlashAttn, "flash_attn_hd96_m1_bf16"),
     FlashAttnHd96M2Bf16 => (FlashAttn, "flash_attn_hd96_m2_bf16"),
-    FlashAttnSwHd64W2Bf16 => (FlashAttnSm90a, "flash_attn_sw_hd64_w2_bf16"),
-    FlashAttnSwHd64W3Bf16 => (FlashAttnSm90a, "flash_attn_sw_hd64_w3_bf16"),
-    FlashAttnSwHd72W2Bf16 => (FlashAttnSm90a, "flash_attn_sw_hd72_w2_bf16"),
-    FlashAttnSwHd72W3Bf16 => (FlashAttnSm90a, "flash_attn_sw_hd72_w3_bf16"),
-    FlashAttnSwHd96W2Bf16 => (FlashAttnSm90a, "flash_attn_sw_hd96_w2_bf16"),
-    FlashAttnSwHd96W3Bf16 => (FlashAttnSm90a, "flash_attn_sw_hd96_w3_bf16"),
+    FlashAttnWsHd64C3Bf16 => (FlashAttnSm90a, "flash_attn_ws_hd64_c3_n128_s3_p1_bf16"),
+    FlashAttnWsHd64C2Bf16 => (FlashAttnSm90a, "flash_attn_ws_hd64_c2_n192_s3_p1_bf16"),
+    FlashAttnWsHd72C3Bf16 => (FlashAttnSm90a, "flash_attn_ws_hd72_c3_n96_s3_p1_bf16"),
+    FlashAttnWsHd72C2Bf16 => (FlashAttnSm90a, "flash_attn_ws_hd72_c2_n128_s3_p1_bf16"),
+    FlashAttnWsHd96C3Bf16 => (FlashAttnSm90a, "flash_attn_ws_hd96_c3_n96_s3_p1_bf16"),
+    FlashAttnWsHd96C2Bf16 => (FlashAttnSm90a, "flash_attn_ws_hd96_c2_n128_s3_p1_bf16"),
     PosAddXyF32 => (Layout, "pos_add_xy_f32"),
     BilinearResizeF32 => (Layout, "bilinear_resize_f32"),
     AvgPoolF32 => (Layout, "avg_pool_f32"),

@@ -19,6 +19,7 @@ pub mod host;
 pub mod kernels;
 mod mixed;
 mod ops;
+mod tma;
 
 #[cfg(test)]
 mod gpu_tests;

@@ -150,8 +150,8 @@ fn main() -> Result<()> {
             let cud = d.upload(&cu)?;
             let mut o = d.alloc::<bf16>(tokens * width)?;
             let mut variants = vec![FlashVariant::M1, FlashVariant::M2];
-            if d.has_kernel(gpu_core::Kernel::FlashAttnSwHd64W2Bf16) {
-                variants.extend([FlashVariant::Wgmma2, FlashVariant::Wgmma3]);
+            if d.has_kernel(gpu_core::Kernel::FlashAttnWsHd64C3Bf16) {
+                variants.extend([FlashVariant::Ws2, FlashVariant::Ws3]);
             }
             for variant in variants {
                 let args = AttnArgs {

@@ -1,0 +1,61 @@
+//! Tensor maps (`CUtensorMap`) for the bulk tensor copies of the sm_90a attention kernel.
+
+use cudarc::driver::sys;
+use cudarc::driver::DeviceRepr;
+
+use crate::Result;
+
+/// A CUDA tensor map: 128 opaque bytes made by the driver, passed to a kernel by value
+/// (`const __grid_constant__ TmaDesc` in `kernels/flash_attn_sm90a.cu`).
+#[derive(Clone, Copy)]
+#[repr(C, align(128))]
+pub(crate) struct TensorMap([u64; 16]);
+
+// SAFETY: plain bytes with the size and alignment of the kernel parameter (`TmaDesc`, 128 bytes).
+unsafe impl DeviceRepr for TensorMap {}
+
+/// Columns of one box: 64 bf16 = 128 bytes, the span of the 128-byte swizzle the kernel's shared-memory
+/// layout uses (one "atom column").
+pub(crate) const BOX_COLS: u32 = 64;
+
+/// A 3-D map `{head_dim, heads, tokens}` over one operand of a `[tokens, ld]` bf16 matrix whose head `h` of
+/// token `t` starts at element `base + t·ld + h·head_dim`; boxes of `{64, 1, box_rows}` land in shared memory
+/// in the 128-byte swizzle. Columns past `head_dim` and tokens past `tokens` read as zeros.
+/// The caller guarantees `base` is 16-byte aligned, `head_dim` and `ld` are multiples of 8 and the matrix
+/// holds `tokens` rows of `heads·head_dim` columns.
+pub(crate) fn head_major_bf16(
+    base: u64,
+    head_dim: usize,
+    heads: usize,
+    tokens: usize,
+    ld: usize,
+    box_rows: u32,
+) -> Result<TensorMap> {
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
+    let dims: [u64; 3] = [head_dim as u64, heads as u64, tokens as u64];
+    let strides: [u64; 2] = [(head_dim * 2) as u64, (ld * 2) as u64];
+    let boxes: [u32; 3] = [BOX_COLS, 1, box_rows];
+    let elem: [u32; 3] = [1, 1, 1];
+    // SAFETY: every pointer refers to a live local of the length the rank (3) implies; the driver writes
+    // the 128-byte map into `map` (aligned as CUtensorMap requires) and reads nothing else.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            3,
+            base as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    r.result()?;
+    // SAFETY: the call succeeded, so the driver initialised the map.
+    let map = unsafe { map.assume_init() };
+    Ok(TensorMap(map.opaque))
+}

@@ -1,0 +1,329 @@
+// Development harness (not part of gpu-core): checks the warp-specialised TMA kernels of
+// kernels/flash_attn_sm90a.cu against an f32 reference — every row of ragged segment sets and sampled rows of the
+// tower shapes — and times every configuration against the previous wgmma kernel (dev/flash_attn_sw_sm90a.cu,
+// "sw w2") on the tower shapes, without the Rust stack. Build and run on the GPU machine:
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 kernels/dev/fa_ws_bench.cu -lcuda -o /tmp/faws && /tmp/faws
+// Output: one line per (shape, kernel) with rel-L2 against the reference and TFLOP/s = 4·n²·hd·heads·b / t;
+// a kernel whose error is over 1e-2 or not finite prints FAIL.
+#include <cuda.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "flash_attn_sw_sm90a.cu"
+#define FLASH_WS_NO_ENTRIES
+#include "../flash_attn_sm90a.cu"
+
+#define CK(x)                                                                                    \
+    do {                                                                                         \
+        cudaError_t e_ = (x);                                                                    \
+        if (e_ != cudaSuccess) {                                                                 \
+            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);      \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+// The configurations under test: (HD, HDP, C, BN, ST, PP); the first of each head dim are gpu-core's.
+#define CFGS(X)                \
+    X(64, 64, 3, 128, 3, 1)    \
+    X(64, 64, 2, 192, 3, 1)    \
+    X(64, 64, 3, 128, 2, 1)    \
+    X(72, 80, 3, 96, 3, 1)     \
+    X(72, 80, 2, 128, 3, 1)    \
+    X(72, 80, 3, 128, 2, 1)    \
+    X(96, 96, 3, 96, 3, 1)     \
+    X(96, 96, 2, 128, 3, 1)    \
+    X(96, 96, 3, 96, 3, 0)
+
+#define DECL(HD, HDP, C, BN, ST, PP) FLASH_WS_ENTRY(HD, HDP, C, BN, ST, PP)
+CFGS(DECL)
+
+typedef void (*KernWs)(const TmaDesc, const TmaDesc, const TmaDesc, bf16*, long long, const int*, float);
+typedef void (*KernOld)(const bf16*, const bf16*, const bf16*, bf16*, long long, long long, long long, long long,
+                        const int*, float);
+struct Cfg {
+    int hd, hdp, c, bn, st, pp, smem;
+    KernWs k;
+    std::string name;
+};
+static std::vector<Cfg> all_cfgs() {
+    std::vector<Cfg> v;
+#define LIST(HD, HDP, C, BN, ST, PP)                                                                                      \
+    v.push_back(Cfg{HD, HDP, C, BN, ST, PP, fa_ws::WsSmem<HDP, C, BN, ST>::BYTES,                                      \
+                    flash_attn_ws_hd##HD##_c##C##_n##BN##_s##ST##_p##PP##_bf16,                                            \
+                    "ws c" #C " n" #BN " s" #ST " p" #PP});
+    CFGS(LIST)
+    return v;
+}
+
+// f32 reference for the listed token rows: one block per (row, head); scores of the row's segment in smem.
+__global__ void ref_attn(const bf16* qkv, float* out, const int* cu, int segs, const int* rows, int heads, int hd,
+                         long long ld, float scale) {
+    extern __shared__ float sc[];
+    __shared__ float red[32];
+    int sidx = blockIdx.x, h = blockIdx.y;
+    int t = rows[sidx];
+    int s = 0;
+    while (s + 1 < segs && cu[s + 1] <= t) s++;
+    int st = cu[s], len = cu[s + 1] - st;
+    const bf16* qr = qkv + (long long)t * ld + h * hd;
+    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+        const bf16* kr = qkv + (long long)(st + j) * ld + heads * hd + h * hd;
+        float a = 0.f;
+        for (int d = 0; d < hd; d++) a += __bfloat162float(qr[d]) * __bfloat162float(kr[d]);
+        sc[j] = a * scale;
+    }
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < len; j += blockDim.x) mx = fmaxf(mx, sc[j]);
+    for (int o2 = 16; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mx = -INFINITY;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, red[w]);
+    __syncthreads();
+    float sum = 0.f;
+    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+        sc[j] = expf(sc[j] - mx);
+        sum += sc[j];
+    }
+    sum = warp_sum(sum);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = sum;
+    __syncthreads();
+    sum = 0.f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) sum += red[w];
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.f;
+        for (int j = 0; j < len; j++)
+            a += sc[j] * __bfloat162float(qkv[(long long)(st + j) * ld + 2 * heads * hd + h * hd + d]);
+        out[((long long)sidx * heads + h) * hd + d] = a / sum;
+    }
+}
+
+__global__ void gather_rows(const bf16* o, float* out, const int* rows, int nrows, int width, long long o_ld) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= (long long)nrows * width) return;
+    int r = i / width, c = i % width;
+    out[i] = __bfloat162float(o[(long long)rows[r] * o_ld + c]);
+}
+
+// 3-D tensor map {head_dim, heads, tokens} over one operand of the fused [tokens, ld] buffer.
+static TmaDesc make_map(const bf16* base, int hd, int heads, int tokens, long long ld, int box_rows) {
+    CUtensorMap m;
+    cuuint64_t dims[3] = {(cuuint64_t)hd, (cuuint64_t)heads, (cuuint64_t)tokens};
+    cuuint64_t strides[2] = {(cuuint64_t)hd * 2, (cuuint64_t)ld * 2};
+    cuuint32_t box[3] = {64, 1, (cuuint32_t)box_rows};
+    cuuint32_t es[3] = {1, 1, 1};
+    CUresult r = cuTensorMapEncodeTiled(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void*)base, dims, strides, box, es,
+                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        printf("cuTensorMapEncodeTiled failed: %d\n", (int)r);
+        exit(1);
+    }
+    TmaDesc d;
+    memcpy(&d, &m, sizeof d);
+    return d;
+}
+
+static float median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+struct Problem {
+    int hd, tokens, width;
+    long long ld;
+    std::vector<int> cu, rows;
+    bf16 *dqkv, *dout;
+    int *dcu, *drows;
+    float *dref, *dgot;
+    std::vector<float> ref;
+};
+
+static Problem make_problem(int hd, const std::vector<int>& lens, bool all_rows, unsigned long long seed, int heads) {
+    Problem p;
+    p.hd = hd;
+    p.cu.push_back(0);
+    for (int l : lens) p.cu.push_back(p.cu.back() + l);
+    p.tokens = p.cu.back();
+    p.ld = 3LL * heads * hd;
+    p.width = heads * hd;
+    std::vector<bf16> hq((size_t)p.tokens * p.ld);
+    unsigned long long st = seed;
+    for (auto& x : hq) {
+        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+        float u = ((st >> 40) & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f;
+        x = __float2bfloat16(u * 2.0f);
+    }
+    if (all_rows)
+        for (int t = 0; t < p.tokens; t++) p.rows.push_back(t);
+    else {
+        for (int t = 0; t < p.tokens; t += 13) p.rows.push_back(t);
+        p.rows.push_back(p.tokens - 1);
+    }
+    const int nr = p.rows.size();
+    CK(cudaMalloc(&p.dqkv, hq.size() * 2));
+    CK(cudaMalloc(&p.dout, (size_t)p.tokens * p.width * 2));
+    CK(cudaMalloc(&p.dcu, p.cu.size() * 4));
+    CK(cudaMalloc(&p.drows, nr * 4));
+    CK(cudaMalloc(&p.dref, (size_t)nr * p.width * 4));
+    CK(cudaMalloc(&p.dgot, (size_t)nr * p.width * 4));
+    CK(cudaMemcpy(p.dqkv, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(p.dcu, p.cu.data(), p.cu.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(p.drows, p.rows.data(), nr * 4, cudaMemcpyHostToDevice));
+    int maxlen = *std::max_element(lens.begin(), lens.end());
+    const float scale = 1.0f / sqrtf((float)hd);
+    CK(cudaFuncSetAttribute(ref_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, maxlen * 4));
+    ref_attn<<<dim3(nr, heads), 128, maxlen * 4>>>(p.dqkv, p.dref, p.dcu, (int)lens.size(), p.drows, heads, hd, p.ld, scale);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    p.ref.resize((size_t)nr * p.width);
+    CK(cudaMemcpy(p.ref.data(), p.dref, p.ref.size() * 4, cudaMemcpyDeviceToHost));
+    return p;
+}
+static void free_problem(Problem& p) {
+    CK(cudaFree(p.dqkv));
+    CK(cudaFree(p.dout));
+    CK(cudaFree(p.dcu));
+    CK(cudaFree(p.drows));
+    CK(cudaFree(p.dref));
+    CK(cudaFree(p.dgot));
+}
+static double check(Problem& p) {
+    const int nr = p.rows.size();
+    gather_rows<<<(nr * p.width + 255) / 256, 256>>>(p.dout, p.dgot, p.drows, nr, p.width, p.width);
+    CK(cudaGetLastError());
+    std::vector<float> got((size_t)nr * p.width);
+    CK(cudaMemcpy(got.data(), p.dgot, got.size() * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        double d = got[i] - p.ref[i];
+        num += d * d;
+        den += (double)p.ref[i] * p.ref[i];
+    }
+    return std::sqrt(num / den);
+}
+
+int main() {
+    const int heads = 16;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device %s, %d SMs, smem/block optin %zu\n", prop.name, prop.multiProcessorCount, prop.sharedMemPerBlockOptin);
+    std::vector<Cfg> cfgs = all_cfgs();
+    for (auto& c : cfgs) CK(cudaFuncSetAttribute(c.k, cudaFuncAttributeMaxDynamicSharedMemorySize, c.smem));
+    auto launch_ws = [&](const Cfg& c, Problem& p, cudaStream_t s) {
+        const int bm = 64 * c.c;
+        const int maxlen = [&] {
+            int m = 0;
+            for (size_t i = 0; i + 1 < p.cu.size(); i++) m = std::max(m, p.cu[i + 1] - p.cu[i]);
+            return m;
+        }();
+        TmaDesc mq = make_map(p.dqkv, p.hd, heads, p.tokens, p.ld, 64);
+        TmaDesc mk = make_map(p.dqkv + heads * p.hd, p.hd, heads, p.tokens, p.ld, c.bn);
+        TmaDesc mv = make_map(p.dqkv + 2 * heads * p.hd, p.hd, heads, p.tokens, p.ld, c.bn);
+        dim3 grid((maxlen + bm - 1) / bm, heads, (int)p.cu.size() - 1);
+        const float scale_log2 = 1.4426950408889634f / sqrtf((float)p.hd);
+        c.k<<<grid, 128 * (c.c + 1), c.smem, s>>>(mq, mk, mv, p.dout, p.width, p.dcu, scale_log2);
+    };
+    int fails = 0;
+    // 1. Correctness on ragged segment sets, every row (tiles partly past the segment end, one-key segments,
+    //    segments shorter than a key tile and than a query block).
+    {
+        std::vector<std::vector<int>> sets = {{1, 37, 64, 65, 127, 128, 129, 191, 192, 193, 250, 500, 1000},
+                                              {2394}, {3, 1300, 7}};
+        for (int hd : {64, 72, 96}) {
+            for (size_t si = 0; si < sets.size(); si++) {
+                Problem p = make_problem(hd, sets[si], true, 0x1234567ULL + hd * 7 + si, heads);
+                for (auto& c : cfgs) {
+                    if (c.hd != hd) continue;
+                    CK(cudaMemset(p.dout, 0xFF, (size_t)p.tokens * p.width * 2));  // poison (NaN)
+                    launch_ws(c, p, 0);
+                    CK(cudaGetLastError());
+                    CK(cudaDeviceSynchronize());
+                    double rel = check(p);
+                    bool ok = rel < 1e-2;
+                    if (!ok) fails++;
+                    printf("ragged set %zu hd %d | %-16s | rel %.3e %s\n", si, hd, c.name.c_str(), rel, ok ? "ok" : "FAIL");
+                }
+                free_problem(p);
+            }
+        }
+    }
+    // 2. The tower shapes: sampled rows checked, then timed.
+    struct Shape {
+        int hd, n, b;
+    };
+    Shape shapes[] = {{72, 2394, 1}, {72, 2394, 8}, {64, 5184, 1}, {64, 12288, 1},
+                      {64, 5184, 8}, {96, 2704, 1}, {96, 2704, 8}, {96, 1296, 6}};
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<std::string> table;
+    for (const Shape& sh : shapes) {
+        Problem p = make_problem(sh.hd, std::vector<int>(sh.b, sh.n), false, 0x9E3779B97F4A7C15ULL ^ (sh.hd * 131 + sh.n), heads);
+        const double flops = 4.0 * sh.n * (double)sh.n * sh.hd * heads * sh.b;
+        auto timeit = [&](const std::function<void()>& launch) -> float {
+            for (int i = 0; i < 3; i++) launch();
+            CK(cudaDeviceSynchronize());
+            std::vector<float> ts;
+            for (int i = 0; i < 15; i++) {
+                CK(cudaEventRecord(e0));
+                launch();
+                CK(cudaEventRecord(e1));
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                ts.push_back(ms);
+            }
+            return median(ts);
+        };
+        auto row = [&](const char* name, double rel, float ms) {
+            char buf[256];
+            snprintf(buf, sizeof buf, "hd %2d n %5d b%d | %-16s | rel %.2e%s | %8.3f ms | %6.1f TFLOP/s", sh.hd, sh.n, sh.b, name,
+                     rel, rel < 1e-2 ? "" : " FAIL", ms, flops / ms / 1e9);
+            if (!(rel < 1e-2)) fails++;
+            table.push_back(buf);
+            printf("%s\n", buf);
+            fflush(stdout);
+        };
+        {  // previous wgmma kernel (sw, 2 warpgroups)
+            KernOld k = sh.hd == 64 ? flash_attn_sw_hd64_w2_bf16 : sh.hd == 72 ? flash_attn_sw_hd72_w2_bf16 : flash_attn_sw_hd96_w2_bf16;
+            const int hdp = (sh.hd + 15) / 16 * 16, na = (hdp + 63) / 64, smem = na * (128 + 4 * 64) * 128;
+            CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            dim3 grid((sh.n + 127) / 128, heads, sh.b);
+            const float scale_log2 = 1.4426950408889634f / sqrtf((float)sh.hd);
+            auto launch = [&]() {
+                k<<<grid, 256, smem>>>(p.dqkv, p.dqkv + heads * sh.hd, p.dqkv + 2 * heads * sh.hd, p.dout, p.ld, p.ld, p.ld,
+                                       p.width, p.dcu, scale_log2);
+            };
+            CK(cudaMemset(p.dout, 0xFF, (size_t)p.tokens * p.width * 2));
+            launch();
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+            double rel = check(p);
+            row("sw w2 (v0.2)", rel, timeit(launch));
+        }
+        for (auto& c : cfgs) {
+            if (c.hd != sh.hd) continue;
+            auto launch = [&]() { launch_ws(c, p, 0); };
+            CK(cudaMemset(p.dout, 0xFF, (size_t)p.tokens * p.width * 2));
+            launch();
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+            double rel = check(p);
+            row(c.name.c_str(), rel, timeit(launch));
+        }
+        free_problem(p);
+    }
+    printf("=== flash attention: warp-specialised TMA kernels vs the v0.2 wgmma kernel (16 heads) ===\n");
+    for (auto& r : table) printf("%s\n", r.c_str());
+    printf("failures: %d\n", fails);
+    return fails ? 1 : 0;
+}
