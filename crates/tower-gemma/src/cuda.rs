@@ -25,8 +25,9 @@ use std::sync::Arc;
 
 use gpu_core::{
     head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp,
-    DeviceBuffer, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs, GemmOutput, GemmShape, Mat,
-    QkvSpec, RopeLayout, RopeSpec,
+    DeviceBuffer, DeviceInputs, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs, GemmOutput,
+    GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs, InputBuffers, Mat,
+    QkvSpec, Ran, RopeLayout, RopeSpec, Uploader,
 };
 
 use crate::config::GemmaConfig;
@@ -85,6 +86,8 @@ struct DevLayer {
 /// Buffers sized for up to `cap` tokens and `cap_p` pooled rows.
 #[derive(Debug)]
 struct Workspace {
+    /// The fixed input buffers every forward reads (patch rows, positions, segments).
+    inp: InputBuffers,
     cap: usize,
     cap_p: usize,
     x: DeviceBuffer<f32>,
@@ -100,31 +103,60 @@ struct Workspace {
     rows: DeviceBuffer<f32>,
 }
 
-/// A batch of validated images on the device: pixels, positions, attention segments and grids.
-#[derive(Debug)]
-pub struct GemmaBatch {
+/// What a batch is, apart from its input values: tokens, segments, grids and the layout a CUDA
+/// graph is keyed by.
+#[derive(Debug, Clone)]
+struct BatchMeta {
     n: usize,
-    pixels: GemmBuffer,
-    pos: DeviceBuffer<i32>,
-    cu_dev: DeviceBuffer<i32>,
     cu: Vec<i32>,
     /// `(gw, gh)` per image.
     grids: Vec<(usize, usize)>,
     pooled_rows: usize,
+    key: GraphKey,
+}
+
+/// A batch of validated images prepared on the host ([`GemmaCuda::prepare_host`]), ready for
+/// [`GemmaCuda::stage`]; building one needs no device.
+#[derive(Debug, Clone)]
+pub struct GemmaHostBatch {
+    meta: BatchMeta,
+    inputs: HostInputs,
+}
+
+impl GemmaHostBatch {
+    /// Patches (tokens) in the batch.
+    pub fn tokens(&self) -> usize {
+        self.meta.n
+    }
+    /// Images in the batch.
+    pub fn images(&self) -> usize {
+        self.meta.grids.len()
+    }
+}
+
+/// A batch of validated images on the device: pixels, positions, attention segments and grids.
+#[derive(Debug)]
+pub struct GemmaBatch {
+    meta: BatchMeta,
+    inputs: DeviceInputs,
 }
 
 impl GemmaBatch {
     /// Patches (tokens) in the batch.
     pub fn tokens(&self) -> usize {
-        self.n
+        self.meta.n
     }
     /// Soft tokens (pooled rows) in the batch.
     pub fn pooled_rows(&self) -> usize {
-        self.pooled_rows
+        self.meta.pooled_rows
     }
     /// Images in the batch.
     pub fn images(&self) -> usize {
-        self.grids.len()
+        self.meta.grids.len()
+    }
+    /// The layout a CUDA graph of this batch is keyed by (segments, then grids).
+    pub fn graph_key(&self) -> &GraphKey {
+        &self.meta.key
     }
 }
 
@@ -148,6 +180,10 @@ pub struct GemmaCuda {
     eye_h: DeviceBuffer<f32>,
     weight_bytes: usize,
     ws: Option<Workspace>,
+    /// CUDA graphs of the bf16 forward, per batch layout.
+    graphs: Graphs,
+    /// Asynchronous uploads of staged batches (created on the first [`GemmaCuda::stage`]).
+    uploader: Option<Uploader>,
 }
 
 /// q/k/v rows padded per head from `hd` to `kd` (zero rows).
@@ -296,6 +332,8 @@ impl GemmaCuda {
             eye_h: d.upload(&eye(h, 1.0f32, 0.0))?,
             weight_bytes: 0,
             ws: None,
+            graphs: Graphs::default(),
+            uploader: None,
             dev,
         };
         t.weight_bytes = t.count_weight_bytes();
@@ -338,9 +376,27 @@ impl GemmaCuda {
         self.precision
     }
 
+    /// Dimensions and laws.
+    pub fn config(&self) -> &GemmaConfig {
+        &self.cfg
+    }
+
     /// Validates `images` (dropping padding rows) and uploads pixels, positions and segments.
     pub fn prepare(&self, images: &[GemmaImage<'_>]) -> CudaResult<GemmaBatch> {
-        let cfg = &self.cfg;
+        let host = GemmaCuda::prepare_host(&self.cfg, self.precision, images)?;
+        Ok(GemmaBatch {
+            inputs: self.dev.upload_inputs(&host.inputs)?,
+            meta: host.meta,
+        })
+    }
+
+    /// The host half of [`GemmaCuda::prepare`] for a tower of `cfg` in `precision`: validation,
+    /// patch rows in the GEMM precision, positions and segments, with no device involved.
+    pub fn prepare_host(
+        cfg: &GemmaConfig,
+        precision: CudaPrecision,
+        images: &[GemmaImage<'_>],
+    ) -> CudaResult<GemmaHostBatch> {
         let mut pixels = Vec::new();
         let mut pos = Vec::new();
         let mut cu = vec![0i32];
@@ -367,16 +423,61 @@ impl GemmaCuda {
             grids.push((gw, gh));
             pooled_rows += (gw / cfg.pool) * (gh / cfg.pool);
         }
-        let d = &*self.dev;
-        Ok(GemmaBatch {
-            n: pos.len() / 2,
-            pixels: GemmBuffer::upload(d, self.precision, &pixels)?,
-            pos: d.upload(&pos)?,
-            cu_dev: d.upload(&cu)?,
-            cu,
-            grids,
-            pooled_rows,
+        let mut layout: Vec<usize> = cu.iter().map(|&c| c as usize).collect();
+        layout.extend(grids.iter().flat_map(|&(gw, gh)| [gw, gh]));
+        Ok(GemmaHostBatch {
+            meta: BatchMeta {
+                n: pos.len() / 2,
+                cu: cu.clone(),
+                grids,
+                pooled_rows,
+                key: GraphKey { precision, layout },
+            },
+            inputs: HostInputs {
+                rows: HostGemm::from_f32(precision, pixels),
+                pos,
+                cu,
+            },
         })
+    }
+
+    /// Queues the upload of a host-prepared batch from page-locked memory on a copy stream of
+    /// its own and returns at once: the copy overlaps whatever the device is running. The batch
+    /// stays valid until two more are staged ([`gpu_core::UPLOAD_SLOTS`]).
+    pub fn stage(&mut self, host: GemmaHostBatch) -> CudaResult<GemmaBatch> {
+        if host.inputs.rows.precision() != self.precision {
+            return Err(CudaError::Unsupported(format!(
+                "a batch prepared for {:?} staged on a {:?} tower",
+                host.inputs.rows.precision(),
+                self.precision
+            )));
+        }
+        if self.uploader.is_none() {
+            self.uploader = Some(Uploader::new(&self.dev)?);
+        }
+        let up = self
+            .uploader
+            .as_mut()
+            .ok_or_else(|| CudaError::Unsupported("uploader missing after creation".into()))?;
+        Ok(GemmaBatch {
+            inputs: up.stage(&self.dev, &host.inputs)?,
+            meta: host.meta,
+        })
+    }
+
+    /// Turns CUDA graphs of the bf16 forward on (the default) or off (every forward eager).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs.set_enabled(on);
+    }
+
+    /// Whether CUDA graphs are used and, if a capture failed, why not.
+    pub fn graph_status(&self) -> &GraphStatus {
+        self.graphs.status()
+    }
+
+    /// What the graph cache did so far (captures, replays, eager forwards).
+    pub fn graph_stats(&self) -> GraphStats {
+        self.graphs.stats()
     }
 
     fn ensure_workspace(&mut self, n: usize, np: usize) -> CudaResult<()> {
@@ -390,11 +491,13 @@ impl GemmaCuda {
             None => (n, np),
         };
         self.ws = None; // free the old one first
+        self.graphs.invalidate(); // the graphs address the old buffers
         let c = &self.cfg;
         let (h, wp, mi) = (c.hidden, c.heads * self.kd, c.intermediate);
         let d = &*self.dev;
         let p = self.precision;
         self.ws = Some(Workspace {
+            inp: InputBuffers::alloc(d, p, cap * c.patch_dim(), 2 * cap, cap + 1)?,
             cap,
             cap_p,
             x: d.alloc(cap * h)?,
@@ -414,19 +517,53 @@ impl GemmaCuda {
 
     /// Runs the whole forward on `batch` on the device; the rows stay there ([`GemmaCuda::rows`]).
     /// With `keep_stages` the stage activations are downloaded as they are produced.
+    ///
+    /// The inputs are first copied into fixed device buffers (a staged batch's after its upload
+    /// finished, on the device); then in bf16 mode without stages the forward goes through the
+    /// CUDA graph cache ([`gpu_core::Graphs`]: eager the first time a layout is seen, captured
+    /// the second, replayed after), else it runs eagerly.
     pub fn run(
         &mut self,
         batch: &GemmaBatch,
         keep_stages: bool,
     ) -> CudaResult<Option<GemmaStages>> {
-        self.ensure_workspace(batch.n, batch.pooled_rows)?;
+        self.run_graphed(batch, keep_stages).map(|(s, _)| s)
+    }
+
+    /// [`GemmaCuda::run`], also saying how the forward ran.
+    pub fn run_graphed(
+        &mut self,
+        batch: &GemmaBatch,
+        keep_stages: bool,
+    ) -> CudaResult<(Option<GemmaStages>, Ran)> {
+        self.ensure_workspace(batch.meta.n, batch.meta.pooled_rows)?;
         let mut ws = self
             .ws
             .take()
             .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
-        let r = self.run_in(&mut ws, batch, keep_stages);
+        let r = self.run_ws(&mut ws, batch, keep_stages);
         self.ws = Some(ws);
         r
+    }
+
+    fn run_ws(
+        &mut self,
+        ws: &mut Workspace,
+        batch: &GemmaBatch,
+        keep: bool,
+    ) -> CudaResult<(Option<GemmaStages>, Ran)> {
+        self.dev
+            .load_inputs(&batch.inputs, self.uploader.as_ref(), &mut ws.inp)?;
+        if keep || self.precision != CudaPrecision::Bf16 {
+            return Ok((self.run_in(ws, &batch.meta, keep)?, Ran::Eager));
+        }
+        let mut graphs = std::mem::take(&mut self.graphs);
+        let dev = self.dev.clone();
+        let r = graphs.run(&*dev, &batch.meta.key, || {
+            self.run_in(ws, &batch.meta, false).map(|_| ())
+        });
+        self.graphs = graphs;
+        Ok((None, r?))
     }
 
     /// Downloads the rows of the last [`GemmaCuda::run`] on `batch`, one `[n_i, text_hidden]` per image.
@@ -436,10 +573,12 @@ impl GemmaCuda {
             .as_ref()
             .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
         let t = self.cfg.text_hidden;
-        let all = self.dev.download_prefix(&ws.rows, batch.pooled_rows * t)?;
-        let mut out = Vec::with_capacity(batch.grids.len());
+        let all = self
+            .dev
+            .download_prefix(&ws.rows, batch.meta.pooled_rows * t)?;
+        let mut out = Vec::with_capacity(batch.meta.grids.len());
         let mut start = 0;
-        for &(gw, gh) in &batch.grids {
+        for &(gw, gh) in &batch.meta.grids {
             let np = (gw / self.cfg.pool) * (gh / self.cfg.pool);
             out.push(all[start * t..(start + np) * t].to_vec());
             start += np;
@@ -511,7 +650,7 @@ impl GemmaCuda {
     fn run_in(
         &self,
         ws: &mut Workspace,
-        batch: &GemmaBatch,
+        batch: &BatchMeta,
         keep: bool,
     ) -> CudaResult<Option<GemmaStages>> {
         let c = &self.cfg;
@@ -524,20 +663,20 @@ impl GemmaCuda {
 
         // Patch projection (input law folded into weight and bias) + position tables.
         d.gemm(
-            GemmBuffer::inputs(&batch.pixels, &self.patch_w)?,
+            GemmBuffer::inputs(&ws.inp.rows, &self.patch_w)?,
             Some(GemmBias::F32(&self.patch_b)),
             GemmOutput::F32(&mut ws.x),
             GemmShape::dense(n, h, pd),
             Epilogue::None,
         )?;
-        d.pos_add_xy(&mut ws.x, n, h, &self.pos, c.pos_rows, &batch.pos)?;
+        d.pos_add_xy(&mut ws.x, n, h, &self.pos, c.pos_rows, &ws.inp.pos)?;
         if let Some(s) = stages.as_mut() {
             s.patch_embed = self.dev.download_prefix(&ws.x, n * h)?;
         }
 
         let rope = RopeSpec {
             layout: RopeLayout::Gemma4,
-            pos: &batch.pos,
+            pos: &ws.inp.pos,
             inv_freq: &self.inv_freq,
         };
         let nl = self.layers.len();
@@ -562,10 +701,10 @@ impl GemmaCuda {
             )?;
             match (&mut ws.qkv, &mut ws.attn) {
                 (GemmBuffer::Bf16(qkv), GemmBuffer::Bf16(attn)) => {
-                    self.attention_core(l, qkv, attn, batch, &rope)?
+                    self.attention_core(l, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
                 }
                 (GemmBuffer::F32(qkv), GemmBuffer::F32(attn)) => {
-                    self.attention_core(l, qkv, attn, batch, &rope)?
+                    self.attention_core(l, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
                 }
                 _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
             }
@@ -698,11 +837,12 @@ impl GemmaCuda {
         l: &DevLayer,
         qkv: &mut DeviceBuffer<T>,
         attn: &mut DeviceBuffer<T>,
-        batch: &GemmaBatch,
+        (cu_dev, cu): (&DeviceBuffer<i32>, &[i32]),
         rope: &RopeSpec<'_>,
     ) -> CudaResult<()> {
         let (c, d) = (&self.cfg, &*self.dev);
-        let (n, heads, hd, kd) = (batch.n, c.heads, c.head_dim, self.kd);
+        let n = cu.last().map_or(0, |&t| t as usize);
+        let (heads, hd, kd) = (c.heads, c.head_dim, self.kd);
         let wp = heads * kd;
         for (off, nh) in head_groups(heads, hd, kd) {
             let spec = QkvSpec {
@@ -725,8 +865,8 @@ impl GemmaCuda {
             v: (&*qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
             heads,
             head_dim: kd,
-            cu_seqlens: &batch.cu_dev,
-            cu_seqlens_host: &batch.cu,
+            cu_seqlens: cu_dev,
+            cu_seqlens_host: cu,
             scale: ATTENTION_SCALE,
             variant: None,
         };
@@ -745,8 +885,9 @@ impl GemmaCuda {
 
     /// Pools every image of `ws.x` into `ws.pooled` (rows concatenated in image order). Consecutive
     /// images of one width pool as one taller grid (k divides every height, so no window crosses
-    /// an image); a run that does not start at row 0 is copied through exact identity GEMMs first.
-    fn pool(&self, ws: &mut Workspace, batch: &GemmaBatch) -> CudaResult<()> {
+    /// an image); a run that does not start at row 0 is copied through exact identity GEMMs first,
+    /// via `ws.y` and `ws.std` (both free at this point), so nothing is allocated.
+    fn pool(&self, ws: &mut Workspace, batch: &BatchMeta) -> CudaResult<()> {
         let (c, d) = (&self.cfg, &*self.dev);
         let (h, k) = (c.hidden, c.pool);
         let root_h = (h as f64).sqrt() as f32;
@@ -764,8 +905,6 @@ impl GemmaCuda {
             if tok == 0 {
                 d.avg_pool(&ws.x, gh_sum, gw, k, h, root_h, &mut ws.pooled)?;
             } else {
-                let mut src = d.alloc::<f32>(nt * h)?;
-                let mut dst = d.alloc::<f32>(npr * h)?;
                 let copy = |x: &DeviceBuffer<f32>, y: &mut DeviceBuffer<f32>, rows, xo, yo| {
                     d.gemm(
                         GemmInputs::F32 { x, w: &self.eye_h },
@@ -779,9 +918,9 @@ impl GemmaCuda {
                         Epilogue::None,
                     )
                 };
-                copy(&ws.x, &mut src, nt, tok * h, 0)?;
-                d.avg_pool(&src, gh_sum, gw, k, h, root_h, &mut dst)?;
-                copy(&dst, &mut ws.pooled, npr, 0, prow * h)?;
+                copy(&ws.x, &mut ws.y, nt, tok * h, 0)?;
+                d.avg_pool(&ws.y, gh_sum, gw, k, h, root_h, &mut ws.std)?;
+                copy(&ws.std, &mut ws.pooled, npr, 0, prow * h)?;
             }
             tok += nt;
             prow += npr;

@@ -10,7 +10,7 @@ mod forward;
 mod weights;
 
 pub use config::{GemmaConfig, GgufActivation, MAX_LAYERS, MAX_PATCH_SIZE};
-pub use cuda::{CudaError, CudaPrecision, GemmaBatch, GemmaCuda};
+pub use cuda::{CudaError, CudaPrecision, GemmaBatch, GemmaCuda, GemmaHostBatch};
 pub use error::{GemmaError, Result};
 pub use forward::{forward_host, GemmaImage, GemmaStages, ATTENTION_SCALE};
 pub use weights::{load_gguf, load_hf, GemmaWeights, Layer, Linear};

@@ -27,8 +27,9 @@ use std::sync::Arc;
 
 use gpu_core::{
     bf16, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation, AttnArgs,
-    Clamp, DeviceBuffer, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs, GemmOutput, GemmShape,
-    Mat, QkvSpec, RopeLayout, RopeSpec,
+    Clamp, DeviceBuffer, DeviceInputs, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs,
+    GemmOutput, GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs,
+    InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, Uploader,
 };
 use rayon::prelude::*;
 
@@ -89,6 +90,8 @@ struct DevBlock {
 /// Buffers sized for up to `cap` tokens and `cap_p` merged rows.
 #[derive(Debug)]
 struct Workspace {
+    /// The fixed input buffers every forward reads (patch rows, positions, segments).
+    inp: InputBuffers,
     cap: usize,
     cap_p: usize,
     /// Residual stream `[N, H]`.
@@ -111,34 +114,69 @@ struct Workspace {
     rows: DeviceBuffer<f32>,
 }
 
-/// A batch of validated images on the device: pixels, positions and attention segments.
-#[derive(Debug)]
-pub struct GlmBatch {
+/// What a batch is, apart from its input values: tokens, segments, rows per image and the
+/// layout a CUDA graph is keyed by.
+#[derive(Debug, Clone)]
+struct BatchMeta {
     n: usize,
-    pixels: GemmBuffer,
-    pos: DeviceBuffer<i32>,
-    cu_dev: DeviceBuffer<i32>,
     cu: Vec<i32>,
     /// Output rows per image.
     rows_per: Vec<usize>,
+    key: GraphKey,
+}
+
+impl BatchMeta {
+    fn merged_rows(&self) -> usize {
+        self.rows_per.iter().sum()
+    }
+}
+
+/// A batch of validated images prepared on the host ([`GlmCuda::prepare_host`]), ready for
+/// [`GlmCuda::stage`]; building one needs no device.
+#[derive(Debug, Clone)]
+pub struct GlmHostBatch {
+    meta: BatchMeta,
+    inputs: HostInputs,
+}
+
+impl GlmHostBatch {
+    /// Patches (tokens) in the batch.
+    pub fn tokens(&self) -> usize {
+        self.meta.n
+    }
+    /// Images in the batch.
+    pub fn images(&self) -> usize {
+        self.meta.rows_per.len()
+    }
+}
+
+/// A batch of validated images on the device: pixels, positions and attention segments.
+#[derive(Debug)]
+pub struct GlmBatch {
+    meta: BatchMeta,
+    inputs: DeviceInputs,
 }
 
 impl GlmBatch {
     /// Patches (tokens) in the batch.
     pub fn tokens(&self) -> usize {
-        self.n
+        self.meta.n
     }
     /// Merged output rows in the batch.
     pub fn merged_rows(&self) -> usize {
-        self.rows_per.iter().sum()
+        self.meta.merged_rows()
     }
     /// Images in the batch.
     pub fn images(&self) -> usize {
-        self.rows_per.len()
+        self.meta.rows_per.len()
     }
     /// The attention segments (one per frame pair), `[segments + 1]`.
     pub fn cu_seqlens(&self) -> &[i32] {
-        &self.cu
+        &self.meta.cu
+    }
+    /// The layout a CUDA graph of this batch is keyed by (segments, then grids).
+    pub fn graph_key(&self) -> &GraphKey {
+        &self.meta.key
     }
 }
 
@@ -169,6 +207,10 @@ pub struct GlmCuda {
     gate: Gate,
     weight_bytes: usize,
     ws: Option<Workspace>,
+    /// CUDA graphs of the bf16 forward, per batch layout.
+    graphs: Graphs,
+    /// Asynchronous uploads of staged batches (created on the first [`GlmCuda::stage`]).
+    uploader: Option<Uploader>,
 }
 
 /// The SwiGLU of a config: glm5_next `act(min(g, L))·clamp(u, −L, L)`
@@ -321,6 +363,8 @@ impl GlmCuda {
             gate: swiglu(cfg),
             weight_bytes: 0,
             ws: None,
+            graphs: Graphs::default(),
+            uploader: None,
             dev,
         };
         t.weight_bytes = t.count_weight_bytes();
@@ -367,7 +411,20 @@ impl GlmCuda {
     /// Validates `images` (the host path's checks) and uploads pixels, rope positions
     /// (`vision_positions`) and the attention segments (`vision_cu_seqlens`, one per frame pair).
     pub fn prepare(&self, images: &[GlmImage<'_>]) -> CudaResult<GlmBatch> {
-        let cfg = &self.cfg;
+        let host = GlmCuda::prepare_host(&self.cfg, self.precision, images)?;
+        Ok(GlmBatch {
+            inputs: self.dev.upload_inputs(&host.inputs)?,
+            meta: host.meta,
+        })
+    }
+
+    /// The host half of [`GlmCuda::prepare`] for a tower of `cfg` in `precision`: validation,
+    /// patch rows in the GEMM precision, positions and segments, with no device involved.
+    pub fn prepare_host(
+        cfg: &GlmConfig,
+        precision: CudaPrecision,
+        images: &[GlmImage<'_>],
+    ) -> CudaResult<GlmHostBatch> {
         if images.is_empty() {
             return Err(GlmError::Input("no images".into()).into());
         }
@@ -384,16 +441,61 @@ impl GlmCuda {
             pixels.extend_from_slice(img.patches);
             pos.extend(vision_positions(img.grid_thw, cfg.merge));
         }
-        let d = &*self.dev;
         let unit = cfg.merge_unit();
-        Ok(GlmBatch {
-            n: pos.len() / 2,
-            pixels: GemmBuffer::upload(d, self.precision, &pixels)?,
-            pos: d.upload(&pos)?,
-            cu_dev: d.upload(&cu)?,
-            cu,
-            rows_per: rows.iter().map(|r| r / unit).collect(),
+        let mut layout: Vec<usize> = cu.iter().map(|&c| c as usize).collect();
+        layout.extend(grids.iter().flatten());
+        Ok(GlmHostBatch {
+            meta: BatchMeta {
+                n: pos.len() / 2,
+                cu: cu.clone(),
+                rows_per: rows.iter().map(|r| r / unit).collect(),
+                key: GraphKey { precision, layout },
+            },
+            inputs: HostInputs {
+                rows: HostGemm::from_f32(precision, pixels),
+                pos,
+                cu,
+            },
         })
+    }
+
+    /// Queues the upload of a host-prepared batch from page-locked memory on a copy stream of
+    /// its own and returns at once: the copy overlaps whatever the device is running. The batch
+    /// stays valid until two more are staged ([`gpu_core::UPLOAD_SLOTS`]).
+    pub fn stage(&mut self, host: GlmHostBatch) -> CudaResult<GlmBatch> {
+        if host.inputs.rows.precision() != self.precision {
+            return Err(CudaError::Unsupported(format!(
+                "a batch prepared for {:?} staged on a {:?} tower",
+                host.inputs.rows.precision(),
+                self.precision
+            )));
+        }
+        if self.uploader.is_none() {
+            self.uploader = Some(Uploader::new(&self.dev)?);
+        }
+        let up = self
+            .uploader
+            .as_mut()
+            .ok_or_else(|| CudaError::Unsupported("uploader missing after creation".into()))?;
+        Ok(GlmBatch {
+            inputs: up.stage(&self.dev, &host.inputs)?,
+            meta: host.meta,
+        })
+    }
+
+    /// Turns CUDA graphs of the bf16 forward on (the default) or off (every forward eager).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs.set_enabled(on);
+    }
+
+    /// Whether CUDA graphs are used and, if a capture failed, why not.
+    pub fn graph_status(&self) -> &GraphStatus {
+        self.graphs.status()
+    }
+
+    /// What the graph cache did so far (captures, replays, eager forwards).
+    pub fn graph_stats(&self) -> GraphStats {
+        self.graphs.stats()
     }
 
     fn ensure_workspace(&mut self, n: usize, np: usize, keep: bool) -> CudaResult<()> {
@@ -407,6 +509,7 @@ impl GlmCuda {
             None => (n, np, false),
         };
         self.ws = None; // free the old one first
+        self.graphs.invalidate(); // the graphs address the old buffers
         let c = &self.cfg;
         let (h, wp, mi, o, pi) = (
             c.hidden,
@@ -418,6 +521,7 @@ impl GlmCuda {
         let d = &*self.dev;
         let p = self.precision;
         self.ws = Some(Workspace {
+            inp: InputBuffers::alloc(d, p, cap * c.patch_dim(), 2 * cap, cap + 1)?,
             cap,
             cap_p,
             x: d.alloc(cap * h)?,
@@ -447,15 +551,49 @@ impl GlmCuda {
 
     /// Runs the whole forward on `batch` on the device; the rows stay there ([`GlmCuda::rows`]).
     /// With `keep_stages` the stage activations are downloaded as they are produced.
+    ///
+    /// The inputs are first copied into fixed device buffers (a staged batch's after its upload
+    /// finished, on the device); then in bf16 mode without stages the forward goes through the
+    /// CUDA graph cache ([`gpu_core::Graphs`]: eager the first time a layout is seen, captured
+    /// the second, replayed after), else it runs eagerly.
     pub fn run(&mut self, batch: &GlmBatch, keep_stages: bool) -> CudaResult<Option<GlmStages>> {
-        self.ensure_workspace(batch.n, batch.merged_rows(), keep_stages)?;
+        self.run_graphed(batch, keep_stages).map(|(s, _)| s)
+    }
+
+    /// [`GlmCuda::run`], also saying how the forward ran.
+    pub fn run_graphed(
+        &mut self,
+        batch: &GlmBatch,
+        keep_stages: bool,
+    ) -> CudaResult<(Option<GlmStages>, Ran)> {
+        self.ensure_workspace(batch.meta.n, batch.merged_rows(), keep_stages)?;
         let mut ws = self
             .ws
             .take()
             .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
-        let r = self.run_in(&mut ws, batch, keep_stages);
+        let r = self.run_ws(&mut ws, batch, keep_stages);
         self.ws = Some(ws);
         r
+    }
+
+    fn run_ws(
+        &mut self,
+        ws: &mut Workspace,
+        batch: &GlmBatch,
+        keep: bool,
+    ) -> CudaResult<(Option<GlmStages>, Ran)> {
+        self.dev
+            .load_inputs(&batch.inputs, self.uploader.as_ref(), &mut ws.inp)?;
+        if keep || self.precision != CudaPrecision::Bf16 {
+            return Ok((self.run_in(ws, &batch.meta, keep)?, Ran::Eager));
+        }
+        let mut graphs = std::mem::take(&mut self.graphs);
+        let dev = self.dev.clone();
+        let r = graphs.run(&*dev, &batch.meta.key, || {
+            self.run_in(ws, &batch.meta, false).map(|_| ())
+        });
+        self.graphs = graphs;
+        Ok((None, r?))
     }
 
     /// Downloads the rows of the last [`GlmCuda::run`] on `batch`, one `[n_i/m², out_hidden]` per image.
@@ -468,9 +606,9 @@ impl GlmCuda {
         let all = self
             .dev
             .download_prefix(&ws.rows, batch.merged_rows() * o)?;
-        let mut out = Vec::with_capacity(batch.rows_per.len());
+        let mut out = Vec::with_capacity(batch.meta.rows_per.len());
         let mut start = 0;
-        for &r in &batch.rows_per {
+        for &r in &batch.meta.rows_per {
             out.push(all[start * o..(start + r) * o].to_vec());
             start += r;
         }
@@ -522,7 +660,7 @@ impl GlmCuda {
     fn run_in(
         &self,
         ws: &mut Workspace,
-        batch: &GlmBatch,
+        batch: &BatchMeta,
         keep: bool,
     ) -> CudaResult<Option<GlmStages>> {
         let c = &self.cfg;
@@ -540,7 +678,7 @@ impl GlmCuda {
 
         // Conv3d patch embedding (kernel = stride) ≡ a GEMM over the pixel rows, with bias.
         d.gemm(
-            GemmBuffer::inputs(&batch.pixels, &self.patch_w)?,
+            GemmBuffer::inputs(&ws.inp.rows, &self.patch_w)?,
             Some(GemmBias::F32(&self.patch_b)),
             GemmOutput::F32(&mut ws.x),
             GemmShape::dense(n, h, pd),
@@ -552,7 +690,7 @@ impl GlmCuda {
 
         let rope = RopeSpec {
             layout: RopeLayout::Glm,
-            pos: &batch.pos,
+            pos: &ws.inp.pos,
             inv_freq: &self.inv_freq,
         };
         for (li, b) in self.blocks.iter().enumerate() {
@@ -567,10 +705,10 @@ impl GlmCuda {
             )?;
             match (&mut ws.qkv, &mut ws.attn) {
                 (GemmBuffer::Bf16(qkv), GemmBuffer::Bf16(attn)) => {
-                    self.attention_core(b, qkv, attn, batch, &rope)?
+                    self.attention_core(b, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
                 }
                 (GemmBuffer::F32(qkv), GemmBuffer::F32(attn)) => {
-                    self.attention_core(b, qkv, attn, batch, &rope)?
+                    self.attention_core(b, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
                 }
                 _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
             }
@@ -678,11 +816,12 @@ impl GlmCuda {
         b: &DevBlock,
         qkv: &mut DeviceBuffer<T>,
         attn: &mut DeviceBuffer<T>,
-        batch: &GlmBatch,
+        (cu_dev, cu): (&DeviceBuffer<i32>, &[i32]),
         rope: &RopeSpec<'_>,
     ) -> CudaResult<()> {
         let (c, d) = (&self.cfg, &*self.dev);
-        let (n, heads, hd, kd) = (batch.n, c.heads, c.head_dim, self.kd);
+        let n = cu.last().map_or(0, |&t| t as usize);
+        let (heads, hd, kd) = (c.heads, c.head_dim, self.kd);
         let wp = heads * kd;
         for (off, nh) in head_groups(heads, hd, kd) {
             let spec = QkvSpec {
@@ -705,8 +844,8 @@ impl GlmCuda {
             v: (&*qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
             heads,
             head_dim: kd,
-            cu_seqlens: &batch.cu_dev,
-            cu_seqlens_host: &batch.cu,
+            cu_seqlens: cu_dev,
+            cu_seqlens_host: cu,
             scale: attention_scale(hd),
             variant: None,
         };

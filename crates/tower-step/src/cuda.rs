@@ -32,8 +32,9 @@ use std::sync::Arc;
 
 use gpu_core::{
     conv3x3s2_out, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation,
-    AttnArgs, Clamp, DeviceBuffer, Epilogue, GemmBias, GemmBuffer, GemmOutput, GemmShape, Mat,
-    QkvSpec, RopeLayout, RopeSpec,
+    AttnArgs, Clamp, DeviceBuffer, DeviceInputs, Epilogue, GemmBias, GemmBuffer, GemmOutput,
+    GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs, InputBuffers, Mat,
+    QkvSpec, Ran, RopeLayout, RopeSpec, Uploader,
 };
 use rayon::prelude::*;
 
@@ -235,45 +236,77 @@ impl ViewPlan {
     }
 }
 
+/// What a batch is, apart from its input values: where every view sits on the device, the
+/// attention segments, each image's newline mask and the layout a CUDA graph is keyed by.
+#[derive(Debug, Clone)]
+struct BatchMeta {
+    plan: ViewPlan,
+    cu: Vec<i32>,
+    /// Each image's newline mask, returned with its rows.
+    masks: Vec<Vec<bool>>,
+    key: GraphKey,
+}
+
+/// A batch of validated views prepared on the host ([`StepCuda::prepare_host`]): patch rows in
+/// the GEMM precision, rope positions and attention segments, ready for [`StepCuda::stage`].
+/// Building one needs no device, so it can run on another thread while the device works.
+#[derive(Debug, Clone)]
+pub struct StepHostBatch {
+    meta: BatchMeta,
+    inputs: HostInputs,
+}
+
+impl StepHostBatch {
+    /// Patches (tokens) in the batch.
+    pub fn tokens(&self) -> usize {
+        self.meta.plan.n
+    }
+    /// Images (requests) in the batch.
+    pub fn images(&self) -> usize {
+        self.meta.masks.len()
+    }
+}
+
 /// A batch of validated views on the device: pixels, rope positions, attention segments and
 /// where each view's rows go.
 #[derive(Debug)]
 pub struct StepBatch {
-    plan: ViewPlan,
-    pixels: GemmBuffer,
-    pos: DeviceBuffer<i32>,
-    cu_dev: DeviceBuffer<i32>,
-    cu: Vec<i32>,
-    /// Each image's newline mask, returned with its rows.
-    masks: Vec<Vec<bool>>,
+    meta: BatchMeta,
+    inputs: DeviceInputs,
 }
 
 impl StepBatch {
     /// Patches (tokens) in the batch.
     pub fn tokens(&self) -> usize {
-        self.plan.n
+        self.meta.plan.n
     }
     /// Views (crop tiles and global views) in the batch.
     pub fn views(&self) -> usize {
-        self.plan.views.len()
+        self.meta.plan.views.len()
     }
     /// Images (requests) in the batch.
     pub fn images(&self) -> usize {
-        self.masks.len()
+        self.meta.masks.len()
     }
     /// Output rows of the whole batch.
     pub fn output_rows(&self) -> usize {
-        self.plan.n2
+        self.meta.plan.n2
     }
     /// The attention segments (one per view, device order), `[views + 1]`.
     pub fn cu_seqlens(&self) -> &[i32] {
-        &self.cu
+        &self.meta.cu
+    }
+    /// The layout a CUDA graph of this batch is keyed by (views' grids in device order).
+    pub fn graph_key(&self) -> &GraphKey {
+        &self.meta.key
     }
 }
 
 /// Buffers sized for up to `cap` tokens, `cap1`/`cap2` downsampler rows.
 #[derive(Debug)]
 struct Workspace {
+    /// The fixed input buffers every forward reads (patch rows, positions, segments).
+    inp: InputBuffers,
     cap: usize,
     cap1: usize,
     cap2: usize,
@@ -331,6 +364,10 @@ pub struct StepCuda {
     inv_freq: DeviceBuffer<f32>,
     weight_bytes: usize,
     ws: Option<Workspace>,
+    /// CUDA graphs of the bf16 forward, per batch layout.
+    graphs: Graphs,
+    /// Asynchronous uploads of staged batches (created on the first [`StepCuda::stage`]).
+    uploader: Option<Uploader>,
 }
 
 /// One layer's transformed tensors in host f32, as [`StepCuda::new`] uploads them.
@@ -559,6 +596,8 @@ impl StepCuda {
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
             weight_bytes: 0,
             ws: None,
+            graphs: Graphs::default(),
+            uploader: None,
             dev,
         };
         t.weight_bytes = t.count_weight_bytes();
@@ -603,7 +642,20 @@ impl StepCuda {
     /// Validates `images` (the host path's checks) and uploads every view's patch rows, rope
     /// positions and attention segment, views grouped by grid size (see the module docs).
     pub fn prepare(&self, images: &[StepImage<'_>]) -> CudaResult<StepBatch> {
-        let cfg = &self.cfg;
+        let host = StepCuda::prepare_host(&self.cfg, self.precision, images)?;
+        Ok(StepBatch {
+            inputs: self.dev.upload_inputs(&host.inputs)?,
+            meta: host.meta,
+        })
+    }
+
+    /// The host half of [`StepCuda::prepare`] for a tower of `cfg` in `precision`: validation,
+    /// patch rows (in the GEMM precision), positions and segments, with no device involved.
+    pub fn prepare_host(
+        cfg: &StepConfig,
+        precision: CudaPrecision,
+        images: &[StepImage<'_>],
+    ) -> CudaResult<StepHostBatch> {
         let grids = validate_images(cfg, images)?;
         if grids.is_empty() {
             return Err(StepError::Input("no images".into()).into());
@@ -617,21 +669,68 @@ impl StepCuda {
         }
         let pixels = pad_cols(&pixels, cfg.patch_dim());
         let cu = plan.cu_seqlens();
-        let d = &*self.dev;
-        Ok(StepBatch {
-            pixels: GemmBuffer::upload(d, self.precision, &pixels)?,
-            pos: d.upload(&pos)?,
-            cu_dev: d.upload(&cu)?,
-            cu,
-            plan,
-            masks: images.iter().map(|i| i.newline_mask.clone()).collect(),
+        let key = GraphKey {
+            precision,
+            layout: plan.views.iter().flat_map(|v| [v.gh, v.gw]).collect(),
+        };
+        Ok(StepHostBatch {
+            inputs: HostInputs {
+                rows: HostGemm::from_f32(precision, pixels),
+                pos,
+                cu: cu.clone(),
+            },
+            meta: BatchMeta {
+                cu,
+                plan,
+                masks: images.iter().map(|i| i.newline_mask.clone()).collect(),
+                key,
+            },
         })
+    }
+
+    /// Queues the upload of a host-prepared batch from page-locked memory on a copy stream of
+    /// its own and returns at once: the copy overlaps whatever the device is running. The batch
+    /// stays valid until two more are staged ([`gpu_core::UPLOAD_SLOTS`]).
+    pub fn stage(&mut self, host: StepHostBatch) -> CudaResult<StepBatch> {
+        if host.inputs.rows.precision() != self.precision {
+            return Err(CudaError::Unsupported(format!(
+                "a batch prepared for {:?} staged on a {:?} tower",
+                host.inputs.rows.precision(),
+                self.precision
+            )));
+        }
+        if self.uploader.is_none() {
+            self.uploader = Some(Uploader::new(&self.dev)?);
+        }
+        let up = self
+            .uploader
+            .as_mut()
+            .ok_or_else(|| CudaError::Unsupported("uploader missing after creation".into()))?;
+        Ok(StepBatch {
+            inputs: up.stage(&self.dev, &host.inputs)?,
+            meta: host.meta,
+        })
+    }
+
+    /// Turns CUDA graphs of the bf16 forward on (the default) or off (every forward eager).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs.set_enabled(on);
+    }
+
+    /// Whether CUDA graphs are used and, if a capture failed, why not.
+    pub fn graph_status(&self) -> &GraphStatus {
+        self.graphs.status()
+    }
+
+    /// What the graph cache did so far (captures, replays, eager forwards).
+    pub fn graph_stats(&self) -> GraphStats {
+        self.graphs.stats()
     }
 
     /// Resizes the position table to every grid of `batch` not seen before (once per size).
     fn ensure_tables(&mut self, batch: &StepBatch) -> CudaResult<()> {
         let (t, h) = (self.cfg.pos_side, self.cfg.hidden);
-        for r in &batch.plan.runs {
+        for r in &batch.meta.plan.runs {
             let key = (r.gh, r.gw);
             if key == (t, t) || self.tables.iter().any(|(k, _)| *k == key) {
                 continue;
@@ -678,11 +777,13 @@ impl StepCuda {
             None => (b.n, b.n1, b.n2, capw),
         };
         self.ws = None; // free the old one first
+        self.graphs.invalidate(); // the graphs address the old buffers
         let c = &self.cfg;
         let (h, wp, i) = (c.hidden, c.heads * self.kd, c.intermediate);
         let d = &*self.dev;
         let p = self.precision;
         self.ws = Some(Workspace {
+            inp: InputBuffers::alloc(d, p, cap * patch_k(c), 2 * cap, cap + 1)?,
             cap,
             cap1,
             cap2,
@@ -708,16 +809,50 @@ impl StepCuda {
 
     /// Runs the whole forward on `batch` on the device; the rows stay there ([`StepCuda::rows`]).
     /// With `keep_stages` the stage activations are downloaded as they are produced.
+    ///
+    /// The inputs are first copied into fixed device buffers (a staged batch's after its upload
+    /// finished, on the device); then in bf16 mode without stages the forward goes through the
+    /// CUDA graph cache ([`gpu_core::Graphs`]: eager the first time a layout is seen, captured
+    /// the second, replayed after), else it runs eagerly.
     pub fn run(&mut self, batch: &StepBatch, keep_stages: bool) -> CudaResult<Option<StepStages>> {
+        self.run_graphed(batch, keep_stages).map(|(s, _)| s)
+    }
+
+    /// [`StepCuda::run`], also saying how the forward ran.
+    pub fn run_graphed(
+        &mut self,
+        batch: &StepBatch,
+        keep_stages: bool,
+    ) -> CudaResult<(Option<StepStages>, Ran)> {
         self.ensure_tables(batch)?;
-        self.ensure_workspace(&batch.plan)?;
+        self.ensure_workspace(&batch.meta.plan)?;
         let mut ws = self
             .ws
             .take()
             .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
-        let r = self.run_in(&mut ws, batch, keep_stages);
+        let r = self.run_ws(&mut ws, batch, keep_stages);
         self.ws = Some(ws);
         r
+    }
+
+    fn run_ws(
+        &mut self,
+        ws: &mut Workspace,
+        batch: &StepBatch,
+        keep: bool,
+    ) -> CudaResult<(Option<StepStages>, Ran)> {
+        self.dev
+            .load_inputs(&batch.inputs, self.uploader.as_ref(), &mut ws.inp)?;
+        if keep || self.precision != CudaPrecision::Bf16 {
+            return Ok((self.run_in(ws, batch, keep)?, Ran::Eager));
+        }
+        let mut graphs = std::mem::take(&mut self.graphs);
+        let dev = self.dev.clone();
+        let r = graphs.run(&*dev, &batch.meta.key, || {
+            self.run_in(ws, batch, false).map(|_| ())
+        });
+        self.graphs = graphs;
+        Ok((None, r?))
     }
 
     /// Downloads the rows of the last [`StepCuda::run`] on `batch`: per image its crops' rows in
@@ -728,8 +863,8 @@ impl StepCuda {
             .as_ref()
             .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
         let t = self.cfg.text_hidden;
-        let all = self.dev.download_prefix(&ws.rows, batch.plan.n2 * t)?;
-        Ok(batch.plan.split_rows(&all, t, &batch.masks))
+        let all = self.dev.download_prefix(&ws.rows, batch.meta.plan.n2 * t)?;
+        Ok(batch.meta.plan.split_rows(&all, t, &batch.meta.masks))
     }
 
     /// [`StepCuda::prepare`], [`StepCuda::run`] and [`StepCuda::rows`] in one call.
@@ -749,7 +884,7 @@ impl StepCuda {
         batch: &StepBatch,
         keep: bool,
     ) -> CudaResult<Option<StepStages>> {
-        let (c, b) = (&self.cfg, &batch.plan);
+        let (c, b) = (&self.cfg, &batch.meta.plan);
         let d = &*self.dev;
         let (n, h, wp, inner) = (b.n, c.hidden, c.heads * self.kd, c.intermediate);
         let eps = c.eps as f32;
@@ -775,7 +910,7 @@ impl StepCuda {
             )?;
         }
         d.gemm(
-            GemmBuffer::inputs(&batch.pixels, &self.patch)?,
+            GemmBuffer::inputs(&ws.inp.rows, &self.patch)?,
             None,
             GemmOutput::F32(&mut ws.y),
             acc(n, h, patch_k(c)),
@@ -799,7 +934,7 @@ impl StepCuda {
 
         let rope = RopeSpec {
             layout: self.rope,
-            pos: &batch.pos,
+            pos: &ws.inp.pos,
             inv_freq: &self.inv_freq,
         };
         for (li, l) in self.layers.iter().enumerate() {
@@ -822,10 +957,10 @@ impl StepCuda {
             )?;
             match (&mut ws.qkv, &mut ws.attn) {
                 (GemmBuffer::Bf16(qkv), GemmBuffer::Bf16(attn)) => {
-                    self.attention_core(qkv, attn, batch, &rope)?
+                    self.attention_core(qkv, attn, (&ws.inp.cu, &batch.meta.cu), &rope)?
                 }
                 (GemmBuffer::F32(qkv), GemmBuffer::F32(attn)) => {
-                    self.attention_core(qkv, attn, batch, &rope)?
+                    self.attention_core(qkv, attn, (&ws.inp.cu, &batch.meta.cu), &rope)?
                 }
                 _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
             }
@@ -956,7 +1091,7 @@ impl StepCuda {
         s.d2 = ws.d2.download_f32(d, b.n2 * c.out_width())?;
         let all = self.dev.download_prefix(&ws.rows, b.n2 * c.text_hidden)?;
         let rows = b
-            .split_rows(&all, c.text_hidden, &batch.masks)
+            .split_rows(&all, c.text_hidden, &batch.meta.masks)
             .into_iter()
             .flat_map(|r| r.rows)
             .collect();
@@ -999,11 +1134,12 @@ impl StepCuda {
         &self,
         qkv: &mut DeviceBuffer<T>,
         attn: &mut DeviceBuffer<T>,
-        b: &StepBatch,
+        (cu_dev, cu): (&DeviceBuffer<i32>, &[i32]),
         rope: &RopeSpec<'_>,
     ) -> CudaResult<()> {
         let (c, d) = (&self.cfg, &*self.dev);
-        let (n, heads, hd, kd) = (b.plan.n, c.heads, c.head_dim, self.kd);
+        let n = cu.last().map_or(0, |&t| t as usize);
+        let (heads, hd, kd) = (c.heads, c.head_dim, self.kd);
         let wp = heads * kd;
         for &(off, nh) in &self.head_groups {
             let spec = QkvSpec {
@@ -1026,8 +1162,8 @@ impl StepCuda {
             v: (&*qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
             heads,
             head_dim: kd,
-            cu_seqlens: &b.cu_dev,
-            cu_seqlens_host: &b.cu,
+            cu_seqlens: cu_dev,
+            cu_seqlens_host: cu,
             scale: attention_scale(hd),
             variant: None,
         };

@@ -27,7 +27,7 @@ mod forward;
 mod weights;
 
 pub use config::{StepConfig, MAX_IMAGE_SIZE, MAX_LAYERS, MAX_PATCH_SIZE};
-pub use cuda::{CudaError, CudaPrecision, StepBatch, StepCuda};
+pub use cuda::{CudaError, CudaPrecision, StepBatch, StepCuda, StepHostBatch};
 pub use error::{Result, StepError};
 pub use forward::{
     attention_scale, forward_host, StepImage, StepProcessorOutput, StepRows, StepStages, StepView,
