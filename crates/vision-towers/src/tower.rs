@@ -2,7 +2,7 @@
 //! get rows. A request is run in passes of at most `max_patches_per_pass` patches each.
 
 use crate::{detect_family, Error, Family, WeightFile};
-use gpu_core::GpuError;
+use gpu_core::{GpuError, GraphStats, GraphStatus};
 use st_reader::Checkpoint;
 use std::fmt;
 use std::ops::Range;
@@ -231,7 +231,7 @@ impl TowerError {
 /// behind an `Arc`; CUDA passes from several threads take turns on the device.
 #[derive(Debug)]
 pub struct Tower {
-    engine: Engine,
+    pub(crate) engine: Engine,
     device: Device,
     precision: Precision,
     max_patches_per_pass: usize,
@@ -241,7 +241,7 @@ pub struct Tower {
 /// `&mut` runs take turns behind the mutex.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // one long-lived handle per model; boxing buys nothing
-enum Engine {
+pub(crate) enum Engine {
     GemmaHost(GemmaTower),
     GemmaCuda {
         config: GemmaConfig,
@@ -408,6 +408,54 @@ impl Tower {
         self.max_patches_per_pass
     }
 
+    /// Whether the CUDA path replays CUDA graphs for repeated batch layouts and, if a capture
+    /// failed, why not (`None` on the host). Waits for a pass in progress.
+    pub fn graph_status(&self) -> Option<GraphStatus> {
+        match &self.engine {
+            Engine::GemmaCuda { cuda, .. } => Some(
+                cuda.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .graph_status()
+                    .clone(),
+            ),
+            Engine::GlmCuda { cuda, .. } => Some(
+                cuda.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .graph_status()
+                    .clone(),
+            ),
+            Engine::StepCuda { cuda, .. } => Some(
+                cuda.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .graph_status()
+                    .clone(),
+            ),
+            Engine::GemmaHost(_) | Engine::GlmHost(_) | Engine::StepHost(_) => None,
+        }
+    }
+
+    /// What the CUDA path's graph cache did so far (`None` on the host).
+    pub fn graph_stats(&self) -> Option<GraphStats> {
+        match &self.engine {
+            Engine::GemmaCuda { cuda, .. } => Some(
+                cuda.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .graph_stats(),
+            ),
+            Engine::GlmCuda { cuda, .. } => Some(
+                cuda.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .graph_stats(),
+            ),
+            Engine::StepCuda { cuda, .. } => Some(
+                cuda.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .graph_stats(),
+            ),
+            Engine::GemmaHost(_) | Engine::GlmHost(_) | Engine::StepHost(_) => None,
+        }
+    }
+
     /// The LM width of its rows.
     pub fn width(&self) -> usize {
         match &self.engine {
@@ -498,7 +546,7 @@ impl Tower {
     }
 
     /// Patches (tower tokens before any merge or pooling) of each image.
-    fn patches(&self, images: &Images<'_>) -> Result<Vec<usize>, InputError> {
+    pub(crate) fn patches(&self, images: &Images<'_>) -> Result<Vec<usize>, InputError> {
         Ok(match images {
             Images::Gemma4(v) => v
                 .iter()
@@ -549,48 +597,36 @@ impl Tower {
         range: Range<usize>,
         patches: usize,
     ) -> Result<Vec<Vec<f32>>, InputError> {
-        let gpu = |e: GpuError| InputError::gpu(e, patches);
         match (&self.engine, images) {
             (Engine::GemmaHost(t), Images::Gemma4(v)) => {
                 t.encode_host(&v[range]).map_err(InputError::Gemma)
             }
             (Engine::GemmaCuda { cuda, .. }, Images::Gemma4(v)) => {
-                use tower_gemma::CudaError as E;
                 let mut c = cuda.lock().unwrap_or_else(PoisonError::into_inner);
                 let run = |c: &mut GemmaCuda| {
                     let batch = c.prepare(&v[range])?;
                     c.run(&batch, false)?;
                     c.rows(&batch)
                 };
-                run(&mut c).map_err(|e| match e {
-                    E::Gpu(e) => gpu(e),
-                    E::Gemma(e) => InputError::Gemma(e),
-                    E::Unsupported(m) => InputError::Message(m),
-                })
+                run(&mut c).map_err(|e| gemma_cuda_err(e, patches))
             }
             (Engine::GlmHost(t), Images::Glm(v)) => {
                 t.encode_host(&v[range]).map_err(InputError::Glm)
             }
             (Engine::GlmCuda { cuda, .. }, Images::Glm(v)) => {
-                use tower_glm5::CudaError as E;
                 let mut c = cuda.lock().unwrap_or_else(PoisonError::into_inner);
                 let run = |c: &mut GlmCuda| {
                     let batch = c.prepare(&v[range])?;
                     c.run(&batch, false)?;
                     c.rows(&batch)
                 };
-                run(&mut c).map_err(|e| match e {
-                    E::Gpu(e) => gpu(e),
-                    E::Glm(e) => InputError::Glm(e),
-                    E::Unsupported(m) => InputError::Message(m),
-                })
+                run(&mut c).map_err(|e| glm_cuda_err(e, patches))
             }
             (Engine::StepHost(t), Images::Step3p7(v)) => t
                 .encode_host(&v[range])
                 .map(|rows| rows.into_iter().map(|r| r.rows).collect())
                 .map_err(InputError::Step),
             (Engine::StepCuda { cuda, .. }, Images::Step3p7(v)) => {
-                use tower_step::CudaError as E;
                 let mut c = cuda.lock().unwrap_or_else(PoisonError::into_inner);
                 let run = |c: &mut StepCuda| {
                     let batch = c.prepare(&v[range])?;
@@ -599,11 +635,7 @@ impl Tower {
                 };
                 run(&mut c)
                     .map(|rows| rows.into_iter().map(|r| r.rows).collect())
-                    .map_err(|e| match e {
-                        E::Gpu(e) => gpu(e),
-                        E::Step(e) => InputError::Step(e),
-                        E::Unsupported(m) => InputError::Message(m),
-                    })
+                    .map_err(|e| step_cuda_err(e, patches))
             }
             (_, Images::Gemma4(_)) => Err(self.wrong_inputs("gemma4")),
             (_, Images::Glm(_)) => Err(self.wrong_inputs("glm")),
@@ -696,6 +728,36 @@ impl Tower {
                 self.run(&Images::Step3p7(images))
             }
         }
+    }
+}
+
+/// A Gemma-4 CUDA path error in a pass of `patches` patches.
+pub(crate) fn gemma_cuda_err(e: tower_gemma::CudaError, patches: usize) -> InputError {
+    use tower_gemma::CudaError as E;
+    match e {
+        E::Gpu(e) => InputError::gpu(e, patches),
+        E::Gemma(e) => InputError::Gemma(e),
+        E::Unsupported(m) => InputError::Message(m),
+    }
+}
+
+/// A GLM CUDA path error in a pass of `patches` patches.
+pub(crate) fn glm_cuda_err(e: tower_glm5::CudaError, patches: usize) -> InputError {
+    use tower_glm5::CudaError as E;
+    match e {
+        E::Gpu(e) => InputError::gpu(e, patches),
+        E::Glm(e) => InputError::Glm(e),
+        E::Unsupported(m) => InputError::Message(m),
+    }
+}
+
+/// A Step-3.7 CUDA path error in a pass of `patches` patches.
+pub(crate) fn step_cuda_err(e: tower_step::CudaError, patches: usize) -> InputError {
+    use tower_step::CudaError as E;
+    match e {
+        E::Gpu(e) => InputError::gpu(e, patches),
+        E::Step(e) => InputError::Step(e),
+        E::Unsupported(m) => InputError::Message(m),
     }
 }
 
