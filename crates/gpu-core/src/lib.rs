@@ -49,7 +49,9 @@ pub use ops::{
     NormOut, QkvSpec, RopeLayout, RopeSpec, MAX_F32_ATTN_HEAD_DIM, MAX_NORM_WIDTH,
 };
 pub use staging::{DeviceInputs, HostGemm, HostInputs, InputBuffers, Uploader, UPLOAD_SLOTS};
-pub use upload::{HostSource, LeBytes, LeDtype, StageElem, Stager, STAGING_BYTES};
+pub use upload::{
+    HostSource, HostTensor, LeBytes, LeDtype, StageElem, Stager, TensorStore, STAGING_BYTES,
+};
 
 #[cfg(test)]
 mod tests {

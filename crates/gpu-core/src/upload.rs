@@ -29,6 +29,14 @@ pub trait HostSource: Sync {
             }
         }
     }
+    /// All elements as f32, read in parallel (for the small tensors and the transformed ones).
+    fn to_f32_vec(&self) -> Vec<f32> {
+        let mut v = vec![0.0f32; self.len()];
+        v.par_chunks_mut(TASK)
+            .enumerate()
+            .for_each(|(i, out)| self.read_f32(i * TASK, out));
+        v
+    }
 }
 
 impl HostSource for [f32] {
@@ -148,6 +156,120 @@ impl HostSource for LeBytes<'_> {
                     *d = bf16::from_f32(f16::from_le_bytes([c[0], c[1]]).to_f32());
                 }
             }
+        }
+    }
+}
+
+/// A host tensor on its way to the device: bytes of a memory-mapped file, owned f32 values (a
+/// tensor the reader had to decode, e.g. a quantised one), or tensors stacked row-wise (fused
+/// projections). Reading it never copies more than the range asked for.
+#[derive(Debug, Clone)]
+pub enum HostTensor<'a> {
+    /// Little-endian float bytes, read in place.
+    Bytes(LeBytes<'a>),
+    /// Decoded values.
+    F32(Vec<f32>),
+    /// Borrowed f32 values.
+    Slice(&'a [f32]),
+    /// The concatenation of the parts, in order.
+    Stack(Vec<HostTensor<'a>>),
+}
+
+impl HostTensor<'_> {
+    /// Calls `f(part, offset in part, offset in out, n)` for the parts covering `start ..
+    /// start + n` of a stack.
+    fn spans(
+        parts: &[HostTensor<'_>],
+        start: usize,
+        n: usize,
+        mut f: impl FnMut(&HostTensor<'_>, usize, usize, usize),
+    ) {
+        let (mut base, mut done) = (0usize, 0usize);
+        for p in parts {
+            let len = p.len();
+            let at = start + done;
+            if done == n {
+                break;
+            }
+            if at < base + len {
+                let off = at - base;
+                let take = (len - off).min(n - done);
+                f(p, off, done, take);
+                done += take;
+            }
+            base += len;
+        }
+    }
+}
+
+impl HostSource for HostTensor<'_> {
+    fn len(&self) -> usize {
+        match self {
+            HostTensor::Bytes(b) => b.len(),
+            HostTensor::F32(v) => v.len(),
+            HostTensor::Slice(v) => v.len(),
+            HostTensor::Stack(p) => p.iter().map(HostTensor::len).sum(),
+        }
+    }
+    fn read_f32(&self, start: usize, out: &mut [f32]) {
+        match self {
+            HostTensor::Bytes(b) => b.read_f32(start, out),
+            HostTensor::F32(v) => v.read_f32(start, out),
+            HostTensor::Slice(v) => v.read_f32(start, out),
+            HostTensor::Stack(p) => HostTensor::spans(p, start, out.len(), |t, off, at, n| {
+                t.read_f32(off, &mut out[at..at + n])
+            }),
+        }
+    }
+    fn read_bf16(&self, start: usize, out: &mut [bf16]) {
+        match self {
+            HostTensor::Bytes(b) => b.read_bf16(start, out),
+            HostTensor::F32(v) => v.read_bf16(start, out),
+            HostTensor::Slice(v) => v.read_bf16(start, out),
+            HostTensor::Stack(p) => HostTensor::spans(p, start, out.len(), |t, off, at, n| {
+                t.read_bf16(off, &mut out[at..at + n])
+            }),
+        }
+    }
+}
+
+/// How a weight loader holds a tensor: owned f32 values (the host reference path) or a
+/// [`HostTensor`] read from the file only when uploaded (the CUDA path), so one loader serves
+/// both and the CUDA path never holds the model in f32.
+pub trait TensorStore: HostSource + Sized + Send {
+    /// Owned values (a tensor the loader rearranged, e.g. a conv weight's columns).
+    fn from_f32(v: Vec<f32>) -> Self;
+    /// The parts stacked row-wise, in order.
+    fn stack(parts: Vec<Self>) -> Self;
+    /// A borrowed view of it (no values copied), e.g. to stack with other tensors at upload.
+    fn view(&self) -> HostTensor<'_>;
+}
+
+impl TensorStore for Vec<f32> {
+    fn from_f32(v: Vec<f32>) -> Self {
+        v
+    }
+    fn stack(parts: Vec<Self>) -> Self {
+        parts.concat()
+    }
+    fn view(&self) -> HostTensor<'_> {
+        HostTensor::Slice(self)
+    }
+}
+
+impl TensorStore for HostTensor<'_> {
+    fn from_f32(v: Vec<f32>) -> Self {
+        HostTensor::F32(v)
+    }
+    fn stack(parts: Vec<Self>) -> Self {
+        HostTensor::Stack(parts)
+    }
+    fn view(&self) -> HostTensor<'_> {
+        match self {
+            HostTensor::Bytes(b) => HostTensor::Bytes(*b),
+            HostTensor::F32(v) => HostTensor::Slice(v),
+            HostTensor::Slice(v) => HostTensor::Slice(v),
+            HostTensor::Stack(p) => HostTensor::Stack(p.iter().map(TensorStore::view).collect()),
         }
     }
 }
@@ -340,6 +462,48 @@ mod tests {
             }
         }
         assert!(LeBytes::new(&[0u8; 3], LeDtype::F32).is_err());
+    }
+
+    #[test]
+    fn a_stack_reads_across_its_parts_in_either_precision() {
+        let a: Vec<f32> = (0..7).map(|i| i as f32 + 0.5).collect();
+        let b: Vec<f32> = (0..5).map(|i| -(i as f32) * 1.25).collect();
+        let bb: Vec<u8> = b
+            .iter()
+            .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+            .collect();
+        let t = HostTensor::stack(vec![
+            HostTensor::from_f32(a.clone()),
+            HostTensor::Stack(vec![]),
+            HostTensor::Bytes(LeBytes::new(&bb, LeDtype::Bf16).unwrap()),
+            HostTensor::F32(vec![9.0]),
+        ]);
+        let want: Vec<f32> = a
+            .iter()
+            .copied()
+            .chain(b.iter().map(|v| bf16::from_f32(*v).to_f32()))
+            .chain([9.0])
+            .collect();
+        assert_eq!(t.len(), 13);
+        assert_eq!(t.to_f32_vec(), want);
+        for start in 0..13 {
+            for n in 0..=13 - start {
+                let mut f = vec![f32::NAN; n];
+                t.read_f32(start, &mut f);
+                assert_eq!(f, want[start..start + n], "f32 {start}+{n}");
+                let mut h = vec![bf16::NAN; n];
+                t.read_bf16(start, &mut h);
+                let hw: Vec<bf16> = want[start..start + n]
+                    .iter()
+                    .map(|v| bf16::from_f32(*v))
+                    .collect();
+                assert_eq!(h, hw, "bf16 {start}+{n}");
+            }
+        }
+        assert_eq!(
+            Vec::<f32>::stack(vec![vec![1.0], vec![2.0, 3.0]]),
+            [1.0, 2.0, 3.0]
+        );
     }
 
     #[test]

@@ -26,8 +26,8 @@ use std::sync::Arc;
 use gpu_core::{
     head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp,
     DeviceBuffer, DeviceInputs, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs, GemmOutput,
-    GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs, InputBuffers, Mat,
-    QkvSpec, Ran, RopeLayout, RopeSpec, Uploader,
+    GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs, HostTensor,
+    InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, Stager, TensorStore, Uploader,
 };
 
 use crate::config::GemmaConfig;
@@ -186,14 +186,14 @@ pub struct GemmaCuda {
     uploader: Option<Uploader>,
 }
 
-/// q/k/v rows padded per head from `hd` to `kd` (zero rows).
-fn pad_rows(l: &Linear, heads: usize, hd: usize, kd: usize) -> Vec<f32> {
-    pad_head_rows(&l.w, l.inp, heads, hd, kd)
+/// q/k/v rows padded per head from `hd` to `kd` (zero rows); `None` when nothing is padded.
+fn pad_rows<T: TensorStore>(l: &Linear<T>, heads: usize, hd: usize, kd: usize) -> Option<Vec<f32>> {
+    (hd != kd).then(|| pad_head_rows(&l.w.to_f32_vec(), l.inp, heads, hd, kd))
 }
 
-/// o columns padded per head from `hd` to `kd` (zero columns).
-fn pad_cols(l: &Linear, heads: usize, hd: usize, kd: usize) -> Vec<f32> {
-    pad_head_cols(&l.w, l.out, heads, hd, kd)
+/// o columns padded per head from `hd` to `kd` (zero columns); `None` when nothing is padded.
+fn pad_cols<T: TensorStore>(l: &Linear<T>, heads: usize, hd: usize, kd: usize) -> Option<Vec<f32>> {
+    (hd != kd).then(|| pad_head_cols(&l.w.to_f32_vec(), l.out, heads, hd, kd))
 }
 
 fn eye<T: Copy>(n: usize, one: T, zero: T) -> Vec<T> {
@@ -204,21 +204,31 @@ fn eye<T: Copy>(n: usize, one: T, zero: T) -> Vec<T> {
     v
 }
 
-/// Groups of linears sharing one input clamp: fused into one weight when all clamps agree.
-fn groups(
+/// A linear's weight as uploaded: its padded f32 copy, or its store as it is.
+fn weight<'t, T: TensorStore>(l: &'t Linear<T>, padded: &'t Option<Vec<f32>>) -> HostTensor<'t> {
+    match padded {
+        Some(v) => HostTensor::Slice(v),
+        None => l.w.view(),
+    }
+}
+
+/// One linear of a group: its store, its padded f32 copy if any, its output width.
+type Part<'t, T> = (&'t Linear<T>, Option<Vec<f32>>, usize);
+
+/// Groups of linears sharing one input clamp: fused into one weight (the parts stacked at
+/// upload, nothing copied on the host) when all clamps agree.
+fn groups<T: TensorStore>(
+    st: &mut Stager,
     dev: &Device,
     p: CudaPrecision,
-    parts: &[(&Linear, Vec<f32>, usize)],
+    parts: &[Part<'_, T>],
 ) -> CudaResult<Vec<Group>> {
     let same = parts.windows(2).all(|w| w[0].0.clamp_in == w[1].0.clamp_in);
     if same {
         let width: usize = parts.iter().map(|(_, _, r)| r).sum();
-        let mut all = Vec::with_capacity(width * parts[0].0.inp);
-        for (_, w, _) in parts {
-            all.extend_from_slice(w);
-        }
+        let all = HostTensor::Stack(parts.iter().map(|(l, w, _)| weight(l, w)).collect());
         Ok(vec![Group {
-            w: GemmBuffer::upload(dev, p, &all)?,
+            w: st.upload_gemm(dev, p, &all)?,
             width,
             col: 0,
             clamp_in: parts[0].0.clamp_in,
@@ -228,7 +238,7 @@ fn groups(
         let mut v = Vec::new();
         for (l, w, r) in parts {
             v.push(Group {
-                w: GemmBuffer::upload(dev, p, w)?,
+                w: st.upload_gemm(dev, p, &weight(l, w))?,
                 width: *r,
                 col,
                 clamp_in: l.clamp_in,
@@ -240,11 +250,14 @@ fn groups(
 }
 
 impl GemmaCuda {
-    /// Uploads `w` once (see the module docs for the layout).
-    pub fn new(
+    /// Uploads `w` once (see the module docs for the layout). Tensors kept as the file has them
+    /// go from their store (host f32, or the memory-mapped file's bytes) straight into
+    /// page-locked staging in the GEMM precision, chunk by chunk; transformed ones (the folded
+    /// patch projection, padded heads) are built in f32 one at a time.
+    pub fn new<T: TensorStore>(
         dev: Arc<Device>,
         cfg: &GemmaConfig,
-        w: &GemmaWeights,
+        w: &GemmaWeights<T>,
         precision: CudaPrecision,
     ) -> CudaResult<GemmaCuda> {
         let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
@@ -254,17 +267,20 @@ impl GemmaCuda {
         let wp = heads * kd;
         let p = precision;
         let d = &*dev;
+        let mut st = Stager::new(d)?;
         // transformers Gemma4VisionPatchEmbedder: input_proj(2·(pixel − 0.5)) = (2W)·x − W·1.
         let pd = cfg.patch_dim();
-        let patch2: Vec<f32> = w.patch.iter().map(|v| 2.0 * v).collect();
-        let bias: Vec<f32> = w
-            .patch
+        let patch = w.patch.to_f32_vec();
+        let patch2: Vec<f32> = patch.iter().map(|v| 2.0 * v).collect();
+        let bias: Vec<f32> = patch
             .chunks_exact(pd)
             .map(|r| -(r.iter().map(|&v| v as f64).sum::<f64>()) as f32)
             .collect();
+        drop(patch);
         let mut layers = Vec::with_capacity(w.layers.len());
         for l in &w.layers {
             let qkv = groups(
+                &mut st,
                 d,
                 p,
                 &[
@@ -274,21 +290,21 @@ impl GemmaCuda {
                 ],
             )?;
             let mi = cfg.intermediate;
-            let mlp = groups(
-                d,
-                p,
-                &[(&l.gate, l.gate.w.clone(), mi), (&l.up, l.up.w.clone(), mi)],
-            )?;
+            let mlp = groups(&mut st, d, p, &[(&l.gate, None, mi), (&l.up, None, mi)])?;
+            let o = pad_cols(&l.o, heads, hd, kd);
+            let f32s = |st: &mut Stager, t: &T| -> CudaResult<DeviceBuffer<f32>> {
+                Ok(st.upload::<f32>(d, t)?)
+            };
             layers.push(DevLayer {
-                ln_in: d.upload(&l.ln_in)?,
-                ln_post_attn: d.upload(&l.ln_post_attn)?,
-                ln_pre_ffn: d.upload(&l.ln_pre_ffn)?,
-                ln_post_ffn: d.upload(&l.ln_post_ffn)?,
+                ln_in: f32s(&mut st, &l.ln_in)?,
+                ln_post_attn: f32s(&mut st, &l.ln_post_attn)?,
+                ln_pre_ffn: f32s(&mut st, &l.ln_pre_ffn)?,
+                ln_post_ffn: f32s(&mut st, &l.ln_post_ffn)?,
                 qkv,
                 qkv_out: [l.q.clamp_out, l.k.clamp_out, l.v.clamp_out],
-                q_norm: d.upload(&l.q_norm)?,
-                k_norm: d.upload(&l.k_norm)?,
-                o: GemmBuffer::upload(d, p, &pad_cols(&l.o, heads, hd, kd))?,
+                q_norm: f32s(&mut st, &l.q_norm)?,
+                k_norm: f32s(&mut st, &l.k_norm)?,
+                o: st.upload_gemm(d, p, &weight(&l.o, &o))?,
                 o_in: l.o.clamp_in,
                 o_out: l.o.clamp_out,
                 mlp,
@@ -299,19 +315,20 @@ impl GemmaCuda {
                     up: l.up.clamp_out,
                     out: l.down.clamp_in,
                 },
-                down: GemmBuffer::upload(d, p, &l.down.w)?,
+                down: st.upload_gemm(d, p, &l.down.w)?,
                 down_out: l.down.clamp_out,
             });
         }
         let std = match &w.standardize {
             Some((b, s)) => {
+                let (b, s) = (b.to_f32_vec(), s.to_f32_vec());
                 let mut diag = vec![0.0f32; h * h];
                 for i in 0..h {
                     diag[i * h + i] = s[i];
                 }
                 let nb: Vec<f32> = b
                     .iter()
-                    .zip(s)
+                    .zip(&s)
                     .map(|(b, s)| -((*b as f64) * (*s as f64)) as f32)
                     .collect();
                 Some((d.upload(&diag)?, d.upload(&nb)?))
@@ -322,23 +339,47 @@ impl GemmaCuda {
             cfg: cfg.clone(),
             precision,
             kd,
-            patch_w: GemmBuffer::upload(d, p, &patch2)?,
+            patch_w: st.upload_gemm(d, p, &patch2)?,
             patch_b: d.upload(&bias)?,
-            pos: d.upload(&w.pos)?,
+            pos: st.upload::<f32>(d, &w.pos)?,
             layers,
             std,
-            proj: GemmBuffer::upload(d, p, &w.proj)?,
+            proj: st.upload_gemm(d, p, &w.proj)?,
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
             eye_h: d.upload(&eye(h, 1.0f32, 0.0))?,
             weight_bytes: 0,
             ws: None,
             graphs: Graphs::default(),
             uploader: None,
-            dev,
+            dev: dev.clone(),
         };
         t.weight_bytes = t.count_weight_bytes();
         t.dev.synchronize()?;
+        drop(st);
         Ok(t)
+    }
+
+    /// Loads an HF checkpoint as views of the memory-mapped file and uploads it in
+    /// `precision`: the model is never held in f32 on the host ([`crate::load_hf_mapped`]).
+    pub fn from_checkpoint(
+        dev: Arc<Device>,
+        ck: &st_reader::Checkpoint,
+        precision: CudaPrecision,
+    ) -> CudaResult<GemmaCuda> {
+        let (cfg, w) = crate::load_hf_mapped(ck)?;
+        GemmaCuda::new(dev, &cfg, &w, precision)
+    }
+
+    /// Loads an mmproj GGUF as views of the memory-mapped file (a quantised tensor decoded on
+    /// its own) and uploads it in `precision` ([`crate::load_gguf_mapped`]).
+    pub fn from_gguf(
+        dev: Arc<Device>,
+        g: &gguf_reader::GgufFile,
+        activation: crate::GgufActivation,
+        precision: CudaPrecision,
+    ) -> CudaResult<GemmaCuda> {
+        let (cfg, w) = crate::load_gguf_mapped(g, activation)?;
+        GemmaCuda::new(dev, &cfg, &w, precision)
     }
 
     fn count_weight_bytes(&self) -> usize {
@@ -933,7 +974,7 @@ impl GemmaCuda {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpu_core::host;
+    use gpu_core::{host, HostSource};
 
     fn lin(out: usize, inp: usize, seed: u32) -> Linear {
         let w = (0..out * inp)
@@ -957,7 +998,8 @@ mod tests {
         let x: Vec<f32> = (0..n * h).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
         let q = lin(heads * hd, h, 1);
         let y = host::gemm(&x, &q.w, None, n, heads * hd, h);
-        let yp = host::gemm(&x, &pad_rows(&q, heads, hd, kd), None, n, heads * kd, h);
+        let qp = pad_rows(&q, heads, hd, kd).expect("hd 24 pads to 64");
+        let yp = host::gemm(&x, &qp, None, n, heads * kd, h);
         for t in 0..n {
             for head in 0..heads {
                 for r in 0..kd {
@@ -973,7 +1015,11 @@ mod tests {
         }
         let o = lin(h, heads * hd, 2);
         let out = host::gemm(&y, &o.w, None, n, h, heads * hd);
-        let out_p = host::gemm(&yp, &pad_cols(&o, heads, hd, kd), None, n, h, heads * kd);
+        let op = pad_cols(&o, heads, hd, kd).expect("hd 24 pads to 64");
+        let out_p = host::gemm(&yp, &op, None, n, h, heads * kd);
         assert_eq!(out, out_p);
+        // Unpadded heads upload the store as it is.
+        assert!(pad_rows(&q, heads, hd, hd).is_none() && pad_cols(&o, heads, hd, hd).is_none());
+        assert_eq!(weight(&q, &None).to_f32_vec(), q.w);
     }
 }

@@ -29,7 +29,8 @@ use gpu_core::{
     bf16, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation, AttnArgs,
     Clamp, DeviceBuffer, DeviceInputs, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs,
     GemmOutput, GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs,
-    InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, Uploader,
+    HostTensor, InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, Stager, TensorStore,
+    Uploader,
 };
 use rayon::prelude::*;
 
@@ -228,10 +229,10 @@ fn swiglu(cfg: &GlmConfig) -> Gate {
 
 /// The Conv2d downsample weight `[O, H·u]` with columns (c, j) (j = ky·m + kx, u = m²) as
 /// `[O, u·H]` with columns (j, c): the layout of `u` consecutive block-major token rows.
-fn permute_downsample(l: &Linear, h: usize, u: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; l.w.len()];
-    out.par_chunks_mut(l.inp)
-        .zip(l.w.par_chunks(l.inp))
+fn permute_downsample(w: &[f32], inp: usize, h: usize, u: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; w.len()];
+    out.par_chunks_mut(inp)
+        .zip(w.par_chunks(inp))
         .for_each(|(dst, src)| {
             for c in 0..h {
                 for j in 0..u {
@@ -242,35 +243,46 @@ fn permute_downsample(l: &Linear, h: usize, u: usize) -> Vec<f32> {
     out
 }
 
-/// `[a; b]` of two linears with the same input (gate|up), and their biases (zeros for a missing one).
-fn stack(a: &Linear, b: &Linear) -> (Vec<f32>, Option<Vec<f32>>) {
-    let mut w = Vec::with_capacity(a.w.len() + b.w.len());
-    w.extend_from_slice(&a.w);
-    w.extend_from_slice(&b.w);
+/// `[a; b]` of two linears with the same input (gate|up), stacked at upload without a host
+/// copy, and their biases (zeros for a missing one).
+fn stack<'t, T: TensorStore>(
+    a: &'t Linear<T>,
+    b: &'t Linear<T>,
+) -> (HostTensor<'t>, Option<Vec<f32>>) {
+    let w = HostTensor::Stack(vec![a.w.view(), b.w.view()]);
     let bias = match (&a.b, &b.b) {
         (None, None) => None,
         (ab, bb) => {
-            let mut v = ab.clone().unwrap_or_else(|| vec![0.0; a.out]);
-            v.extend(bb.clone().unwrap_or_else(|| vec![0.0; b.out]));
+            let mut v = ab
+                .as_ref()
+                .map_or_else(|| vec![0.0; a.out], |x| x.to_f32_vec());
+            v.extend(
+                bb.as_ref()
+                    .map_or_else(|| vec![0.0; b.out], |x| x.to_f32_vec()),
+            );
             Some(v)
         }
     };
     (w, bias)
 }
 
-fn upload_opt(dev: &Device, v: Option<&[f32]>) -> CudaResult<Option<DeviceBuffer<f32>>> {
-    Ok(match v {
-        Some(v) => Some(dev.upload(v)?),
-        None => None,
-    })
+/// Rows `[3·heads·hd, inp]` (q | k | v) with each third's rows padded per head to `kd`.
+fn pad_qkv(w: &[f32], inp: usize, heads: usize, hd: usize, kd: usize) -> Vec<f32> {
+    let third = heads * hd * inp;
+    (0..3)
+        .flat_map(|part| pad_head_rows(&w[part * third..(part + 1) * third], inp, heads, hd, kd))
+        .collect()
 }
 
 impl GlmCuda {
-    /// Uploads `w` once (see the module docs for the layout).
-    pub fn new(
+    /// Uploads `w` once (see the module docs for the layout). Tensors kept as the file has them
+    /// go from their store (host f32, or the memory-mapped file's bytes) straight into
+    /// page-locked staging in the GEMM precision, chunk by chunk; transformed ones (padded heads,
+    /// the permuted downsample) are built in f32 one at a time.
+    pub fn new<T: TensorStore>(
         dev: Arc<Device>,
         cfg: &GlmConfig,
-        w: &GlmWeights,
+        w: &GlmWeights<T>,
         precision: CudaPrecision,
     ) -> CudaResult<GlmCuda> {
         let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
@@ -287,89 +299,97 @@ impl GlmCuda {
         }
         let p = precision;
         let d = &*dev;
-        let wp = heads * kd;
+        let mut st = Stager::new(d)?;
+        let f32s = |st: &mut Stager, t: &T| -> CudaResult<DeviceBuffer<f32>> {
+            Ok(st.upload::<f32>(d, t)?)
+        };
+        let opt = |st: &mut Stager, t: &Option<T>| -> CudaResult<Option<DeviceBuffer<f32>>> {
+            t.as_ref().map(|t| f32s(st, t)).transpose()
+        };
         let mut blocks = Vec::with_capacity(w.blocks.len());
         for b in &w.blocks {
-            // qkv rows are q | k | v, each [heads·hd]: pad each third per head.
-            let third = heads * hd * h;
-            let mut qkv = Vec::with_capacity(3 * wp * h);
-            for part in 0..3 {
-                qkv.extend(pad_head_rows(
-                    &b.qkv.w[part * third..(part + 1) * third],
-                    h,
-                    heads,
-                    hd,
-                    kd,
-                ));
-            }
-            let qkv_b = b.qkv.b.as_ref().map(|bias| {
-                (0..3)
-                    .flat_map(|part| {
-                        pad_head_rows(
-                            &bias[part * heads * hd..(part + 1) * heads * hd],
-                            1,
-                            heads,
-                            hd,
-                            kd,
-                        )
-                    })
-                    .collect::<Vec<f32>>()
-            });
+            // qkv rows are q | k | v, each [heads·hd]: padded per head when the kernel needs it.
+            let qkv = if kd == hd {
+                st.upload_gemm(d, p, &b.qkv.w)?
+            } else {
+                st.upload_gemm(d, p, &pad_qkv(&b.qkv.w.to_f32_vec(), h, heads, hd, kd))?
+            };
+            let qkv_b = b
+                .qkv
+                .b
+                .as_ref()
+                .map(|bias| pad_qkv(&bias.to_f32_vec(), 1, heads, hd, kd));
+            let proj = if kd == hd {
+                st.upload_gemm(d, p, &b.proj.w)?
+            } else {
+                let padded = pad_head_cols(&b.proj.w.to_f32_vec(), b.proj.out, heads, hd, kd);
+                st.upload_gemm(d, p, &padded)?
+            };
             let (gu, gu_b) = stack(&b.gate, &b.up);
             blocks.push(DevBlock {
-                norm1: d.upload(&b.norm1)?,
-                norm2: d.upload(&b.norm2)?,
-                qkv: GemmBuffer::upload(d, p, &qkv)?,
+                norm1: f32s(&mut st, &b.norm1)?,
+                norm2: f32s(&mut st, &b.norm2)?,
+                qkv,
                 qkv_b: GemmBuffer::upload_opt(d, p, qkv_b.as_deref())?,
-                q_norm: d.upload(&b.q_norm)?,
-                k_norm: d.upload(&b.k_norm)?,
-                proj: GemmBuffer::upload(
-                    d,
-                    p,
-                    &pad_head_cols(&b.proj.w, b.proj.out, heads, hd, kd),
-                )?,
-                proj_b: upload_opt(d, b.proj.b.as_deref())?,
-                gate_up: GemmBuffer::upload(d, p, &gu)?,
+                q_norm: f32s(&mut st, &b.q_norm)?,
+                k_norm: f32s(&mut st, &b.k_norm)?,
+                proj,
+                proj_b: opt(&mut st, &b.proj.b)?,
+                gate_up: st.upload_gemm(d, p, &gu)?,
                 gate_up_b: GemmBuffer::upload_opt(d, p, gu_b.as_deref())?,
-                down: GemmBuffer::upload(d, p, &b.down.w)?,
-                down_b: upload_opt(d, b.down.b.as_deref())?,
+                down: st.upload_gemm(d, p, &b.down.w)?,
+                down_b: opt(&mut st, &b.down.b)?,
             });
         }
         let (mgu, mgu_b) = stack(&w.merger_gate, &w.merger_up);
-        let patch_b = w.patch.b.clone().unwrap_or_else(|| vec![0.0; w.patch.out]);
+        let patch_b = w
+            .patch
+            .b
+            .as_ref()
+            .map_or_else(|| vec![0.0; w.patch.out], |b| b.to_f32_vec());
+        let ds = &w.downsample;
+        let ds_w = permute_downsample(&ds.w.to_f32_vec(), ds.inp, h, cfg.merge_unit());
         let mut t = GlmCuda {
             cfg: cfg.clone(),
             precision,
             kd,
-            patch_w: GemmBuffer::upload(d, p, &w.patch.w)?,
+            patch_w: st.upload_gemm(d, p, &w.patch.w)?,
             patch_b: d.upload(&patch_b)?,
             blocks,
-            post_norm: d.upload(&w.post_norm)?,
-            ds_w: GemmBuffer::upload(
-                d,
-                p,
-                &permute_downsample(&w.downsample, h, cfg.merge_unit()),
-            )?,
-            ds_b: upload_opt(d, w.downsample.b.as_deref())?,
-            m_proj: GemmBuffer::upload(d, p, &w.merger_proj.w)?,
-            m_proj_b: upload_opt(d, w.merger_proj.b.as_deref())?,
-            m_norm_w: d.upload(&w.merger_norm_w)?,
-            m_norm_b: d.upload(&w.merger_norm_b)?,
-            m_gate_up: GemmBuffer::upload(d, p, &mgu)?,
+            post_norm: f32s(&mut st, &w.post_norm)?,
+            ds_w: st.upload_gemm(d, p, &ds_w)?,
+            ds_b: opt(&mut st, &w.downsample.b)?,
+            m_proj: st.upload_gemm(d, p, &w.merger_proj.w)?,
+            m_proj_b: opt(&mut st, &w.merger_proj.b)?,
+            m_norm_w: f32s(&mut st, &w.merger_norm_w)?,
+            m_norm_b: f32s(&mut st, &w.merger_norm_b)?,
+            m_gate_up: st.upload_gemm(d, p, &mgu)?,
             m_gate_up_b: GemmBuffer::upload_opt(d, p, mgu_b.as_deref())?,
-            m_down: GemmBuffer::upload(d, p, &w.merger_down.w)?,
-            m_down_b: upload_opt(d, w.merger_down.b.as_deref())?,
+            m_down: st.upload_gemm(d, p, &w.merger_down.w)?,
+            m_down_b: opt(&mut st, &w.merger_down.b)?,
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
             gate: swiglu(cfg),
             weight_bytes: 0,
             ws: None,
             graphs: Graphs::default(),
             uploader: None,
-            dev,
+            dev: dev.clone(),
         };
         t.weight_bytes = t.count_weight_bytes();
         t.dev.synchronize()?;
+        drop(st);
         Ok(t)
+    }
+
+    /// Loads an HF checkpoint as views of the memory-mapped file and uploads it in
+    /// `precision`: the model is never held in f32 on the host ([`crate::load_hf_mapped`]).
+    pub fn from_checkpoint(
+        dev: Arc<Device>,
+        ck: &st_reader::Checkpoint,
+        precision: CudaPrecision,
+    ) -> CudaResult<GlmCuda> {
+        let (cfg, w) = crate::load_hf_mapped(ck)?;
+        GlmCuda::new(dev, &cfg, &w, precision)
     }
 
     fn count_weight_bytes(&self) -> usize {
@@ -883,7 +903,14 @@ mod tests {
         let l = lin(o, 4 * h, 3);
         let gathered = host::block_gather_2x2(&x, n, h, None);
         let want = host::gemm(&gathered, &l.w, None, blocks, o, 4 * h);
-        let got = host::gemm(&x, &permute_downsample(&l, h, 4), None, blocks, o, 4 * h);
+        let got = host::gemm(
+            &x,
+            &permute_downsample(&l.w, l.inp, h, 4),
+            None,
+            blocks,
+            o,
+            4 * h,
+        );
         for (a, b) in got.iter().zip(&want) {
             assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
         }

@@ -22,7 +22,9 @@ pub use error::{GlmError, Result};
 pub use forward::{
     attention_scale, forward_host, vision_cu_seqlens, vision_positions, GlmImage, GlmStages,
 };
-pub use weights::{load_hf, load_hf_with_config, Block, GlmWeights, Linear, PROBE_TENSOR};
+pub use weights::{
+    load_hf, load_hf_mapped, load_hf_with_config, Block, GlmWeights, Linear, PROBE_TENSOR,
+};
 
 /// How the LM attends over the image rows this tower produces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,14 +27,13 @@
 //! - bf16 mode: head dims the tensor-core attention kernels lack (they exist for 64, 72, 96; the
 //!   fixtures' mini towers have 16) are zero-padded to the next one: zero q/k/v weight rows and
 //!   biases, zero out_proj columns, so the padded lanes contribute exact zeros.
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use gpu_core::{
     conv3x3s2_out, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation,
     AttnArgs, Clamp, DeviceBuffer, DeviceInputs, Epilogue, GemmBias, GemmBuffer, GemmOutput,
     GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs, InputBuffers, Mat,
-    QkvSpec, Ran, RopeLayout, RopeSpec, Uploader,
+    QkvSpec, Ran, RopeLayout, RopeSpec, Stager, TensorStore, Uploader,
 };
 use rayon::prelude::*;
 
@@ -370,10 +369,12 @@ pub struct StepCuda {
     uploader: Option<Uploader>,
 }
 
-/// One layer's transformed tensors in host f32, as [`StepCuda::new`] uploads them.
+/// One layer's transformed tensors in host f32, as [`StepCuda::new`] uploads them; everything
+/// else of the layer goes to the device straight from its store (the file's bytes).
 struct HostLayer {
-    /// q | k | v `[3·heads·kd, H]`, each third's rows padded per head.
-    qkv: Vec<f32>,
+    /// q | k | v `[3·heads·kd, H]`, each third's rows padded per head; `None` when nothing is
+    /// padded (the fused tensor is uploaded as the file has it).
+    qkv: Option<Vec<f32>>,
     qkv_b: Vec<f32>,
     /// `λ1 ⊙ out_proj`, columns padded per head.
     out: Vec<f32>,
@@ -384,44 +385,31 @@ struct HostLayer {
 }
 
 impl HostLayer {
-    fn new(cfg: &StepConfig, l: &Layer, kd: usize) -> HostLayer {
+    fn new<T: TensorStore>(cfg: &StepConfig, l: &Layer<T>, kd: usize) -> HostLayer {
         let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
-        let mut qkv = Vec::with_capacity(3 * heads * kd * h);
-        let mut qkv_b = Vec::with_capacity(3 * heads * kd);
-        for part in 0..3 {
-            qkv.extend(pad_head_rows(
-                &l.qkv_w[part * h * h..(part + 1) * h * h],
+        let pad = |w: &[f32], inp: usize| -> Vec<f32> {
+            let third = w.len() / 3;
+            (0..3)
+                .flat_map(|part| {
+                    pad_head_rows(&w[part * third..(part + 1) * third], inp, heads, hd, kd)
+                })
+                .collect()
+        };
+        let (ls1, ls2) = (l.ls1.to_f32_vec(), l.ls2.to_f32_vec());
+        HostLayer {
+            qkv: (kd != hd).then(|| pad(&l.qkv_w.to_f32_vec(), h)),
+            qkv_b: pad(&l.qkv_b.to_f32_vec(), 1),
+            out: pad_head_cols(
+                &scale_rows(&l.out_w.to_f32_vec(), &ls1, h),
                 h,
                 heads,
                 hd,
                 kd,
-            ));
-            qkv_b.extend(pad_head_rows(
-                &l.qkv_b[part * h..(part + 1) * h],
-                1,
-                heads,
-                hd,
-                kd,
-            ));
+            ),
+            out_b: hadamard(&l.out_b.to_f32_vec(), &ls1),
+            fc2: scale_rows(&l.fc2_w.to_f32_vec(), &ls2, cfg.intermediate),
+            fc2_b: hadamard(&l.fc2_b.to_f32_vec(), &ls2),
         }
-        HostLayer {
-            qkv,
-            qkv_b,
-            out: pad_head_cols(&scale_rows(&l.out_w, &l.ls1, h), h, heads, hd, kd),
-            out_b: hadamard(&l.out_b, &l.ls1),
-            fc2: scale_rows(&l.fc2_w, &l.ls2, cfg.intermediate),
-            fc2_b: hadamard(&l.fc2_b, &l.ls2),
-        }
-    }
-}
-
-/// A downsampler weight `[O, C·9]` in the layout the precision's im2col produces: bf16 as the
-/// checkpoint has it (gpu-core's im2col, columns (c, ky, kx)); f32 columns (ky, kx, c)
-/// ([`im2col_plan`]).
-fn conv_layout(p: CudaPrecision, w: &[f32], c: usize) -> Cow<'_, [f32]> {
-    match p {
-        CudaPrecision::Bf16 => Cow::Borrowed(w),
-        CudaPrecision::F32 => Cow::Owned(taps_major(w, c, CONV_TAPS)),
     }
 }
 
@@ -536,11 +524,14 @@ fn im2col_plan(views: usize, gh: usize, gw: usize, c: usize, tok: usize) -> Vec<
 }
 
 impl StepCuda {
-    /// Uploads `w` once (see the module docs for the layout).
-    pub fn new(
+    /// Uploads `w` once (see the module docs for the layout). Tensors the layout keeps as the
+    /// file has them go from their store (host f32, or the memory-mapped file's bytes) straight
+    /// into page-locked staging in the GEMM precision, chunk by chunk; the ones it transforms
+    /// (LayerScale folds, head padding, conv columns) are built in f32 one at a time.
+    pub fn new<T: TensorStore>(
         dev: Arc<Device>,
         cfg: &StepConfig,
-        w: &StepWeights,
+        w: &StepWeights<T>,
         precision: CudaPrecision,
     ) -> CudaResult<StepCuda> {
         let (h, hd) = (cfg.hidden, cfg.head_dim);
@@ -556,53 +547,82 @@ impl StepCuda {
         }
         let p = precision;
         let d = &*dev;
+        let mut st = Stager::new(d)?;
+        let small = |t: &T| -> CudaResult<DeviceBuffer<f32>> { Ok(d.upload(&t.to_f32_vec())?) };
         let mut layers = Vec::with_capacity(w.layers.len());
         for l in &w.layers {
             let hl = HostLayer::new(cfg, l, kd);
+            let qkv = match &hl.qkv {
+                Some(padded) => st.upload_gemm(d, p, padded)?,
+                None => st.upload_gemm(d, p, &l.qkv_w)?,
+            };
             layers.push(DevLayer {
-                ln1_w: d.upload(&l.ln1_w)?,
-                ln1_b: d.upload(&l.ln1_b)?,
-                qkv: GemmBuffer::upload(d, p, &hl.qkv)?,
-                qkv_b: GemmBuffer::upload(d, p, &hl.qkv_b)?,
-                out: GemmBuffer::upload(d, p, &hl.out)?,
+                ln1_w: small(&l.ln1_w)?,
+                ln1_b: small(&l.ln1_b)?,
+                qkv,
+                qkv_b: st.upload_gemm(d, p, &hl.qkv_b)?,
+                out: st.upload_gemm(d, p, &hl.out)?,
                 out_b: d.upload(&hl.out_b)?,
-                ln2_w: d.upload(&l.ln2_w)?,
-                ln2_b: d.upload(&l.ln2_b)?,
-                fc1: GemmBuffer::upload(d, p, &l.fc1_w)?,
-                fc1_b: GemmBuffer::upload(d, p, &l.fc1_b)?,
-                fc2: GemmBuffer::upload(d, p, &hl.fc2)?,
+                ln2_w: small(&l.ln2_w)?,
+                ln2_b: small(&l.ln2_b)?,
+                fc1: st.upload_gemm(d, p, &l.fc1_w)?,
+                fc1_b: st.upload_gemm(d, p, &l.fc1_b)?,
+                fc2: st.upload_gemm(d, p, &hl.fc2)?,
                 fc2_b: d.upload(&hl.fc2_b)?,
             });
         }
-        let conv = |wt: &[f32], c: usize| GemmBuffer::upload(d, p, &conv_layout(p, wt, c));
+        let mut conv = |wt: &T, c: usize| -> CudaResult<GemmBuffer> {
+            Ok(match p {
+                CudaPrecision::Bf16 => st.upload_gemm(d, p, wt)?,
+                CudaPrecision::F32 => {
+                    st.upload_gemm(d, p, &taps_major(&wt.to_f32_vec(), c, CONV_TAPS))?
+                }
+            })
+        };
+        let (down1, down2) = (conv(&w.down1_w, h)?, conv(&w.down2_w, 2 * h)?);
         let mut t = StepCuda {
             cfg: cfg.clone(),
             precision,
             kd,
             head_groups: head_groups(cfg.heads, hd, kd),
             rope: w.layout.rope(),
-            patch: GemmBuffer::upload(d, p, &pad_cols(&w.patch, cfg.patch_dim()))?,
-            pos: d.upload(&w.pos)?,
+            patch: st.upload_gemm(d, p, &pad_cols(&w.patch.to_f32_vec(), cfg.patch_dim()))?,
+            pos: small(&w.pos)?,
             tables: Vec::new(),
-            ln_pre_w: d.upload(&w.ln_pre_w)?,
-            ln_pre_b: d.upload(&w.ln_pre_b)?,
+            ln_pre_w: small(&w.ln_pre_w)?,
+            ln_pre_b: small(&w.ln_pre_b)?,
             layers,
-            down1: conv(&w.down1_w, h)?,
-            down1_b: GemmBuffer::upload(d, p, &w.down1_b)?,
-            down2: conv(&w.down2_w, 2 * h)?,
-            down2_b: GemmBuffer::upload(d, p, &w.down2_b)?,
-            proj: GemmBuffer::upload(d, p, &w.proj)?,
-            proj_b: w.proj_b.as_deref().map(|b| d.upload(b)).transpose()?,
+            down1,
+            down1_b: st.upload_gemm(d, p, &w.down1_b)?,
+            down2,
+            down2_b: st.upload_gemm(d, p, &w.down2_b)?,
+            proj: st.upload_gemm(d, p, &w.proj)?,
+            proj_b: w.proj_b.as_ref().map(small).transpose()?,
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
             weight_bytes: 0,
             ws: None,
             graphs: Graphs::default(),
             uploader: None,
-            dev,
+            dev: dev.clone(),
         };
         t.weight_bytes = t.count_weight_bytes();
         t.dev.synchronize()?;
+        drop(st);
         Ok(t)
+    }
+
+    /// Loads the tower from `ck` as views of the memory-mapped file and uploads it in
+    /// `precision`: the model is never held in f32 on the host ([`crate::load_mapped`]).
+    pub fn from_checkpoint(
+        dev: Arc<Device>,
+        ck: &st_reader::Checkpoint,
+        precision: CudaPrecision,
+    ) -> CudaResult<StepCuda> {
+        let config = ck
+            .config()
+            .ok_or_else(|| StepError::Config("the checkpoint has no config.json".into()))?;
+        let (cfg, w) = crate::load_mapped(ck, config)?;
+        StepCuda::new(dev, &cfg, &w, precision)
     }
 
     fn count_weight_bytes(&self) -> usize {
@@ -1217,6 +1237,17 @@ impl HostStages {
 mod tests {
     use super::*;
     use gpu_core::host;
+    use std::borrow::Cow;
+
+    /// A downsampler weight `[O, C·9]` in the layout the precision's im2col produces: bf16 as the
+    /// checkpoint has it (gpu-core's im2col, columns (c, ky, kx)); f32 columns (ky, kx, c)
+    /// ([`im2col_plan`]).
+    fn conv_layout(p: CudaPrecision, w: &[f32], c: usize) -> Cow<'_, [f32]> {
+        match p {
+            CudaPrecision::Bf16 => Cow::Borrowed(w),
+            CudaPrecision::F32 => Cow::Owned(taps_major(w, c, CONV_TAPS)),
+        }
+    }
 
     fn vals(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
@@ -1335,7 +1366,8 @@ mod tests {
         for (li, l) in w.layers.iter().enumerate() {
             let hl = HostLayer::new(c, l, kd);
             let hn = host::layer_norm(&x, h, Some(&l.ln1_w), Some(&l.ln1_b), eps);
-            let mut qkv = host::gemm(&hn, &hl.qkv, Some(&hl.qkv_b), n, 3 * wp, h);
+            let qkv_w = hl.qkv.clone().unwrap_or_else(|| l.qkv_w.clone());
+            let mut qkv = host::gemm(&hn, &qkv_w, Some(&hl.qkv_b), n, 3 * wp, h);
             for (off, nh) in head_groups(heads, hd, kd) {
                 host::qk_norm_rope(
                     &mut qkv,

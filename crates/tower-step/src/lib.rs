@@ -34,8 +34,8 @@ pub use forward::{
     ViewStages,
 };
 pub use weights::{
-    load, Layer, StepWeights, WeightLayout, HF_PROJECTOR_PREFIXES, VENDOR_PROJECTOR_PREFIXES,
-    VISION_PREFIXES,
+    load, load_mapped, Layer, StepWeights, WeightLayout, HF_PROJECTOR_PREFIXES,
+    VENDOR_PROJECTOR_PREFIXES, VISION_PREFIXES,
 };
 
 /// How the LM attends over the image rows it is given.

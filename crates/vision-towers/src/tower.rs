@@ -339,19 +339,18 @@ impl Tower {
                 }
             },
         };
-        let host = HostTower::load(path)?;
-        let family = host.family();
         let Some((ordinal, dev)) = dev else {
-            return Ok(Tower::on_host(host, options));
+            return Ok(Tower::on_host(HostTower::load(path)?, options));
         };
         let precision = options.precision.unwrap_or(Precision::Bf16);
-        let engine = match host.into_cuda(path, dev, precision) {
+        // Straight from the memory-mapped file to the device: no host f32 copy of the model.
+        let engine = match upload_mapped(path, dev, precision) {
             Ok(engine) => engine,
-            Err(Upload::Refused(reason, host)) if !explicit => {
+            Err(Upload::Refused(reason, _)) if !explicit => {
                 fallback(reason)?;
-                return Ok(Tower::on_host(*host, options));
+                return Ok(Tower::on_host(HostTower::load(path)?, options));
             }
-            Err(Upload::Refused(reason, _)) => {
+            Err(Upload::Refused(reason, family)) => {
                 return Err(TowerError::Unsupported(format!(
                     "{}: {} on {}: {reason}",
                     path.display(),
@@ -785,11 +784,103 @@ fn no_device_reason(e: &GpuError) -> String {
 
 /// Why a CUDA upload did not give a tower.
 enum Upload {
-    /// The CUDA path cannot take this model (a shape its kernels do not cover); the host tower
-    /// comes back for `auto` to fall back on.
-    Refused(String, Box<HostTower>),
-    /// The device failed (out of memory, driver error).
+    /// The CUDA path cannot take this model of this family (a shape its kernels do not
+    /// cover); `auto` falls back on the host tower.
+    Refused(String, Family),
+    /// The file, its tower or the device failed (out of memory, driver error).
     Failed(TowerError),
+}
+
+/// Opens the weight file at `path` and uploads its tower to `dev` in `precision` straight from
+/// the memory map (each family's `from_checkpoint` / `from_gguf`): validated like the host
+/// load, but the model is never converted to f32 on the host.
+fn upload_mapped(
+    path: &Path,
+    dev: Arc<gpu_core::Device>,
+    precision: Precision,
+) -> Result<Engine, Upload> {
+    let file = WeightFile::open(path).map_err(|e| Upload::Failed(e.into()))?;
+    let family = detect_family(&file);
+    let failed = |e: GpuError| {
+        Upload::Failed(if e.is_out_of_memory() {
+            TowerError::OutOfMemory {
+                path: path.to_path_buf(),
+                during: "uploading the weights".into(),
+                source: Box::new(e),
+            }
+        } else {
+            TowerError::Gpu {
+                path: path.to_path_buf(),
+                source: Box::new(e),
+            }
+        })
+    };
+    let refused =
+        |m: String, f: Family| Upload::Refused(format!("unsupported on the CUDA path: {m}"), f);
+    let p = match precision {
+        Precision::F32 => gpu_core::CudaPrecision::F32,
+        Precision::Bf16 => gpu_core::CudaPrecision::Bf16,
+    };
+    match (family, &file) {
+        (Some(Family::Gemma4), file) => {
+            use tower_gemma::CudaError as E;
+            let r = match file {
+                WeightFile::Gguf(g) => GemmaCuda::from_gguf(dev, g, GgufActivation::Model, p),
+                WeightFile::SafeTensors(ck) => GemmaCuda::from_checkpoint(dev, ck, p),
+            };
+            match r {
+                Ok(c) => Ok(Engine::GemmaCuda {
+                    config: c.config().clone(),
+                    cuda: Mutex::new(c),
+                }),
+                Err(E::Gpu(e)) => Err(failed(e)),
+                Err(E::Unsupported(m)) => Err(refused(m, Family::Gemma4)),
+                Err(E::Gemma(e)) => Err(Upload::Failed(TowerError::Gemma {
+                    path: path.to_path_buf(),
+                    source: Box::new(e),
+                })),
+            }
+        }
+        (Some(f @ (Family::Glm5Next | Family::GlmOcr)), WeightFile::SafeTensors(ck)) => {
+            use tower_glm5::CudaError as E;
+            match GlmCuda::from_checkpoint(dev, ck, p) {
+                Ok(c) => Ok(Engine::GlmCuda {
+                    config: c.config().clone(),
+                    cuda: Mutex::new(c),
+                }),
+                Err(E::Gpu(e)) => Err(failed(e)),
+                Err(E::Unsupported(m)) => Err(refused(m, f)),
+                Err(E::Glm(e)) => Err(Upload::Failed(TowerError::Glm {
+                    path: path.to_path_buf(),
+                    source: Box::new(e),
+                })),
+            }
+        }
+        (Some(Family::Step3p7), WeightFile::SafeTensors(ck)) => {
+            use tower_step::CudaError as E;
+            match StepCuda::from_checkpoint(dev, ck, p) {
+                Ok(c) => Ok(Engine::StepCuda {
+                    config: c.config().clone(),
+                    cuda: Mutex::new(c),
+                }),
+                Err(E::Gpu(e)) => Err(failed(e)),
+                Err(E::Unsupported(m)) => Err(refused(m, Family::Step3p7)),
+                Err(E::Step(e)) => Err(Upload::Failed(TowerError::Step {
+                    path: path.to_path_buf(),
+                    source: Box::new(e),
+                })),
+            }
+        }
+        // The host loader gives these files their own answer (not implemented, unknown family).
+        _ => HostTower::load(path)
+            .and_then(|_| {
+                Err(TowerError::Unsupported(format!(
+                    "{}: no CUDA path for this file",
+                    path.display()
+                )))
+            })
+            .map_err(Upload::Failed),
+    }
 }
 
 impl HostTower {
@@ -829,105 +920,6 @@ impl HostTower {
             (None, _) => Err(TowerError::UnknownFamily {
                 path: path.to_path_buf(),
             }),
-        }
-    }
-
-    fn family(&self) -> Family {
-        match self {
-            HostTower::Gemma4(_) => Family::Gemma4,
-            HostTower::Glm(t) => glm_family(&t.config),
-            HostTower::Step3p7(_) => Family::Step3p7,
-        }
-    }
-
-    /// Uploads the weights to `dev` in `precision`; the host weights are dropped on success.
-    fn into_cuda(
-        self,
-        path: &Path,
-        dev: Arc<gpu_core::Device>,
-        precision: Precision,
-    ) -> Result<Engine, Upload> {
-        let failed = |e: GpuError| {
-            Upload::Failed(if e.is_out_of_memory() {
-                TowerError::OutOfMemory {
-                    path: path.to_path_buf(),
-                    during: "uploading the weights".into(),
-                    source: Box::new(e),
-                }
-            } else {
-                TowerError::Gpu {
-                    path: path.to_path_buf(),
-                    source: Box::new(e),
-                }
-            })
-        };
-        match self {
-            HostTower::Gemma4(t) => {
-                use tower_gemma::{CudaError as E, CudaPrecision as P};
-                let p = match precision {
-                    Precision::F32 => P::F32,
-                    Precision::Bf16 => P::Bf16,
-                };
-                match t.to_cuda(dev, p) {
-                    Ok(c) => Ok(Engine::GemmaCuda {
-                        config: t.config,
-                        cuda: Mutex::new(c),
-                    }),
-                    Err(E::Gpu(e)) => Err(failed(e)),
-                    Err(E::Unsupported(m)) => Err(Upload::Refused(
-                        format!("unsupported on the CUDA path: {m}"),
-                        Box::new(HostTower::Gemma4(t)),
-                    )),
-                    Err(E::Gemma(e)) => Err(Upload::Failed(TowerError::Gemma {
-                        path: path.to_path_buf(),
-                        source: Box::new(e),
-                    })),
-                }
-            }
-            HostTower::Glm(t) => {
-                use tower_glm5::{CudaError as E, CudaPrecision as P};
-                let p = match precision {
-                    Precision::F32 => P::F32,
-                    Precision::Bf16 => P::Bf16,
-                };
-                match t.to_cuda(dev, p) {
-                    Ok(c) => Ok(Engine::GlmCuda {
-                        config: t.config,
-                        cuda: Mutex::new(c),
-                    }),
-                    Err(E::Gpu(e)) => Err(failed(e)),
-                    Err(E::Unsupported(m)) => Err(Upload::Refused(
-                        format!("unsupported on the CUDA path: {m}"),
-                        Box::new(HostTower::Glm(t)),
-                    )),
-                    Err(E::Glm(e)) => Err(Upload::Failed(TowerError::Glm {
-                        path: path.to_path_buf(),
-                        source: Box::new(e),
-                    })),
-                }
-            }
-            HostTower::Step3p7(t) => {
-                use tower_step::{CudaError as E, CudaPrecision as P};
-                let p = match precision {
-                    Precision::F32 => P::F32,
-                    Precision::Bf16 => P::Bf16,
-                };
-                match t.to_cuda(dev, p) {
-                    Ok(c) => Ok(Engine::StepCuda {
-                        config: t.config,
-                        cuda: Mutex::new(c),
-                    }),
-                    Err(E::Gpu(e)) => Err(failed(e)),
-                    Err(E::Unsupported(m)) => Err(Upload::Refused(
-                        format!("unsupported on the CUDA path: {m}"),
-                        Box::new(HostTower::Step3p7(t)),
-                    )),
-                    Err(E::Step(e)) => Err(Upload::Failed(TowerError::Step {
-                        path: path.to_path_buf(),
-                        source: Box::new(e),
-                    })),
-                }
-            }
         }
     }
 }
