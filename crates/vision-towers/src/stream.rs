@@ -119,8 +119,9 @@ impl Model {
     /// next pass decoded, prepared and uploaded while the current one runs, and hands each
     /// image's result to `sink(index, result)` in input order (see the module docs for errors
     /// and memory). On CUDA the stream holds the device for its whole run: other calls on this
-    /// model wait until it ends. Returns what the stream did, or the error of the pass that
-    /// stopped it.
+    /// model wait until it ends, so `sink` must not call this model's `encode` or the tower's
+    /// graph accessors (it would wait on itself). Returns what the stream did, or the error of
+    /// the pass that stopped it.
     pub fn encode_stream<I, B, F>(
         &self,
         images: I,
@@ -357,14 +358,21 @@ impl Model {
                     let staged = session
                         .stage(input, patches)
                         .map_err(|e| self.pass_err(first, last, e))?;
-                    if let Some(prev) = in_flight.pop_front() {
-                        let (f, l) = span(&prev);
-                        let rows = session.collect().map_err(|e| self.pass_err(f, l, e))?;
+                    let done = match in_flight.pop_front() {
+                        Some(prev) => {
+                            let (f, l) = span(&prev);
+                            let rows = session.collect().map_err(|e| self.pass_err(f, l, e))?;
+                            Some((prev, rows))
+                        }
+                        None => None,
+                    };
+                    // Launch first, then hand the previous pass's rows to the sink while the
+                    // device runs this one.
+                    let launched = session.launch(staged, patches);
+                    if let Some((prev, rows)) = done {
                         self.deliver(prev, rows, sink, stats)?;
                     }
-                    session
-                        .launch(staged, patches)
-                        .map_err(|e| self.pass_err(first, last, e))?;
+                    launched.map_err(|e| self.pass_err(first, last, e))?;
                     stats.passes.push(PassStat {
                         first,
                         images: plans.len(),
