@@ -32,8 +32,8 @@ use std::sync::Arc;
 use gpu_core::{
     conv3x3s2_out, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation,
     AttnArgs, Clamp, DeviceBuffer, DeviceInputs, Epilogue, GemmBias, GemmBuffer, GemmOutput,
-    GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs, InputBuffers, Mat,
-    QkvSpec, Ran, RopeLayout, RopeSpec, Stager, TensorStore, Uploader,
+    GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs, HostSource,
+    InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, Stager, TensorStore, Uploader,
 };
 use rayon::prelude::*;
 
@@ -376,12 +376,14 @@ struct HostLayer {
     /// padded (the fused tensor is uploaded as the file has it).
     qkv: Option<Vec<f32>>,
     qkv_b: Vec<f32>,
-    /// `λ1 ⊙ out_proj`, columns padded per head.
-    out: Vec<f32>,
+    /// `λ1 ⊙ out_proj` with columns padded per head; `None` when nothing is padded (then it is
+    /// uploaded as [`ScaledRows`] of the store).
+    out: Option<Vec<f32>>,
     out_b: Vec<f32>,
-    /// `λ2 ⊙ c_proj`.
-    fc2: Vec<f32>,
     fc2_b: Vec<f32>,
+    /// LayerScale of the attention and MLP branches.
+    ls1: Vec<f32>,
+    ls2: Vec<f32>,
 }
 
 impl HostLayer {
@@ -399,16 +401,34 @@ impl HostLayer {
         HostLayer {
             qkv: (kd != hd).then(|| pad(&l.qkv_w.to_f32_vec(), h)),
             qkv_b: pad(&l.qkv_b.to_f32_vec(), 1),
-            out: pad_head_cols(
-                &scale_rows(&l.out_w.to_f32_vec(), &ls1, h),
-                h,
-                heads,
-                hd,
-                kd,
-            ),
+            out: (kd != hd).then(|| {
+                let scaled = scale_rows(&l.out_w.to_f32_vec(), &ls1, h);
+                pad_head_cols(&scaled, h, heads, hd, kd)
+            }),
             out_b: hadamard(&l.out_b.to_f32_vec(), &ls1),
-            fc2: scale_rows(&l.fc2_w.to_f32_vec(), &ls2, cfg.intermediate),
             fc2_b: hadamard(&l.fc2_b.to_f32_vec(), &ls2),
+            ls1,
+            ls2,
+        }
+    }
+}
+
+/// Rows `cols` wide, each multiplied by its LayerScale entry in f32 as it is read (the fold
+/// `λ ⊙ W` without a host copy of `W`; the same f32 products, rounded once, as [`scale_rows`]).
+struct ScaledRows<'a> {
+    src: &'a dyn HostSource,
+    scale: &'a [f32],
+    cols: usize,
+}
+
+impl HostSource for ScaledRows<'_> {
+    fn len(&self) -> usize {
+        self.src.len()
+    }
+    fn read_f32(&self, start: usize, out: &mut [f32]) {
+        self.src.read_f32(start, out);
+        for (i, v) in out.iter_mut().enumerate() {
+            *v *= self.scale[(start + i) / self.cols];
         }
     }
 }
@@ -561,13 +581,31 @@ impl StepCuda {
                 ln1_b: small(&l.ln1_b)?,
                 qkv,
                 qkv_b: st.upload_gemm(d, p, &hl.qkv_b)?,
-                out: st.upload_gemm(d, p, &hl.out)?,
+                out: match &hl.out {
+                    Some(padded) => st.upload_gemm(d, p, padded)?,
+                    None => {
+                        let src = ScaledRows {
+                            src: &l.out_w,
+                            scale: &hl.ls1,
+                            cols: h,
+                        };
+                        st.upload_gemm(d, p, &src)?
+                    }
+                },
                 out_b: d.upload(&hl.out_b)?,
                 ln2_w: small(&l.ln2_w)?,
                 ln2_b: small(&l.ln2_b)?,
                 fc1: st.upload_gemm(d, p, &l.fc1_w)?,
                 fc1_b: st.upload_gemm(d, p, &l.fc1_b)?,
-                fc2: st.upload_gemm(d, p, &hl.fc2)?,
+                fc2: st.upload_gemm(
+                    d,
+                    p,
+                    &ScaledRows {
+                        src: &l.fc2_w,
+                        scale: &hl.ls2,
+                        cols: cfg.intermediate,
+                    },
+                )?,
                 fc2_b: d.upload(&hl.fc2_b)?,
             });
         }
@@ -1394,14 +1432,25 @@ mod tests {
                 &cu,
                 attention_scale(hd),
             );
-            add(&mut x, host::gemm(&a, &hl.out, Some(&hl.out_b), n, h, wp));
+            let out_w = hl.out.clone().unwrap_or_else(|| {
+                ScaledRows {
+                    src: &l.out_w,
+                    scale: &hl.ls1,
+                    cols: h,
+                }
+                .to_f32_vec()
+            });
+            add(&mut x, host::gemm(&a, &out_w, Some(&hl.out_b), n, h, wp));
             let hn = host::layer_norm(&x, h, Some(&l.ln2_w), Some(&l.ln2_b), eps);
             let f = host::gemm(&hn, &l.fc1_w, Some(&l.fc1_b), n, inner, h);
             let f = host::act(&f, c.activation, Clamp::NONE, Clamp::NONE);
-            add(
-                &mut x,
-                host::gemm(&f, &hl.fc2, Some(&hl.fc2_b), n, h, inner),
-            );
+            let fc2_w = ScaledRows {
+                src: &l.fc2_w,
+                scale: &hl.ls2,
+                cols: inner,
+            }
+            .to_f32_vec();
+            add(&mut x, host::gemm(&f, &fc2_w, Some(&hl.fc2_b), n, h, inner));
             if li == 0 {
                 st.block_0 = x.clone();
             }
@@ -1519,6 +1568,31 @@ mod tests {
                 }
             }
             assert!(host::rel_l2(&gs.rows, &ws.rows) < 1e-5);
+        }
+    }
+
+    /// Scaling rows as they are read gives the f32 products of `scale_rows`, and rounds them
+    /// to the same bf16, on ranges that straddle rows.
+    #[test]
+    fn scaled_rows_read_what_scale_rows_computes() {
+        let (rows, cols) = (7, 13);
+        let w = vals(rows * cols, 8);
+        let ls = vals(rows, 9);
+        let want = scale_rows(&w, &ls, cols);
+        let s = ScaledRows {
+            src: &w,
+            scale: &ls,
+            cols,
+        };
+        assert_eq!(s.to_f32_vec(), want);
+        for (start, n) in [(0, rows * cols), (5, 30), (12, 1), (13, 13), (40, 51)] {
+            let mut b = vec![gpu_core::bf16::ZERO; n];
+            s.read_bf16(start, &mut b);
+            let wb: Vec<_> = want[start..start + n]
+                .iter()
+                .map(|&v| gpu_core::bf16::from_f32(v))
+                .collect();
+            assert_eq!(b, wb, "{start}+{n}");
         }
     }
 
