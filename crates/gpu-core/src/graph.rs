@@ -256,8 +256,9 @@ impl Replay for Graph {
     }
 }
 
-/// Default number of layouts a tower keeps graphs for.
-pub const DEFAULT_GRAPHS_PER_TOWER: usize = 4;
+/// Default number of layouts a tower keeps graphs for (a stream of a few image sizes cycles
+/// through more than four pass layouts; an LRU smaller than the cycle would capture every time).
+pub const DEFAULT_GRAPHS_PER_TOWER: usize = 8;
 
 /// A tower's graphs: the cache, the status and the counts, and the policy of [`Graphs::run`].
 #[derive(Debug)]
