@@ -459,6 +459,11 @@ pub struct Line {
     pub rel_f32: Option<f64>,
     /// rel-L2 of torch's bf16 rows against the f32 reference (for scale).
     pub torch_rel_f32: Option<f64>,
+    /// Our median ms with CUDA graphs off (every kernel launched eagerly); `ours_ms` is with
+    /// graphs on (the default: the timed runs replay the layout's graph).
+    pub ours_eager_ms: Option<f64>,
+    /// Graph replays during the timed runs with graphs on (0: the layout was never replayed).
+    pub graph_replays: Option<u64>,
 }
 
 fn ms(v: Option<f64>, note: &str) -> String {
@@ -540,6 +545,37 @@ pub fn accuracy_table(lines: &[Line]) -> String {
             sci(l.rel_torch_bf16),
             sci(l.rel_f32),
             sci(l.torch_rel_f32),
+        );
+    }
+    s
+}
+
+/// The graph table (markdown): our forward with CUDA graphs (the default) and without (every
+/// kernel launched eagerly), the time the graph saves, and the replays that were timed.
+pub fn graph_table(lines: &[Line]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| case | graphs on ms | graphs off (eager) ms | saved ms | saved | replays timed |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    for l in lines {
+        let saved = match (l.ours_eager_ms, l.ours_ms) {
+            (Some(e), Some(g)) => (
+                format!("{:.2}", e - g),
+                format!("{:.1}%", 100.0 * (e - g) / e),
+            ),
+            _ => ("—".into(), "—".into()),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} |",
+            l.label,
+            ms(l.ours_ms, &l.ours_note),
+            ms(l.ours_eager_ms, ""),
+            saved.0,
+            saved.1,
+            l.graph_replays.map_or("—".into(), |r| r.to_string()),
         );
     }
     s
@@ -869,21 +905,18 @@ fn run_family(
     }
     match (fam, cuda) {
         (Family::Gemma4, Some(d)) => {
-            let (t, load_s) = bt::load_gemma(&dir)?;
-            let dims = gemma_dims(&t.config);
-            let l = bt::gemma_cuda(d, t, load_s)?;
+            let l = bt::gemma_cuda(d, &dir)?;
+            let dims = gemma_dims(l.tower.config());
             go!((l.tower, l.load_s, l.upload_s, l.weight_bytes), dims, gemma)
         }
         (Family::Glm5Next, Some(d)) => {
-            let (t, load_s) = bt::load_glm(&dir)?;
-            let dims = glm_dims(&t.config);
-            let l = bt::glm_cuda(d, t, load_s)?;
+            let l = bt::glm_cuda(d, &dir)?;
+            let dims = glm_dims(l.tower.config());
             go!((l.tower, l.load_s, l.upload_s, l.weight_bytes), dims, glm)
         }
         (Family::Step3p7, Some(d)) => {
-            let (t, load_s) = bt::load_step(&dir)?;
-            let dims = step_dims(&t.config);
-            let l = bt::step_cuda(d, t, load_s)?;
+            let l = bt::step_cuda(d, &dir)?;
+            let dims = step_dims(l.tower.config());
             go!((l.tower, l.load_s, l.upload_s, l.weight_bytes), dims, step)
         }
         (Family::Gemma4, None) => {
@@ -978,9 +1011,31 @@ fn run_cases<T: BenchTower>(
             l.rel_torch_bf16 = t_bf16.as_ref().map(|t| rel_l2(&rows, t));
             l.rel_f32 = t_f32.as_ref().map(|t| rel_l2(&rows, t));
             drop((rows, t_bf16, t_f32));
+            let before = tower.graph_stats();
             let times = bt::time_runs(dev, tower, &batch, o.warmup, o.iters)?;
             let med = times[times.len() / 2] as f64;
             l.ours_ms = Some(med);
+            // The same span with every kernel launched eagerly (graphs off), then back on; the
+            // host towers have no graphs.
+            let replays = tower
+                .graph_stats()
+                .zip(before)
+                .map(|(a, b)| a.replays - b.replays);
+            let mut eager = Vec::new();
+            if replays.is_some() {
+                tower.set_graphs(false);
+                let r = bt::time_runs(dev, tower, &batch, o.warmup, o.iters);
+                tower.set_graphs(true);
+                eager = r?;
+                let eager_med = eager[eager.len() / 2] as f64;
+                l.ours_eager_ms = Some(eager_med);
+                l.graph_replays = replays;
+                say!(
+                    "ours {:16} graphs off {eager_med:9.2} ms, on {med:9.2} ms ({} replays timed)",
+                    c.name,
+                    replays.unwrap_or(0)
+                );
+            }
             say!(
                 "ours {:16} {med:9.2} ms (min {:.2}, max {:.2})  {:.0} TFLOP/s  rel-L2 vs f32 {}",
                 c.name,
@@ -991,6 +1046,7 @@ fn run_cases<T: BenchTower>(
             );
             Ok(json!({
                 "ms": med, "times": times, "flops": l.flops,
+                "eager_ms": l.ours_eager_ms, "eager_times": eager, "graph_replays": replays,
                 "rel_torch_bf16": l.rel_torch_bf16, "rel_f32": l.rel_f32,
                 "torch_rel_f32": l.torch_rel_f32,
             }))
@@ -1170,6 +1226,8 @@ pub fn run(args: &[String]) -> Result<()> {
     );
     md.push_str(&speed_table(&lines, peak));
     md.push('\n');
+    md.push_str(&graph_table(&lines));
+    md.push('\n');
     md.push_str(&accuracy_table(&lines));
     if anchor["tiny"].as_bool() != Some(true) {
         md.push('\n');
@@ -1190,7 +1248,10 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
     if !load.is_empty() {
-        let _ = writeln!(md, "\nWeights resident on the device: {load}.");
+        let _ = writeln!(
+            md,
+            "\nWeights resident on the device (uploaded straight from the memory-mapped file, no host f32 copy): {load}."
+        );
     }
     let report = o
         .report
@@ -1217,6 +1278,8 @@ pub fn run(args: &[String]) -> Result<()> {
         t0.elapsed().as_secs_f64()
     );
     print!("{}", accuracy_table(&lines));
+    println!();
+    print!("{}", graph_table(&lines));
     println!();
     print!("{}", speed_table(&lines, peak));
     Ok(())
@@ -1327,6 +1390,31 @@ mod tests {
         assert_eq!(
             row,
             "| x | 10.00 | 40.00 | 12.50 | 4.00× | 1.25× | 800.0 | 400 | 50% | 5.00 |"
+        );
+    }
+
+    #[test]
+    fn graph_table_row() {
+        let l = Line {
+            label: "g".into(),
+            ours_ms: Some(9.0),
+            ours_eager_ms: Some(10.0),
+            graph_replays: Some(23),
+            ..Line::default()
+        };
+        let t = graph_table(&[l]);
+        assert_eq!(
+            t.lines().nth(2).unwrap(),
+            "| g | 9.00 | 10.00 | 1.00 | 10.0% | 23 |"
+        );
+        let none = graph_table(&[Line {
+            label: "n".into(),
+            ours_note: "failed".into(),
+            ..Line::default()
+        }]);
+        assert_eq!(
+            none.lines().nth(2).unwrap(),
+            "| n | failed | — | — | — | — |"
         );
     }
 

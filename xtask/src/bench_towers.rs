@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use std::path::Path;
 use std::sync::Arc;
 
-use gpu_core::{Device, GpuError};
+use gpu_core::{Device, GpuError, GraphStats};
 use st_reader::{Checkpoint, Dtype};
 use tower_gemma::{GemmaBatch, GemmaCuda, GemmaImage, GemmaTower};
 use tower_glm5::{Glm5Tower, GlmBatch, GlmCuda, GlmImage};
@@ -25,6 +25,10 @@ pub trait BenchTower {
     fn run(&mut self, batch: &Self::Batch) -> Result<()>;
     /// The rows of the last [`BenchTower::run`] on `batch`, concatenated.
     fn rows(&mut self, batch: &Self::Batch) -> Result<Vec<f32>>;
+    /// Turns CUDA graphs of the forward on or off (the host towers have none).
+    fn set_graphs(&mut self, on: bool);
+    /// What the CUDA graph cache did so far (`None` on the host).
+    fn graph_stats(&self) -> Option<GraphStats>;
 }
 
 impl BenchTower for GemmaCuda {
@@ -40,6 +44,12 @@ impl BenchTower for GemmaCuda {
     fn rows(&mut self, batch: &GemmaBatch) -> Result<Vec<f32>> {
         Ok(GemmaCuda::rows(self, batch)?.concat())
     }
+    fn set_graphs(&mut self, on: bool) {
+        GemmaCuda::set_graphs(self, on)
+    }
+    fn graph_stats(&self) -> Option<GraphStats> {
+        Some(GemmaCuda::graph_stats(self))
+    }
 }
 
 impl BenchTower for GlmCuda {
@@ -54,6 +64,12 @@ impl BenchTower for GlmCuda {
     }
     fn rows(&mut self, batch: &GlmBatch) -> Result<Vec<f32>> {
         Ok(GlmCuda::rows(self, batch)?.concat())
+    }
+    fn set_graphs(&mut self, on: bool) {
+        GlmCuda::set_graphs(self, on)
+    }
+    fn graph_stats(&self) -> Option<GraphStats> {
+        Some(GlmCuda::graph_stats(self))
     }
 }
 
@@ -72,6 +88,12 @@ impl BenchTower for StepCuda {
             .into_iter()
             .flat_map(|r| r.rows)
             .collect())
+    }
+    fn set_graphs(&mut self, on: bool) {
+        StepCuda::set_graphs(self, on)
+    }
+    fn graph_stats(&self) -> Option<GraphStats> {
+        Some(StepCuda::graph_stats(self))
     }
 }
 
@@ -121,6 +143,10 @@ impl BenchTower for Host<GemmaTower> {
     fn rows(&mut self, _: &Self::Batch) -> Result<Vec<f32>> {
         Ok(self.last.clone())
     }
+    fn set_graphs(&mut self, _: bool) {}
+    fn graph_stats(&self) -> Option<GraphStats> {
+        None
+    }
 }
 
 impl BenchTower for Host<Glm5Tower> {
@@ -148,6 +174,10 @@ impl BenchTower for Host<Glm5Tower> {
     }
     fn rows(&mut self, _: &Self::Batch) -> Result<Vec<f32>> {
         Ok(self.last.clone())
+    }
+    fn set_graphs(&mut self, _: bool) {}
+    fn graph_stats(&self) -> Option<GraphStats> {
+        None
     }
 }
 
@@ -189,6 +219,10 @@ impl BenchTower for Host<StepTower> {
     }
     fn rows(&mut self, _: &Self::Batch) -> Result<Vec<f32>> {
         Ok(self.last.clone())
+    }
+    fn set_graphs(&mut self, _: bool) {}
+    fn graph_stats(&self) -> Option<GraphStats> {
+        None
     }
 }
 
@@ -392,14 +426,15 @@ impl Inputs {
     }
 }
 
-/// Loads a family's checkpoint and puts it on `dev` in bf16, or keeps the host reference when
-/// `dev` is `None`. Returns the tower and the seconds spent (host load, upload) and bytes resident.
+/// A family's tower on `dev` in bf16, with the seconds spent and the bytes resident.
 pub struct Loaded<T> {
     /// The tower.
     pub tower: T,
-    /// Seconds reading the checkpoint into f32.
+    /// Seconds opening the checkpoint and validating it (header, config, census, shapes): the
+    /// tensors stay in the memory-mapped file.
     pub load_s: f64,
-    /// Seconds converting to bf16 and uploading (0 on the host).
+    /// Seconds converting to bf16 straight from the memory map into page-locked staging and
+    /// copying to the device (0 on the host).
     pub upload_s: f64,
     /// Bytes of weights on the device (0 on the host).
     pub weight_bytes: usize,
@@ -411,7 +446,7 @@ fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
     Ok((v, t.elapsed().as_secs_f64()))
 }
 
-/// Opens the Gemma-4 checkpoint at `dir`.
+/// Opens the Gemma-4 checkpoint at `dir` into host f32 (the host reference).
 pub fn load_gemma(dir: &Path) -> Result<(GemmaTower, f64)> {
     timed(|| {
         let ck = open(dir)?;
@@ -419,7 +454,7 @@ pub fn load_gemma(dir: &Path) -> Result<(GemmaTower, f64)> {
     })
 }
 
-/// Opens the GLM checkpoint at `dir`.
+/// Opens the GLM checkpoint at `dir` into host f32 (the host reference).
 pub fn load_glm(dir: &Path) -> Result<(Glm5Tower, f64)> {
     timed(|| {
         let ck = open(dir)?;
@@ -427,7 +462,7 @@ pub fn load_glm(dir: &Path) -> Result<(Glm5Tower, f64)> {
     })
 }
 
-/// Opens the Step-3.7 checkpoint at `dir`.
+/// Opens the Step-3.7 checkpoint at `dir` into host f32 (the host reference).
 pub fn load_step(dir: &Path) -> Result<(StepTower, f64)> {
     timed(|| {
         let ck = open(dir)?;
@@ -435,10 +470,21 @@ pub fn load_step(dir: &Path) -> Result<(StepTower, f64)> {
     })
 }
 
-/// Uploads a loaded Gemma-4 tower in bf16.
-pub fn gemma_cuda(dev: &Arc<Device>, t: GemmaTower, load_s: f64) -> Result<Loaded<GemmaCuda>> {
-    let (tower, upload_s) =
-        timed(|| Ok(t.to_cuda(dev.clone(), tower_gemma::CudaPrecision::Bf16)?))?;
+/// Opens the Gemma-4 HF checkpoint at `dir` mapped and uploads it in bf16.
+pub fn gemma_cuda(dev: &Arc<Device>, dir: &Path) -> Result<Loaded<GemmaCuda>> {
+    let (ck, open_s) = timed(|| open(dir))?;
+    let ((cfg, w), check_s) = timed(|| Ok(tower_gemma::load_hf_mapped(&ck)?))?;
+    let load_s = open_s + check_s;
+    let (tower, upload_s) = timed(|| {
+        Ok(GemmaCuda::new(
+            dev.clone(),
+            &cfg,
+            &w,
+            tower_gemma::CudaPrecision::Bf16,
+        )?)
+    })?;
+    drop(w);
+    drop(ck);
     Ok(Loaded {
         weight_bytes: tower.weight_bytes(),
         tower,
@@ -447,9 +493,21 @@ pub fn gemma_cuda(dev: &Arc<Device>, t: GemmaTower, load_s: f64) -> Result<Loade
     })
 }
 
-/// Uploads a loaded GLM tower in bf16.
-pub fn glm_cuda(dev: &Arc<Device>, t: Glm5Tower, load_s: f64) -> Result<Loaded<GlmCuda>> {
-    let (tower, upload_s) = timed(|| Ok(t.to_cuda(dev.clone(), tower_glm5::CudaPrecision::Bf16)?))?;
+/// Opens the GLM checkpoint at `dir` mapped and uploads it in bf16.
+pub fn glm_cuda(dev: &Arc<Device>, dir: &Path) -> Result<Loaded<GlmCuda>> {
+    let (ck, open_s) = timed(|| open(dir))?;
+    let ((cfg, w), check_s) = timed(|| Ok(tower_glm5::load_hf_mapped(&ck)?))?;
+    let load_s = open_s + check_s;
+    let (tower, upload_s) = timed(|| {
+        Ok(GlmCuda::new(
+            dev.clone(),
+            &cfg,
+            &w,
+            tower_glm5::CudaPrecision::Bf16,
+        )?)
+    })?;
+    drop(w);
+    drop(ck);
     Ok(Loaded {
         weight_bytes: tower.weight_bytes(),
         tower,
@@ -458,9 +516,26 @@ pub fn glm_cuda(dev: &Arc<Device>, t: Glm5Tower, load_s: f64) -> Result<Loaded<G
     })
 }
 
-/// Uploads a loaded Step-3.7 tower in bf16.
-pub fn step_cuda(dev: &Arc<Device>, t: StepTower, load_s: f64) -> Result<Loaded<StepCuda>> {
-    let (tower, upload_s) = timed(|| Ok(t.to_cuda(dev.clone(), tower_step::CudaPrecision::Bf16)?))?;
+/// Opens the Step-3.7 checkpoint at `dir` mapped and uploads it in bf16.
+pub fn step_cuda(dev: &Arc<Device>, dir: &Path) -> Result<Loaded<StepCuda>> {
+    let (ck, open_s) = timed(|| open(dir))?;
+    let ((cfg, w), check_s) = timed(|| {
+        let config = ck
+            .config()
+            .with_context(|| format!("{}: no config.json", dir.display()))?;
+        Ok(tower_step::load_mapped(&ck, config)?)
+    })?;
+    let load_s = open_s + check_s;
+    let (tower, upload_s) = timed(|| {
+        Ok(StepCuda::new(
+            dev.clone(),
+            &cfg,
+            &w,
+            tower_step::CudaPrecision::Bf16,
+        )?)
+    })?;
+    drop(w);
+    drop(ck);
     Ok(Loaded {
         weight_bytes: tower.weight_bytes(),
         tower,

@@ -5,6 +5,7 @@ mod bench_towers;
 mod fixtures;
 mod gpu;
 mod parity;
+mod pipeline;
 mod towers;
 mod towers_glm;
 mod towers_step;
@@ -20,6 +21,7 @@ commands:
   ptx        compile kernels/*.cu to committed PTX with nvcc (CUDA machine only)
   gpu-test   run the GPU-only (ignored) tests; needs a CUDA device
   bench      our towers against PyTorch (eager, torch.compile) on the anchors' shapes (GPU machine)
+  pipeline   encode_stream on step3p7: end-to-end images/s vs the tower alone, graphs on/off (GPU machine)
 ";
 
 fn main() -> Result<()> {
@@ -35,6 +37,7 @@ fn main() -> Result<()> {
         "ptx" => gpu::ptx(rest),
         "gpu-test" => gpu::gpu_test(rest),
         "bench" => bench::run(rest),
+        "pipeline" => pipeline::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())

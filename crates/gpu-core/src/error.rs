@@ -36,6 +36,12 @@ pub enum GpuError {
         /// What was found against what was expected.
         what: String,
     },
+    /// A CUDA graph could not be captured (what the capture or the driver said).
+    #[error("CUDA graph capture: {0}")]
+    Capture(String),
+    /// A staged upload cannot be used: its slot was refilled, or it belongs to another uploader.
+    #[error("staged upload: {0}")]
+    Staging(String),
     /// A PTX module could not be read or loaded.
     #[error("PTX module {module}: {what}")]
     Ptx {

@@ -4,6 +4,10 @@
 //! - [`Device`] owns a context, one stream, every kernel and a cuBLASLt handle. [`Device::new`]
 //!   returns [`GpuError::NoDevice`] (never panics) on a machine without CUDA.
 //! - Operations are methods on [`Device`]; each checks its shapes against the buffers first.
+//! - [`Graph`] / [`Graphs`]: CUDA graphs of a tower's forward, captured per batch layout;
+//!   [`Uploader`]: batch inputs uploaded from page-locked memory on a copy stream while the
+//!   compute stream runs; [`Stager`]: weights uploaded chunk by chunk from any [`HostSource`]
+//!   (e.g. a memory-mapped file's bytes) without a whole-tensor host copy.
 //! - Kernels live in `kernels/*.cu`; their PTX is committed in `kernels/ptx/` and embedded with
 //!   `include_str!` (override at run time with `GPU_CORE_PTX_DIR`). See [`kernels`].
 //!
@@ -15,18 +19,27 @@
 mod device;
 mod error;
 mod gemm;
+mod graph;
 pub mod host;
 pub mod kernels;
 mod mixed;
 mod ops;
+mod staging;
 mod tma;
+mod upload;
 
 #[cfg(test)]
 mod gpu_tests;
+#[cfg(test)]
+mod gpu_tests_graph;
 
 pub use device::{is_available, Device, DeviceBuffer, Elem};
 pub use error::{GpuError, Result};
 pub use gemm::{Epilogue, GemmBias, GemmInputs, GemmOutput, GemmShape};
+pub use graph::{
+    Capture, Graph, GraphCache, GraphKey, GraphStats, GraphStatus, Graphs, Ran, Replay,
+    DEFAULT_GRAPHS_PER_TOWER, SEEN_PER_GRAPH,
+};
 pub use half::bf16;
 pub use kernels::{Kernel, Module};
 pub use mixed::{
@@ -35,6 +48,10 @@ pub use mixed::{
 pub use ops::{
     conv3x3s2_out, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp, FlashVariant, Gate, Mat,
     NormOut, QkvSpec, RopeLayout, RopeSpec, MAX_F32_ATTN_HEAD_DIM, MAX_NORM_WIDTH,
+};
+pub use staging::{DeviceInputs, HostGemm, HostInputs, InputBuffers, Uploader, UPLOAD_SLOTS};
+pub use upload::{
+    HostSource, HostTensor, LeBytes, LeDtype, StageElem, Stager, TensorStore, STAGING_BYTES,
 };
 
 #[cfg(test)]

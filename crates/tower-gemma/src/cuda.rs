@@ -25,8 +25,9 @@ use std::sync::Arc;
 
 use gpu_core::{
     head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp,
-    DeviceBuffer, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs, GemmOutput, GemmShape, Mat,
-    QkvSpec, RopeLayout, RopeSpec,
+    DeviceBuffer, DeviceInputs, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs, GemmOutput,
+    GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs, HostTensor,
+    InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, Stager, TensorStore, Uploader,
 };
 
 use crate::config::GemmaConfig;
@@ -85,6 +86,8 @@ struct DevLayer {
 /// Buffers sized for up to `cap` tokens and `cap_p` pooled rows.
 #[derive(Debug)]
 struct Workspace {
+    /// The fixed input buffers every forward reads (patch rows, positions, segments).
+    inp: InputBuffers,
     cap: usize,
     cap_p: usize,
     x: DeviceBuffer<f32>,
@@ -100,31 +103,60 @@ struct Workspace {
     rows: DeviceBuffer<f32>,
 }
 
-/// A batch of validated images on the device: pixels, positions, attention segments and grids.
-#[derive(Debug)]
-pub struct GemmaBatch {
+/// What a batch is, apart from its input values: tokens, segments, grids and the layout a CUDA
+/// graph is keyed by.
+#[derive(Debug, Clone)]
+struct BatchMeta {
     n: usize,
-    pixels: GemmBuffer,
-    pos: DeviceBuffer<i32>,
-    cu_dev: DeviceBuffer<i32>,
     cu: Vec<i32>,
     /// `(gw, gh)` per image.
     grids: Vec<(usize, usize)>,
     pooled_rows: usize,
+    key: GraphKey,
+}
+
+/// A batch of validated images prepared on the host ([`GemmaCuda::prepare_host`]), ready for
+/// [`GemmaCuda::stage`]; building one needs no device.
+#[derive(Debug, Clone)]
+pub struct GemmaHostBatch {
+    meta: BatchMeta,
+    inputs: HostInputs,
+}
+
+impl GemmaHostBatch {
+    /// Patches (tokens) in the batch.
+    pub fn tokens(&self) -> usize {
+        self.meta.n
+    }
+    /// Images in the batch.
+    pub fn images(&self) -> usize {
+        self.meta.grids.len()
+    }
+}
+
+/// A batch of validated images on the device: pixels, positions, attention segments and grids.
+#[derive(Debug)]
+pub struct GemmaBatch {
+    meta: BatchMeta,
+    inputs: DeviceInputs,
 }
 
 impl GemmaBatch {
     /// Patches (tokens) in the batch.
     pub fn tokens(&self) -> usize {
-        self.n
+        self.meta.n
     }
     /// Soft tokens (pooled rows) in the batch.
     pub fn pooled_rows(&self) -> usize {
-        self.pooled_rows
+        self.meta.pooled_rows
     }
     /// Images in the batch.
     pub fn images(&self) -> usize {
-        self.grids.len()
+        self.meta.grids.len()
+    }
+    /// The layout a CUDA graph of this batch is keyed by (segments, then grids).
+    pub fn graph_key(&self) -> &GraphKey {
+        &self.meta.key
     }
 }
 
@@ -148,16 +180,20 @@ pub struct GemmaCuda {
     eye_h: DeviceBuffer<f32>,
     weight_bytes: usize,
     ws: Option<Workspace>,
+    /// CUDA graphs of the bf16 forward, per batch layout.
+    graphs: Graphs,
+    /// Asynchronous uploads of staged batches (created on the first [`GemmaCuda::stage`]).
+    uploader: Option<Uploader>,
 }
 
-/// q/k/v rows padded per head from `hd` to `kd` (zero rows).
-fn pad_rows(l: &Linear, heads: usize, hd: usize, kd: usize) -> Vec<f32> {
-    pad_head_rows(&l.w, l.inp, heads, hd, kd)
+/// q/k/v rows padded per head from `hd` to `kd` (zero rows); `None` when nothing is padded.
+fn pad_rows<T: TensorStore>(l: &Linear<T>, heads: usize, hd: usize, kd: usize) -> Option<Vec<f32>> {
+    (hd != kd).then(|| pad_head_rows(&l.w.to_f32_vec(), l.inp, heads, hd, kd))
 }
 
-/// o columns padded per head from `hd` to `kd` (zero columns).
-fn pad_cols(l: &Linear, heads: usize, hd: usize, kd: usize) -> Vec<f32> {
-    pad_head_cols(&l.w, l.out, heads, hd, kd)
+/// o columns padded per head from `hd` to `kd` (zero columns); `None` when nothing is padded.
+fn pad_cols<T: TensorStore>(l: &Linear<T>, heads: usize, hd: usize, kd: usize) -> Option<Vec<f32>> {
+    (hd != kd).then(|| pad_head_cols(&l.w.to_f32_vec(), l.out, heads, hd, kd))
 }
 
 fn eye<T: Copy>(n: usize, one: T, zero: T) -> Vec<T> {
@@ -168,21 +204,31 @@ fn eye<T: Copy>(n: usize, one: T, zero: T) -> Vec<T> {
     v
 }
 
-/// Groups of linears sharing one input clamp: fused into one weight when all clamps agree.
-fn groups(
+/// A linear's weight as uploaded: its padded f32 copy, or its store as it is.
+fn weight<'t, T: TensorStore>(l: &'t Linear<T>, padded: &'t Option<Vec<f32>>) -> HostTensor<'t> {
+    match padded {
+        Some(v) => HostTensor::Slice(v),
+        None => l.w.view(),
+    }
+}
+
+/// One linear of a group: its store, its padded f32 copy if any, its output width.
+type Part<'t, T> = (&'t Linear<T>, Option<Vec<f32>>, usize);
+
+/// Groups of linears sharing one input clamp: fused into one weight (the parts stacked at
+/// upload, nothing copied on the host) when all clamps agree.
+fn groups<T: TensorStore>(
+    st: &mut Stager,
     dev: &Device,
     p: CudaPrecision,
-    parts: &[(&Linear, Vec<f32>, usize)],
+    parts: &[Part<'_, T>],
 ) -> CudaResult<Vec<Group>> {
     let same = parts.windows(2).all(|w| w[0].0.clamp_in == w[1].0.clamp_in);
     if same {
         let width: usize = parts.iter().map(|(_, _, r)| r).sum();
-        let mut all = Vec::with_capacity(width * parts[0].0.inp);
-        for (_, w, _) in parts {
-            all.extend_from_slice(w);
-        }
+        let all = HostTensor::Stack(parts.iter().map(|(l, w, _)| weight(l, w)).collect());
         Ok(vec![Group {
-            w: GemmBuffer::upload(dev, p, &all)?,
+            w: st.upload_gemm(dev, p, &all)?,
             width,
             col: 0,
             clamp_in: parts[0].0.clamp_in,
@@ -192,7 +238,7 @@ fn groups(
         let mut v = Vec::new();
         for (l, w, r) in parts {
             v.push(Group {
-                w: GemmBuffer::upload(dev, p, w)?,
+                w: st.upload_gemm(dev, p, &weight(l, w))?,
                 width: *r,
                 col,
                 clamp_in: l.clamp_in,
@@ -204,11 +250,14 @@ fn groups(
 }
 
 impl GemmaCuda {
-    /// Uploads `w` once (see the module docs for the layout).
-    pub fn new(
+    /// Uploads `w` once (see the module docs for the layout). Tensors kept as the file has them
+    /// go from their store (host f32, or the memory-mapped file's bytes) straight into
+    /// page-locked staging in the GEMM precision, chunk by chunk; transformed ones (the folded
+    /// patch projection, padded heads) are built in f32 one at a time.
+    pub fn new<T: TensorStore>(
         dev: Arc<Device>,
         cfg: &GemmaConfig,
-        w: &GemmaWeights,
+        w: &GemmaWeights<T>,
         precision: CudaPrecision,
     ) -> CudaResult<GemmaCuda> {
         let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
@@ -218,17 +267,20 @@ impl GemmaCuda {
         let wp = heads * kd;
         let p = precision;
         let d = &*dev;
+        let mut st = Stager::new(d)?;
         // transformers Gemma4VisionPatchEmbedder: input_proj(2·(pixel − 0.5)) = (2W)·x − W·1.
         let pd = cfg.patch_dim();
-        let patch2: Vec<f32> = w.patch.iter().map(|v| 2.0 * v).collect();
-        let bias: Vec<f32> = w
-            .patch
+        let patch = w.patch.to_f32_vec();
+        let patch2: Vec<f32> = patch.iter().map(|v| 2.0 * v).collect();
+        let bias: Vec<f32> = patch
             .chunks_exact(pd)
             .map(|r| -(r.iter().map(|&v| v as f64).sum::<f64>()) as f32)
             .collect();
+        drop(patch);
         let mut layers = Vec::with_capacity(w.layers.len());
         for l in &w.layers {
             let qkv = groups(
+                &mut st,
                 d,
                 p,
                 &[
@@ -238,21 +290,21 @@ impl GemmaCuda {
                 ],
             )?;
             let mi = cfg.intermediate;
-            let mlp = groups(
-                d,
-                p,
-                &[(&l.gate, l.gate.w.clone(), mi), (&l.up, l.up.w.clone(), mi)],
-            )?;
+            let mlp = groups(&mut st, d, p, &[(&l.gate, None, mi), (&l.up, None, mi)])?;
+            let o = pad_cols(&l.o, heads, hd, kd);
+            let f32s = |st: &mut Stager, t: &T| -> CudaResult<DeviceBuffer<f32>> {
+                Ok(st.upload::<f32>(d, t)?)
+            };
             layers.push(DevLayer {
-                ln_in: d.upload(&l.ln_in)?,
-                ln_post_attn: d.upload(&l.ln_post_attn)?,
-                ln_pre_ffn: d.upload(&l.ln_pre_ffn)?,
-                ln_post_ffn: d.upload(&l.ln_post_ffn)?,
+                ln_in: f32s(&mut st, &l.ln_in)?,
+                ln_post_attn: f32s(&mut st, &l.ln_post_attn)?,
+                ln_pre_ffn: f32s(&mut st, &l.ln_pre_ffn)?,
+                ln_post_ffn: f32s(&mut st, &l.ln_post_ffn)?,
                 qkv,
                 qkv_out: [l.q.clamp_out, l.k.clamp_out, l.v.clamp_out],
-                q_norm: d.upload(&l.q_norm)?,
-                k_norm: d.upload(&l.k_norm)?,
-                o: GemmBuffer::upload(d, p, &pad_cols(&l.o, heads, hd, kd))?,
+                q_norm: f32s(&mut st, &l.q_norm)?,
+                k_norm: f32s(&mut st, &l.k_norm)?,
+                o: st.upload_gemm(d, p, &weight(&l.o, &o))?,
                 o_in: l.o.clamp_in,
                 o_out: l.o.clamp_out,
                 mlp,
@@ -263,19 +315,20 @@ impl GemmaCuda {
                     up: l.up.clamp_out,
                     out: l.down.clamp_in,
                 },
-                down: GemmBuffer::upload(d, p, &l.down.w)?,
+                down: st.upload_gemm(d, p, &l.down.w)?,
                 down_out: l.down.clamp_out,
             });
         }
         let std = match &w.standardize {
             Some((b, s)) => {
+                let (b, s) = (b.to_f32_vec(), s.to_f32_vec());
                 let mut diag = vec![0.0f32; h * h];
                 for i in 0..h {
                     diag[i * h + i] = s[i];
                 }
                 let nb: Vec<f32> = b
                     .iter()
-                    .zip(s)
+                    .zip(&s)
                     .map(|(b, s)| -((*b as f64) * (*s as f64)) as f32)
                     .collect();
                 Some((d.upload(&diag)?, d.upload(&nb)?))
@@ -286,21 +339,47 @@ impl GemmaCuda {
             cfg: cfg.clone(),
             precision,
             kd,
-            patch_w: GemmBuffer::upload(d, p, &patch2)?,
+            patch_w: st.upload_gemm(d, p, &patch2)?,
             patch_b: d.upload(&bias)?,
-            pos: d.upload(&w.pos)?,
+            pos: st.upload::<f32>(d, &w.pos)?,
             layers,
             std,
-            proj: GemmBuffer::upload(d, p, &w.proj)?,
+            proj: st.upload_gemm(d, p, &w.proj)?,
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
             eye_h: d.upload(&eye(h, 1.0f32, 0.0))?,
             weight_bytes: 0,
             ws: None,
-            dev,
+            graphs: Graphs::default(),
+            uploader: None,
+            dev: dev.clone(),
         };
         t.weight_bytes = t.count_weight_bytes();
         t.dev.synchronize()?;
+        drop(st);
         Ok(t)
+    }
+
+    /// Loads an HF checkpoint as views of the memory-mapped file and uploads it in
+    /// `precision`: the model is never held in f32 on the host ([`crate::load_hf_mapped`]).
+    pub fn from_checkpoint(
+        dev: Arc<Device>,
+        ck: &st_reader::Checkpoint,
+        precision: CudaPrecision,
+    ) -> CudaResult<GemmaCuda> {
+        let (cfg, w) = crate::load_hf_mapped(ck)?;
+        GemmaCuda::new(dev, &cfg, &w, precision)
+    }
+
+    /// Loads an mmproj GGUF as views of the memory-mapped file (a quantised tensor decoded on
+    /// its own) and uploads it in `precision` ([`crate::load_gguf_mapped`]).
+    pub fn from_gguf(
+        dev: Arc<Device>,
+        g: &gguf_reader::GgufFile,
+        activation: crate::GgufActivation,
+        precision: CudaPrecision,
+    ) -> CudaResult<GemmaCuda> {
+        let (cfg, w) = crate::load_gguf_mapped(g, activation)?;
+        GemmaCuda::new(dev, &cfg, &w, precision)
     }
 
     fn count_weight_bytes(&self) -> usize {
@@ -338,9 +417,27 @@ impl GemmaCuda {
         self.precision
     }
 
+    /// Dimensions and laws.
+    pub fn config(&self) -> &GemmaConfig {
+        &self.cfg
+    }
+
     /// Validates `images` (dropping padding rows) and uploads pixels, positions and segments.
     pub fn prepare(&self, images: &[GemmaImage<'_>]) -> CudaResult<GemmaBatch> {
-        let cfg = &self.cfg;
+        let host = GemmaCuda::prepare_host(&self.cfg, self.precision, images)?;
+        Ok(GemmaBatch {
+            inputs: self.dev.upload_inputs(&host.inputs)?,
+            meta: host.meta,
+        })
+    }
+
+    /// The host half of [`GemmaCuda::prepare`] for a tower of `cfg` in `precision`: validation,
+    /// patch rows in the GEMM precision, positions and segments, with no device involved.
+    pub fn prepare_host(
+        cfg: &GemmaConfig,
+        precision: CudaPrecision,
+        images: &[GemmaImage<'_>],
+    ) -> CudaResult<GemmaHostBatch> {
         let mut pixels = Vec::new();
         let mut pos = Vec::new();
         let mut cu = vec![0i32];
@@ -367,16 +464,61 @@ impl GemmaCuda {
             grids.push((gw, gh));
             pooled_rows += (gw / cfg.pool) * (gh / cfg.pool);
         }
-        let d = &*self.dev;
-        Ok(GemmaBatch {
-            n: pos.len() / 2,
-            pixels: GemmBuffer::upload(d, self.precision, &pixels)?,
-            pos: d.upload(&pos)?,
-            cu_dev: d.upload(&cu)?,
-            cu,
-            grids,
-            pooled_rows,
+        let mut layout: Vec<usize> = cu.iter().map(|&c| c as usize).collect();
+        layout.extend(grids.iter().flat_map(|&(gw, gh)| [gw, gh]));
+        Ok(GemmaHostBatch {
+            meta: BatchMeta {
+                n: pos.len() / 2,
+                cu: cu.clone(),
+                grids,
+                pooled_rows,
+                key: GraphKey { precision, layout },
+            },
+            inputs: HostInputs {
+                rows: HostGemm::from_f32(precision, pixels),
+                pos,
+                cu,
+            },
         })
+    }
+
+    /// Queues the upload of a host-prepared batch from page-locked memory on a copy stream of
+    /// its own and returns at once: the copy overlaps whatever the device is running. The batch
+    /// stays valid until two more are staged ([`gpu_core::UPLOAD_SLOTS`]).
+    pub fn stage(&mut self, host: GemmaHostBatch) -> CudaResult<GemmaBatch> {
+        if host.inputs.rows.precision() != self.precision {
+            return Err(CudaError::Unsupported(format!(
+                "a batch prepared for {:?} staged on a {:?} tower",
+                host.inputs.rows.precision(),
+                self.precision
+            )));
+        }
+        if self.uploader.is_none() {
+            self.uploader = Some(Uploader::new(&self.dev)?);
+        }
+        let up = self
+            .uploader
+            .as_mut()
+            .ok_or_else(|| CudaError::Unsupported("uploader missing after creation".into()))?;
+        Ok(GemmaBatch {
+            inputs: up.stage(&self.dev, &host.inputs)?,
+            meta: host.meta,
+        })
+    }
+
+    /// Turns CUDA graphs of the bf16 forward on (the default) or off (every forward eager).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs.set_enabled(on);
+    }
+
+    /// Whether CUDA graphs are used and, if a capture failed, why not.
+    pub fn graph_status(&self) -> &GraphStatus {
+        self.graphs.status()
+    }
+
+    /// What the graph cache did so far (captures, replays, eager forwards).
+    pub fn graph_stats(&self) -> GraphStats {
+        self.graphs.stats()
     }
 
     fn ensure_workspace(&mut self, n: usize, np: usize) -> CudaResult<()> {
@@ -390,11 +532,13 @@ impl GemmaCuda {
             None => (n, np),
         };
         self.ws = None; // free the old one first
+        self.graphs.invalidate(); // the graphs address the old buffers
         let c = &self.cfg;
         let (h, wp, mi) = (c.hidden, c.heads * self.kd, c.intermediate);
         let d = &*self.dev;
         let p = self.precision;
         self.ws = Some(Workspace {
+            inp: InputBuffers::alloc(d, p, cap * c.patch_dim(), 2 * cap, cap + 1)?,
             cap,
             cap_p,
             x: d.alloc(cap * h)?,
@@ -414,19 +558,53 @@ impl GemmaCuda {
 
     /// Runs the whole forward on `batch` on the device; the rows stay there ([`GemmaCuda::rows`]).
     /// With `keep_stages` the stage activations are downloaded as they are produced.
+    ///
+    /// The inputs are first copied into fixed device buffers (a staged batch's after its upload
+    /// finished, on the device); then in bf16 mode without stages the forward goes through the
+    /// CUDA graph cache ([`gpu_core::Graphs`]: eager the first time a layout is seen, captured
+    /// the second, replayed after), else it runs eagerly.
     pub fn run(
         &mut self,
         batch: &GemmaBatch,
         keep_stages: bool,
     ) -> CudaResult<Option<GemmaStages>> {
-        self.ensure_workspace(batch.n, batch.pooled_rows)?;
+        self.run_graphed(batch, keep_stages).map(|(s, _)| s)
+    }
+
+    /// [`GemmaCuda::run`], also saying how the forward ran.
+    pub fn run_graphed(
+        &mut self,
+        batch: &GemmaBatch,
+        keep_stages: bool,
+    ) -> CudaResult<(Option<GemmaStages>, Ran)> {
+        self.ensure_workspace(batch.meta.n, batch.meta.pooled_rows)?;
         let mut ws = self
             .ws
             .take()
             .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
-        let r = self.run_in(&mut ws, batch, keep_stages);
+        let r = self.run_ws(&mut ws, batch, keep_stages);
         self.ws = Some(ws);
         r
+    }
+
+    fn run_ws(
+        &mut self,
+        ws: &mut Workspace,
+        batch: &GemmaBatch,
+        keep: bool,
+    ) -> CudaResult<(Option<GemmaStages>, Ran)> {
+        self.dev
+            .load_inputs(&batch.inputs, self.uploader.as_ref(), &mut ws.inp)?;
+        if keep || self.precision != CudaPrecision::Bf16 {
+            return Ok((self.run_in(ws, &batch.meta, keep)?, Ran::Eager));
+        }
+        let mut graphs = std::mem::take(&mut self.graphs);
+        let dev = self.dev.clone();
+        let r = graphs.run(&*dev, &batch.meta.key, || {
+            self.run_in(ws, &batch.meta, false).map(|_| ())
+        });
+        self.graphs = graphs;
+        Ok((None, r?))
     }
 
     /// Downloads the rows of the last [`GemmaCuda::run`] on `batch`, one `[n_i, text_hidden]` per image.
@@ -436,10 +614,12 @@ impl GemmaCuda {
             .as_ref()
             .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
         let t = self.cfg.text_hidden;
-        let all = self.dev.download_prefix(&ws.rows, batch.pooled_rows * t)?;
-        let mut out = Vec::with_capacity(batch.grids.len());
+        let all = self
+            .dev
+            .download_prefix(&ws.rows, batch.meta.pooled_rows * t)?;
+        let mut out = Vec::with_capacity(batch.meta.grids.len());
         let mut start = 0;
-        for &(gw, gh) in &batch.grids {
+        for &(gw, gh) in &batch.meta.grids {
             let np = (gw / self.cfg.pool) * (gh / self.cfg.pool);
             out.push(all[start * t..(start + np) * t].to_vec());
             start += np;
@@ -511,7 +691,7 @@ impl GemmaCuda {
     fn run_in(
         &self,
         ws: &mut Workspace,
-        batch: &GemmaBatch,
+        batch: &BatchMeta,
         keep: bool,
     ) -> CudaResult<Option<GemmaStages>> {
         let c = &self.cfg;
@@ -524,20 +704,20 @@ impl GemmaCuda {
 
         // Patch projection (input law folded into weight and bias) + position tables.
         d.gemm(
-            GemmBuffer::inputs(&batch.pixels, &self.patch_w)?,
+            GemmBuffer::inputs(&ws.inp.rows, &self.patch_w)?,
             Some(GemmBias::F32(&self.patch_b)),
             GemmOutput::F32(&mut ws.x),
             GemmShape::dense(n, h, pd),
             Epilogue::None,
         )?;
-        d.pos_add_xy(&mut ws.x, n, h, &self.pos, c.pos_rows, &batch.pos)?;
+        d.pos_add_xy(&mut ws.x, n, h, &self.pos, c.pos_rows, &ws.inp.pos)?;
         if let Some(s) = stages.as_mut() {
             s.patch_embed = self.dev.download_prefix(&ws.x, n * h)?;
         }
 
         let rope = RopeSpec {
             layout: RopeLayout::Gemma4,
-            pos: &batch.pos,
+            pos: &ws.inp.pos,
             inv_freq: &self.inv_freq,
         };
         let nl = self.layers.len();
@@ -562,10 +742,10 @@ impl GemmaCuda {
             )?;
             match (&mut ws.qkv, &mut ws.attn) {
                 (GemmBuffer::Bf16(qkv), GemmBuffer::Bf16(attn)) => {
-                    self.attention_core(l, qkv, attn, batch, &rope)?
+                    self.attention_core(l, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
                 }
                 (GemmBuffer::F32(qkv), GemmBuffer::F32(attn)) => {
-                    self.attention_core(l, qkv, attn, batch, &rope)?
+                    self.attention_core(l, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
                 }
                 _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
             }
@@ -698,11 +878,12 @@ impl GemmaCuda {
         l: &DevLayer,
         qkv: &mut DeviceBuffer<T>,
         attn: &mut DeviceBuffer<T>,
-        batch: &GemmaBatch,
+        (cu_dev, cu): (&DeviceBuffer<i32>, &[i32]),
         rope: &RopeSpec<'_>,
     ) -> CudaResult<()> {
         let (c, d) = (&self.cfg, &*self.dev);
-        let (n, heads, hd, kd) = (batch.n, c.heads, c.head_dim, self.kd);
+        let n = cu.last().map_or(0, |&t| t as usize);
+        let (heads, hd, kd) = (c.heads, c.head_dim, self.kd);
         let wp = heads * kd;
         for (off, nh) in head_groups(heads, hd, kd) {
             let spec = QkvSpec {
@@ -725,8 +906,8 @@ impl GemmaCuda {
             v: (&*qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
             heads,
             head_dim: kd,
-            cu_seqlens: &batch.cu_dev,
-            cu_seqlens_host: &batch.cu,
+            cu_seqlens: cu_dev,
+            cu_seqlens_host: cu,
             scale: ATTENTION_SCALE,
             variant: None,
         };
@@ -745,8 +926,9 @@ impl GemmaCuda {
 
     /// Pools every image of `ws.x` into `ws.pooled` (rows concatenated in image order). Consecutive
     /// images of one width pool as one taller grid (k divides every height, so no window crosses
-    /// an image); a run that does not start at row 0 is copied through exact identity GEMMs first.
-    fn pool(&self, ws: &mut Workspace, batch: &GemmaBatch) -> CudaResult<()> {
+    /// an image); a run that does not start at row 0 is copied through exact identity GEMMs first,
+    /// via `ws.y` and `ws.std` (both free at this point), so nothing is allocated.
+    fn pool(&self, ws: &mut Workspace, batch: &BatchMeta) -> CudaResult<()> {
         let (c, d) = (&self.cfg, &*self.dev);
         let (h, k) = (c.hidden, c.pool);
         let root_h = (h as f64).sqrt() as f32;
@@ -764,8 +946,6 @@ impl GemmaCuda {
             if tok == 0 {
                 d.avg_pool(&ws.x, gh_sum, gw, k, h, root_h, &mut ws.pooled)?;
             } else {
-                let mut src = d.alloc::<f32>(nt * h)?;
-                let mut dst = d.alloc::<f32>(npr * h)?;
                 let copy = |x: &DeviceBuffer<f32>, y: &mut DeviceBuffer<f32>, rows, xo, yo| {
                     d.gemm(
                         GemmInputs::F32 { x, w: &self.eye_h },
@@ -779,9 +959,9 @@ impl GemmaCuda {
                         Epilogue::None,
                     )
                 };
-                copy(&ws.x, &mut src, nt, tok * h, 0)?;
-                d.avg_pool(&src, gh_sum, gw, k, h, root_h, &mut dst)?;
-                copy(&dst, &mut ws.pooled, npr, 0, prow * h)?;
+                copy(&ws.x, &mut ws.y, nt, tok * h, 0)?;
+                d.avg_pool(&ws.y, gh_sum, gw, k, h, root_h, &mut ws.std)?;
+                copy(&ws.std, &mut ws.pooled, npr, 0, prow * h)?;
             }
             tok += nt;
             prow += npr;
@@ -794,7 +974,7 @@ impl GemmaCuda {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpu_core::host;
+    use gpu_core::{host, HostSource};
 
     fn lin(out: usize, inp: usize, seed: u32) -> Linear {
         let w = (0..out * inp)
@@ -818,7 +998,8 @@ mod tests {
         let x: Vec<f32> = (0..n * h).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
         let q = lin(heads * hd, h, 1);
         let y = host::gemm(&x, &q.w, None, n, heads * hd, h);
-        let yp = host::gemm(&x, &pad_rows(&q, heads, hd, kd), None, n, heads * kd, h);
+        let qp = pad_rows(&q, heads, hd, kd).expect("hd 24 pads to 64");
+        let yp = host::gemm(&x, &qp, None, n, heads * kd, h);
         for t in 0..n {
             for head in 0..heads {
                 for r in 0..kd {
@@ -834,7 +1015,11 @@ mod tests {
         }
         let o = lin(h, heads * hd, 2);
         let out = host::gemm(&y, &o.w, None, n, h, heads * hd);
-        let out_p = host::gemm(&yp, &pad_cols(&o, heads, hd, kd), None, n, h, heads * kd);
+        let op = pad_cols(&o, heads, hd, kd).expect("hd 24 pads to 64");
+        let out_p = host::gemm(&yp, &op, None, n, h, heads * kd);
         assert_eq!(out, out_p);
+        // Unpadded heads upload the store as it is.
+        assert!(pad_rows(&q, heads, hd, hd).is_none() && pad_cols(&o, heads, hd, hd).is_none());
+        assert_eq!(weight(&q, &None).to_f32_vec(), q.w);
     }
 }

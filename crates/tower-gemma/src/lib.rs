@@ -10,10 +10,12 @@ mod forward;
 mod weights;
 
 pub use config::{GemmaConfig, GgufActivation, MAX_LAYERS, MAX_PATCH_SIZE};
-pub use cuda::{CudaError, CudaPrecision, GemmaBatch, GemmaCuda};
+pub use cuda::{CudaError, CudaPrecision, GemmaBatch, GemmaCuda, GemmaHostBatch};
 pub use error::{GemmaError, Result};
 pub use forward::{forward_host, GemmaImage, GemmaStages, ATTENTION_SCALE};
-pub use weights::{load_gguf, load_hf, GemmaWeights, Layer, Linear};
+pub use weights::{
+    load_gguf, load_gguf_mapped, load_hf, load_hf_mapped, GemmaWeights, Layer, Linear,
+};
 
 /// A loaded Gemma-4 vision tower (host weights; [`GemmaTower::to_cuda`] puts them on a device).
 #[derive(Debug, Clone)]

@@ -5,16 +5,16 @@
 
 use crate::config::{GemmaConfig, GgufActivation};
 use crate::error::{GemmaError, Result};
-use gguf_reader::GgufFile;
-use gpu_core::Clamp;
-use st_reader::Checkpoint;
+use gguf_reader::{GgmlType, GgufFile};
+use gpu_core::{Clamp, HostTensor, LeBytes, LeDtype, TensorStore};
+use st_reader::{Checkpoint, Dtype};
 use std::collections::BTreeSet;
 
 /// One ClippableLinear: `clamp_out(W·clamp_in(x))`, no bias.
 #[derive(Debug, Clone)]
-pub struct Linear {
+pub struct Linear<T = Vec<f32>> {
     /// `[out, in]`, row-major.
-    pub w: Vec<f32>,
+    pub w: T,
     /// Output width.
     pub out: usize,
     /// Input width.
@@ -27,59 +27,92 @@ pub struct Linear {
 
 /// One encoder layer's weights.
 #[derive(Debug, Clone)]
-pub struct Layer {
+pub struct Layer<T = Vec<f32>> {
     /// `input_layernorm` (before attention).
-    pub ln_in: Vec<f32>,
+    pub ln_in: T,
     /// `post_attention_layernorm` (sandwich norm on the attention output).
-    pub ln_post_attn: Vec<f32>,
+    pub ln_post_attn: T,
     /// `pre_feedforward_layernorm`.
-    pub ln_pre_ffn: Vec<f32>,
+    pub ln_pre_ffn: T,
     /// `post_feedforward_layernorm`.
-    pub ln_post_ffn: Vec<f32>,
+    pub ln_post_ffn: T,
     /// q, k, v, o projections.
-    pub q: Linear,
+    pub q: Linear<T>,
     /// See `q`.
-    pub k: Linear,
+    pub k: Linear<T>,
     /// See `q`.
-    pub v: Linear,
+    pub v: Linear<T>,
     /// See `q`.
-    pub o: Linear,
+    pub o: Linear<T>,
     /// Per-head q RMSNorm weight `[head_dim]`.
-    pub q_norm: Vec<f32>,
+    pub q_norm: T,
     /// Per-head k RMSNorm weight `[head_dim]`.
-    pub k_norm: Vec<f32>,
+    pub k_norm: T,
     /// MLP gate, up and down projections.
-    pub gate: Linear,
+    pub gate: Linear<T>,
     /// See `gate`.
-    pub up: Linear,
+    pub up: Linear<T>,
     /// See `gate`.
-    pub down: Linear,
+    pub down: Linear<T>,
 }
 
-/// The whole tower's weights in f32 on the host (values exactly those in the file).
+/// The whole tower's weights (values exactly those in the file): `T` is f32 values (the host
+/// reference, the default) or a [`HostTensor`] of the memory-mapped file, read only when the
+/// CUDA path uploads it ([`load_hf_mapped`], [`load_gguf_mapped`]).
 #[derive(Debug, Clone)]
-pub struct GemmaWeights {
+pub struct GemmaWeights<T = Vec<f32>> {
     /// `input_proj` `[H, 3·p²]`, columns (ky, kx, c).
-    pub patch: Vec<f32>,
+    pub patch: T,
     /// Position tables `[2, rows, H]`: `[0]` indexed by x (column), `[1]` by y (row).
-    pub pos: Vec<f32>,
+    pub pos: T,
     /// Encoder layers.
-    pub layers: Vec<Layer>,
+    pub layers: Vec<Layer<T>>,
     /// `std_bias` and `std_scale` `[H]` when the config standardises.
-    pub standardize: Option<(Vec<f32>, Vec<f32>)>,
+    pub standardize: Option<(T, T)>,
     /// Embedder `embedding_projection` `[text_hidden, H]`.
-    pub proj: Vec<f32>,
+    pub proj: T,
 }
 
 /// Where the tower's tensors come from: a name scheme over one of the two readers.
-trait Source {
+trait Source<'a> {
     fn shape(&self, name: &str) -> Option<Vec<usize>>;
     fn f32(&self, name: &str) -> Result<Vec<f32>>;
+    /// The tensor in place in the file (F32/F16/BF16 bytes), else decoded to f32.
+    fn mapped(&self, name: &str) -> Result<HostTensor<'a>>;
+}
+
+/// How a loader stores a tensor it reads from a [`Source`].
+trait Fetch<'a>: TensorStore {
+    fn fetch(src: &dyn Source<'a>, name: &str) -> Result<Self>;
+}
+
+impl<'a> Fetch<'a> for Vec<f32> {
+    fn fetch(src: &dyn Source<'a>, name: &str) -> Result<Self> {
+        src.f32(name)
+    }
+}
+
+impl<'a> Fetch<'a> for HostTensor<'a> {
+    fn fetch(src: &dyn Source<'a>, name: &str) -> Result<Self> {
+        src.mapped(name)
+    }
+}
+
+/// `bytes` in place when they are whole elements of `dtype`, else `decode()`d.
+fn in_place<'a>(
+    bytes: &'a [u8],
+    dtype: Option<LeDtype>,
+    decode: impl FnOnce() -> Result<Vec<f32>>,
+) -> Result<HostTensor<'a>> {
+    match dtype.and_then(|d| LeBytes::new(bytes, d).ok()) {
+        Some(b) => Ok(HostTensor::Bytes(b)),
+        None => Ok(HostTensor::F32(decode()?)),
+    }
 }
 
 struct HfSource<'a>(&'a Checkpoint);
 
-impl Source for HfSource<'_> {
+impl<'a> Source<'a> for HfSource<'a> {
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
         self.0.find(name).ok().map(|v| v.shape().to_vec())
     }
@@ -90,11 +123,24 @@ impl Source for HfSource<'_> {
             .map_err(|_| GemmaError::MissingTensor(name.to_string()))?;
         Ok(view.to_f32()?)
     }
+    fn mapped(&self, name: &str) -> Result<HostTensor<'a>> {
+        let view = self
+            .0
+            .find(name)
+            .map_err(|_| GemmaError::MissingTensor(name.to_string()))?;
+        let dtype = match view.dtype() {
+            Dtype::F32 => Some(LeDtype::F32),
+            Dtype::F16 => Some(LeDtype::F16),
+            Dtype::BF16 => Some(LeDtype::Bf16),
+            _ => None,
+        };
+        in_place(view.bytes(), dtype, || Ok(view.to_f32()?))
+    }
 }
 
 struct GgufSource<'a>(&'a GgufFile);
 
-impl Source for GgufSource<'_> {
+impl<'a> Source<'a> for GgufSource<'a> {
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
         self.0.tensor(name).map(|t| {
             t.shape()
@@ -110,10 +156,23 @@ impl Source for GgufSource<'_> {
             .ok_or_else(|| GemmaError::MissingTensor(name.to_string()))?;
         Ok(self.0.to_f32(info)?)
     }
+    fn mapped(&self, name: &str) -> Result<HostTensor<'a>> {
+        let g = self.0;
+        let info = g
+            .tensor(name)
+            .ok_or_else(|| GemmaError::MissingTensor(name.to_string()))?;
+        let dtype = match info.ggml_type {
+            GgmlType::F32 => Some(LeDtype::F32),
+            GgmlType::F16 => Some(LeDtype::F16),
+            GgmlType::BF16 => Some(LeDtype::Bf16),
+            _ => None,
+        };
+        in_place(g.view(info)?.bytes(), dtype, || Ok(g.to_f32(info)?))
+    }
 }
 
 /// Reads `name`, checking its shape first.
-fn get(src: &dyn Source, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
+fn get<'a, T: Fetch<'a>>(src: &dyn Source<'a>, name: &str, expected: &[usize]) -> Result<T> {
     let found = src
         .shape(name)
         .ok_or_else(|| GemmaError::MissingTensor(name.to_string()))?;
@@ -124,11 +183,11 @@ fn get(src: &dyn Source, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
             expected: expected.to_vec(),
         });
     }
-    src.f32(name)
+    T::fetch(src, name)
 }
 
 /// Reads a scalar clamp bound (shape `[]` or `[1]`).
-fn scalar(src: &dyn Source, name: &str) -> Result<f32> {
+fn scalar(src: &dyn Source<'_>, name: &str) -> Result<f32> {
     let found = src
         .shape(name)
         .ok_or_else(|| GemmaError::MissingTensor(name.to_string()))?;
@@ -280,20 +339,20 @@ fn known_names(
     set
 }
 
-fn load(
-    src: &dyn Source,
+fn load<'a, T: Fetch<'a>>(
+    src: &dyn Source<'a>,
     names: &Names,
     hf: bool,
     cfg: &GemmaConfig,
     conv_patch: bool,
-) -> Result<GemmaWeights> {
+) -> Result<GemmaWeights<T>> {
     let (h, inner, hd) = (cfg.hidden, cfg.intermediate, cfg.head_dim);
     let qkv = cfg.heads * hd;
     let pd = cfg.patch_dim();
     let patch = if conv_patch {
         // llama.cpp conv layout [H, 3, p, p] → HF columns (ky, kx, c).
         let p = cfg.patch;
-        let conv = get(src, &names.patch, &[h, 3, p, p])?;
+        let conv: Vec<f32> = get(src, &names.patch, &[h, 3, p, p])?;
         let mut out = vec![0.0f32; h * pd];
         for o in 0..h {
             for c in 0..3 {
@@ -304,12 +363,12 @@ fn load(
                 }
             }
         }
-        out
+        T::from_f32(out)
     } else {
         get(src, &names.patch, &[h, pd])?
     };
     let pos = get(src, &names.pos, &[2, cfg.pos_rows, h])?;
-    let linear = |i: usize, n: &str, out: usize, inp: usize| -> Result<Linear> {
+    let linear = |i: usize, n: &str, out: usize, inp: usize| -> Result<Linear<T>> {
         let w = get(src, &lin_weight(names, hf, i, n), &[out, inp])?;
         let (clamp_in, clamp_out) = if cfg.clipped {
             let b = |c: &str| scalar(src, &format!("{}{}{c}", (names.lin)(i, n), names.clamp_sep));
@@ -366,7 +425,7 @@ fn load(
 }
 
 /// Counts encoder layers present under a scheme (the first absent `ln_in` ends the count).
-fn count_layers(src: &dyn Source, names: &Names) -> usize {
+fn count_layers(src: &dyn Source<'_>, names: &Names) -> usize {
     (0..)
         .take_while(|&i| src.shape(&(names.norm)(i, "ln_in")).is_some())
         .count()
@@ -401,8 +460,18 @@ fn require_layers<'a>(
     }
 }
 
-/// Loads an HF checkpoint (`model.vision_tower.*` + `model.embed_vision.*`).
+/// Loads an HF checkpoint (`model.vision_tower.*` + `model.embed_vision.*`) into host f32.
 pub fn load_hf(ck: &Checkpoint) -> Result<(GemmaConfig, GemmaWeights)> {
+    load_hf_with(ck)
+}
+
+/// Validates an HF checkpoint like [`load_hf`] but keeps every tensor as a view of the
+/// memory-mapped file, converted only when the CUDA path uploads it.
+pub fn load_hf_mapped(ck: &Checkpoint) -> Result<(GemmaConfig, GemmaWeights<HostTensor<'_>>)> {
+    load_hf_with(ck)
+}
+
+fn load_hf_with<'a, T: Fetch<'a>>(ck: &'a Checkpoint) -> Result<(GemmaConfig, GemmaWeights<T>)> {
     let names = hf_names();
     let src = HfSource(ck);
     let pos_shape = src
@@ -432,8 +501,24 @@ pub fn load_hf(ck: &Checkpoint) -> Result<(GemmaConfig, GemmaWeights)> {
     Ok((cfg, w))
 }
 
-/// Loads a llama.cpp mmproj GGUF (`v.*`, `mm.input_projection.weight`).
+/// Loads a llama.cpp mmproj GGUF (`v.*`, `mm.input_projection.weight`) into host f32.
 pub fn load_gguf(g: &GgufFile, activation: GgufActivation) -> Result<(GemmaConfig, GemmaWeights)> {
+    load_gguf_with(g, activation)
+}
+
+/// Validates an mmproj GGUF like [`load_gguf`] but keeps F32/F16/BF16 tensors as views of the
+/// memory-mapped file (a quantised tensor is decoded to f32 on its own), for the CUDA path.
+pub fn load_gguf_mapped(
+    g: &GgufFile,
+    activation: GgufActivation,
+) -> Result<(GemmaConfig, GemmaWeights<HostTensor<'_>>)> {
+    load_gguf_with(g, activation)
+}
+
+fn load_gguf_with<'a, T: Fetch<'a>>(
+    g: &'a GgufFile,
+    activation: GgufActivation,
+) -> Result<(GemmaConfig, GemmaWeights<T>)> {
     match g.get("clip.vision.projector_type").and_then(|v| v.as_str()) {
         Some("gemma4v") => {}
         other => {

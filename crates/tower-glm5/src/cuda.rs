@@ -27,8 +27,10 @@ use std::sync::Arc;
 
 use gpu_core::{
     bf16, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation, AttnArgs,
-    Clamp, DeviceBuffer, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs, GemmOutput, GemmShape,
-    Mat, QkvSpec, RopeLayout, RopeSpec,
+    Clamp, DeviceBuffer, DeviceInputs, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs,
+    GemmOutput, GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs,
+    HostTensor, InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, Stager, TensorStore,
+    Uploader,
 };
 use rayon::prelude::*;
 
@@ -89,6 +91,8 @@ struct DevBlock {
 /// Buffers sized for up to `cap` tokens and `cap_p` merged rows.
 #[derive(Debug)]
 struct Workspace {
+    /// The fixed input buffers every forward reads (patch rows, positions, segments).
+    inp: InputBuffers,
     cap: usize,
     cap_p: usize,
     /// Residual stream `[N, H]`.
@@ -111,34 +115,69 @@ struct Workspace {
     rows: DeviceBuffer<f32>,
 }
 
-/// A batch of validated images on the device: pixels, positions and attention segments.
-#[derive(Debug)]
-pub struct GlmBatch {
+/// What a batch is, apart from its input values: tokens, segments, rows per image and the
+/// layout a CUDA graph is keyed by.
+#[derive(Debug, Clone)]
+struct BatchMeta {
     n: usize,
-    pixels: GemmBuffer,
-    pos: DeviceBuffer<i32>,
-    cu_dev: DeviceBuffer<i32>,
     cu: Vec<i32>,
     /// Output rows per image.
     rows_per: Vec<usize>,
+    key: GraphKey,
+}
+
+impl BatchMeta {
+    fn merged_rows(&self) -> usize {
+        self.rows_per.iter().sum()
+    }
+}
+
+/// A batch of validated images prepared on the host ([`GlmCuda::prepare_host`]), ready for
+/// [`GlmCuda::stage`]; building one needs no device.
+#[derive(Debug, Clone)]
+pub struct GlmHostBatch {
+    meta: BatchMeta,
+    inputs: HostInputs,
+}
+
+impl GlmHostBatch {
+    /// Patches (tokens) in the batch.
+    pub fn tokens(&self) -> usize {
+        self.meta.n
+    }
+    /// Images in the batch.
+    pub fn images(&self) -> usize {
+        self.meta.rows_per.len()
+    }
+}
+
+/// A batch of validated images on the device: pixels, positions and attention segments.
+#[derive(Debug)]
+pub struct GlmBatch {
+    meta: BatchMeta,
+    inputs: DeviceInputs,
 }
 
 impl GlmBatch {
     /// Patches (tokens) in the batch.
     pub fn tokens(&self) -> usize {
-        self.n
+        self.meta.n
     }
     /// Merged output rows in the batch.
     pub fn merged_rows(&self) -> usize {
-        self.rows_per.iter().sum()
+        self.meta.merged_rows()
     }
     /// Images in the batch.
     pub fn images(&self) -> usize {
-        self.rows_per.len()
+        self.meta.rows_per.len()
     }
     /// The attention segments (one per frame pair), `[segments + 1]`.
     pub fn cu_seqlens(&self) -> &[i32] {
-        &self.cu
+        &self.meta.cu
+    }
+    /// The layout a CUDA graph of this batch is keyed by (segments, then grids).
+    pub fn graph_key(&self) -> &GraphKey {
+        &self.meta.key
     }
 }
 
@@ -169,6 +208,10 @@ pub struct GlmCuda {
     gate: Gate,
     weight_bytes: usize,
     ws: Option<Workspace>,
+    /// CUDA graphs of the bf16 forward, per batch layout.
+    graphs: Graphs,
+    /// Asynchronous uploads of staged batches (created on the first [`GlmCuda::stage`]).
+    uploader: Option<Uploader>,
 }
 
 /// The SwiGLU of a config: glm5_next `act(min(g, L))·clamp(u, −L, L)`
@@ -186,10 +229,10 @@ fn swiglu(cfg: &GlmConfig) -> Gate {
 
 /// The Conv2d downsample weight `[O, H·u]` with columns (c, j) (j = ky·m + kx, u = m²) as
 /// `[O, u·H]` with columns (j, c): the layout of `u` consecutive block-major token rows.
-fn permute_downsample(l: &Linear, h: usize, u: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; l.w.len()];
-    out.par_chunks_mut(l.inp)
-        .zip(l.w.par_chunks(l.inp))
+fn permute_downsample(w: &[f32], inp: usize, h: usize, u: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; w.len()];
+    out.par_chunks_mut(inp)
+        .zip(w.par_chunks(inp))
         .for_each(|(dst, src)| {
             for c in 0..h {
                 for j in 0..u {
@@ -200,35 +243,46 @@ fn permute_downsample(l: &Linear, h: usize, u: usize) -> Vec<f32> {
     out
 }
 
-/// `[a; b]` of two linears with the same input (gate|up), and their biases (zeros for a missing one).
-fn stack(a: &Linear, b: &Linear) -> (Vec<f32>, Option<Vec<f32>>) {
-    let mut w = Vec::with_capacity(a.w.len() + b.w.len());
-    w.extend_from_slice(&a.w);
-    w.extend_from_slice(&b.w);
+/// `[a; b]` of two linears with the same input (gate|up), stacked at upload without a host
+/// copy, and their biases (zeros for a missing one).
+fn stack<'t, T: TensorStore>(
+    a: &'t Linear<T>,
+    b: &'t Linear<T>,
+) -> (HostTensor<'t>, Option<Vec<f32>>) {
+    let w = HostTensor::Stack(vec![a.w.view(), b.w.view()]);
     let bias = match (&a.b, &b.b) {
         (None, None) => None,
         (ab, bb) => {
-            let mut v = ab.clone().unwrap_or_else(|| vec![0.0; a.out]);
-            v.extend(bb.clone().unwrap_or_else(|| vec![0.0; b.out]));
+            let mut v = ab
+                .as_ref()
+                .map_or_else(|| vec![0.0; a.out], |x| x.to_f32_vec());
+            v.extend(
+                bb.as_ref()
+                    .map_or_else(|| vec![0.0; b.out], |x| x.to_f32_vec()),
+            );
             Some(v)
         }
     };
     (w, bias)
 }
 
-fn upload_opt(dev: &Device, v: Option<&[f32]>) -> CudaResult<Option<DeviceBuffer<f32>>> {
-    Ok(match v {
-        Some(v) => Some(dev.upload(v)?),
-        None => None,
-    })
+/// Rows `[3·heads·hd, inp]` (q | k | v) with each third's rows padded per head to `kd`.
+fn pad_qkv(w: &[f32], inp: usize, heads: usize, hd: usize, kd: usize) -> Vec<f32> {
+    let third = heads * hd * inp;
+    (0..3)
+        .flat_map(|part| pad_head_rows(&w[part * third..(part + 1) * third], inp, heads, hd, kd))
+        .collect()
 }
 
 impl GlmCuda {
-    /// Uploads `w` once (see the module docs for the layout).
-    pub fn new(
+    /// Uploads `w` once (see the module docs for the layout). Tensors kept as the file has them
+    /// go from their store (host f32, or the memory-mapped file's bytes) straight into
+    /// page-locked staging in the GEMM precision, chunk by chunk; transformed ones (padded heads,
+    /// the permuted downsample) are built in f32 one at a time.
+    pub fn new<T: TensorStore>(
         dev: Arc<Device>,
         cfg: &GlmConfig,
-        w: &GlmWeights,
+        w: &GlmWeights<T>,
         precision: CudaPrecision,
     ) -> CudaResult<GlmCuda> {
         let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
@@ -245,87 +299,97 @@ impl GlmCuda {
         }
         let p = precision;
         let d = &*dev;
-        let wp = heads * kd;
+        let mut st = Stager::new(d)?;
+        let f32s = |st: &mut Stager, t: &T| -> CudaResult<DeviceBuffer<f32>> {
+            Ok(st.upload::<f32>(d, t)?)
+        };
+        let opt = |st: &mut Stager, t: &Option<T>| -> CudaResult<Option<DeviceBuffer<f32>>> {
+            t.as_ref().map(|t| f32s(st, t)).transpose()
+        };
         let mut blocks = Vec::with_capacity(w.blocks.len());
         for b in &w.blocks {
-            // qkv rows are q | k | v, each [heads·hd]: pad each third per head.
-            let third = heads * hd * h;
-            let mut qkv = Vec::with_capacity(3 * wp * h);
-            for part in 0..3 {
-                qkv.extend(pad_head_rows(
-                    &b.qkv.w[part * third..(part + 1) * third],
-                    h,
-                    heads,
-                    hd,
-                    kd,
-                ));
-            }
-            let qkv_b = b.qkv.b.as_ref().map(|bias| {
-                (0..3)
-                    .flat_map(|part| {
-                        pad_head_rows(
-                            &bias[part * heads * hd..(part + 1) * heads * hd],
-                            1,
-                            heads,
-                            hd,
-                            kd,
-                        )
-                    })
-                    .collect::<Vec<f32>>()
-            });
+            // qkv rows are q | k | v, each [heads·hd]: padded per head when the kernel needs it.
+            let qkv = if kd == hd {
+                st.upload_gemm(d, p, &b.qkv.w)?
+            } else {
+                st.upload_gemm(d, p, &pad_qkv(&b.qkv.w.to_f32_vec(), h, heads, hd, kd))?
+            };
+            let qkv_b = b
+                .qkv
+                .b
+                .as_ref()
+                .map(|bias| pad_qkv(&bias.to_f32_vec(), 1, heads, hd, kd));
+            let proj = if kd == hd {
+                st.upload_gemm(d, p, &b.proj.w)?
+            } else {
+                let padded = pad_head_cols(&b.proj.w.to_f32_vec(), b.proj.out, heads, hd, kd);
+                st.upload_gemm(d, p, &padded)?
+            };
             let (gu, gu_b) = stack(&b.gate, &b.up);
             blocks.push(DevBlock {
-                norm1: d.upload(&b.norm1)?,
-                norm2: d.upload(&b.norm2)?,
-                qkv: GemmBuffer::upload(d, p, &qkv)?,
+                norm1: f32s(&mut st, &b.norm1)?,
+                norm2: f32s(&mut st, &b.norm2)?,
+                qkv,
                 qkv_b: GemmBuffer::upload_opt(d, p, qkv_b.as_deref())?,
-                q_norm: d.upload(&b.q_norm)?,
-                k_norm: d.upload(&b.k_norm)?,
-                proj: GemmBuffer::upload(
-                    d,
-                    p,
-                    &pad_head_cols(&b.proj.w, b.proj.out, heads, hd, kd),
-                )?,
-                proj_b: upload_opt(d, b.proj.b.as_deref())?,
-                gate_up: GemmBuffer::upload(d, p, &gu)?,
+                q_norm: f32s(&mut st, &b.q_norm)?,
+                k_norm: f32s(&mut st, &b.k_norm)?,
+                proj,
+                proj_b: opt(&mut st, &b.proj.b)?,
+                gate_up: st.upload_gemm(d, p, &gu)?,
                 gate_up_b: GemmBuffer::upload_opt(d, p, gu_b.as_deref())?,
-                down: GemmBuffer::upload(d, p, &b.down.w)?,
-                down_b: upload_opt(d, b.down.b.as_deref())?,
+                down: st.upload_gemm(d, p, &b.down.w)?,
+                down_b: opt(&mut st, &b.down.b)?,
             });
         }
         let (mgu, mgu_b) = stack(&w.merger_gate, &w.merger_up);
-        let patch_b = w.patch.b.clone().unwrap_or_else(|| vec![0.0; w.patch.out]);
+        let patch_b = w
+            .patch
+            .b
+            .as_ref()
+            .map_or_else(|| vec![0.0; w.patch.out], |b| b.to_f32_vec());
+        let ds = &w.downsample;
+        let ds_w = permute_downsample(&ds.w.to_f32_vec(), ds.inp, h, cfg.merge_unit());
         let mut t = GlmCuda {
             cfg: cfg.clone(),
             precision,
             kd,
-            patch_w: GemmBuffer::upload(d, p, &w.patch.w)?,
+            patch_w: st.upload_gemm(d, p, &w.patch.w)?,
             patch_b: d.upload(&patch_b)?,
             blocks,
-            post_norm: d.upload(&w.post_norm)?,
-            ds_w: GemmBuffer::upload(
-                d,
-                p,
-                &permute_downsample(&w.downsample, h, cfg.merge_unit()),
-            )?,
-            ds_b: upload_opt(d, w.downsample.b.as_deref())?,
-            m_proj: GemmBuffer::upload(d, p, &w.merger_proj.w)?,
-            m_proj_b: upload_opt(d, w.merger_proj.b.as_deref())?,
-            m_norm_w: d.upload(&w.merger_norm_w)?,
-            m_norm_b: d.upload(&w.merger_norm_b)?,
-            m_gate_up: GemmBuffer::upload(d, p, &mgu)?,
+            post_norm: f32s(&mut st, &w.post_norm)?,
+            ds_w: st.upload_gemm(d, p, &ds_w)?,
+            ds_b: opt(&mut st, &w.downsample.b)?,
+            m_proj: st.upload_gemm(d, p, &w.merger_proj.w)?,
+            m_proj_b: opt(&mut st, &w.merger_proj.b)?,
+            m_norm_w: f32s(&mut st, &w.merger_norm_w)?,
+            m_norm_b: f32s(&mut st, &w.merger_norm_b)?,
+            m_gate_up: st.upload_gemm(d, p, &mgu)?,
             m_gate_up_b: GemmBuffer::upload_opt(d, p, mgu_b.as_deref())?,
-            m_down: GemmBuffer::upload(d, p, &w.merger_down.w)?,
-            m_down_b: upload_opt(d, w.merger_down.b.as_deref())?,
+            m_down: st.upload_gemm(d, p, &w.merger_down.w)?,
+            m_down_b: opt(&mut st, &w.merger_down.b)?,
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
             gate: swiglu(cfg),
             weight_bytes: 0,
             ws: None,
-            dev,
+            graphs: Graphs::default(),
+            uploader: None,
+            dev: dev.clone(),
         };
         t.weight_bytes = t.count_weight_bytes();
         t.dev.synchronize()?;
+        drop(st);
         Ok(t)
+    }
+
+    /// Loads an HF checkpoint as views of the memory-mapped file and uploads it in
+    /// `precision`: the model is never held in f32 on the host ([`crate::load_hf_mapped`]).
+    pub fn from_checkpoint(
+        dev: Arc<Device>,
+        ck: &st_reader::Checkpoint,
+        precision: CudaPrecision,
+    ) -> CudaResult<GlmCuda> {
+        let (cfg, w) = crate::load_hf_mapped(ck)?;
+        GlmCuda::new(dev, &cfg, &w, precision)
     }
 
     fn count_weight_bytes(&self) -> usize {
@@ -367,7 +431,20 @@ impl GlmCuda {
     /// Validates `images` (the host path's checks) and uploads pixels, rope positions
     /// (`vision_positions`) and the attention segments (`vision_cu_seqlens`, one per frame pair).
     pub fn prepare(&self, images: &[GlmImage<'_>]) -> CudaResult<GlmBatch> {
-        let cfg = &self.cfg;
+        let host = GlmCuda::prepare_host(&self.cfg, self.precision, images)?;
+        Ok(GlmBatch {
+            inputs: self.dev.upload_inputs(&host.inputs)?,
+            meta: host.meta,
+        })
+    }
+
+    /// The host half of [`GlmCuda::prepare`] for a tower of `cfg` in `precision`: validation,
+    /// patch rows in the GEMM precision, positions and segments, with no device involved.
+    pub fn prepare_host(
+        cfg: &GlmConfig,
+        precision: CudaPrecision,
+        images: &[GlmImage<'_>],
+    ) -> CudaResult<GlmHostBatch> {
         if images.is_empty() {
             return Err(GlmError::Input("no images".into()).into());
         }
@@ -384,16 +461,61 @@ impl GlmCuda {
             pixels.extend_from_slice(img.patches);
             pos.extend(vision_positions(img.grid_thw, cfg.merge));
         }
-        let d = &*self.dev;
         let unit = cfg.merge_unit();
-        Ok(GlmBatch {
-            n: pos.len() / 2,
-            pixels: GemmBuffer::upload(d, self.precision, &pixels)?,
-            pos: d.upload(&pos)?,
-            cu_dev: d.upload(&cu)?,
-            cu,
-            rows_per: rows.iter().map(|r| r / unit).collect(),
+        let mut layout: Vec<usize> = cu.iter().map(|&c| c as usize).collect();
+        layout.extend(grids.iter().flatten());
+        Ok(GlmHostBatch {
+            meta: BatchMeta {
+                n: pos.len() / 2,
+                cu: cu.clone(),
+                rows_per: rows.iter().map(|r| r / unit).collect(),
+                key: GraphKey { precision, layout },
+            },
+            inputs: HostInputs {
+                rows: HostGemm::from_f32(precision, pixels),
+                pos,
+                cu,
+            },
         })
+    }
+
+    /// Queues the upload of a host-prepared batch from page-locked memory on a copy stream of
+    /// its own and returns at once: the copy overlaps whatever the device is running. The batch
+    /// stays valid until two more are staged ([`gpu_core::UPLOAD_SLOTS`]).
+    pub fn stage(&mut self, host: GlmHostBatch) -> CudaResult<GlmBatch> {
+        if host.inputs.rows.precision() != self.precision {
+            return Err(CudaError::Unsupported(format!(
+                "a batch prepared for {:?} staged on a {:?} tower",
+                host.inputs.rows.precision(),
+                self.precision
+            )));
+        }
+        if self.uploader.is_none() {
+            self.uploader = Some(Uploader::new(&self.dev)?);
+        }
+        let up = self
+            .uploader
+            .as_mut()
+            .ok_or_else(|| CudaError::Unsupported("uploader missing after creation".into()))?;
+        Ok(GlmBatch {
+            inputs: up.stage(&self.dev, &host.inputs)?,
+            meta: host.meta,
+        })
+    }
+
+    /// Turns CUDA graphs of the bf16 forward on (the default) or off (every forward eager).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs.set_enabled(on);
+    }
+
+    /// Whether CUDA graphs are used and, if a capture failed, why not.
+    pub fn graph_status(&self) -> &GraphStatus {
+        self.graphs.status()
+    }
+
+    /// What the graph cache did so far (captures, replays, eager forwards).
+    pub fn graph_stats(&self) -> GraphStats {
+        self.graphs.stats()
     }
 
     fn ensure_workspace(&mut self, n: usize, np: usize, keep: bool) -> CudaResult<()> {
@@ -407,6 +529,7 @@ impl GlmCuda {
             None => (n, np, false),
         };
         self.ws = None; // free the old one first
+        self.graphs.invalidate(); // the graphs address the old buffers
         let c = &self.cfg;
         let (h, wp, mi, o, pi) = (
             c.hidden,
@@ -418,6 +541,7 @@ impl GlmCuda {
         let d = &*self.dev;
         let p = self.precision;
         self.ws = Some(Workspace {
+            inp: InputBuffers::alloc(d, p, cap * c.patch_dim(), 2 * cap, cap + 1)?,
             cap,
             cap_p,
             x: d.alloc(cap * h)?,
@@ -447,15 +571,49 @@ impl GlmCuda {
 
     /// Runs the whole forward on `batch` on the device; the rows stay there ([`GlmCuda::rows`]).
     /// With `keep_stages` the stage activations are downloaded as they are produced.
+    ///
+    /// The inputs are first copied into fixed device buffers (a staged batch's after its upload
+    /// finished, on the device); then in bf16 mode without stages the forward goes through the
+    /// CUDA graph cache ([`gpu_core::Graphs`]: eager the first time a layout is seen, captured
+    /// the second, replayed after), else it runs eagerly.
     pub fn run(&mut self, batch: &GlmBatch, keep_stages: bool) -> CudaResult<Option<GlmStages>> {
-        self.ensure_workspace(batch.n, batch.merged_rows(), keep_stages)?;
+        self.run_graphed(batch, keep_stages).map(|(s, _)| s)
+    }
+
+    /// [`GlmCuda::run`], also saying how the forward ran.
+    pub fn run_graphed(
+        &mut self,
+        batch: &GlmBatch,
+        keep_stages: bool,
+    ) -> CudaResult<(Option<GlmStages>, Ran)> {
+        self.ensure_workspace(batch.meta.n, batch.merged_rows(), keep_stages)?;
         let mut ws = self
             .ws
             .take()
             .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
-        let r = self.run_in(&mut ws, batch, keep_stages);
+        let r = self.run_ws(&mut ws, batch, keep_stages);
         self.ws = Some(ws);
         r
+    }
+
+    fn run_ws(
+        &mut self,
+        ws: &mut Workspace,
+        batch: &GlmBatch,
+        keep: bool,
+    ) -> CudaResult<(Option<GlmStages>, Ran)> {
+        self.dev
+            .load_inputs(&batch.inputs, self.uploader.as_ref(), &mut ws.inp)?;
+        if keep || self.precision != CudaPrecision::Bf16 {
+            return Ok((self.run_in(ws, &batch.meta, keep)?, Ran::Eager));
+        }
+        let mut graphs = std::mem::take(&mut self.graphs);
+        let dev = self.dev.clone();
+        let r = graphs.run(&*dev, &batch.meta.key, || {
+            self.run_in(ws, &batch.meta, false).map(|_| ())
+        });
+        self.graphs = graphs;
+        Ok((None, r?))
     }
 
     /// Downloads the rows of the last [`GlmCuda::run`] on `batch`, one `[n_i/m², out_hidden]` per image.
@@ -468,9 +626,9 @@ impl GlmCuda {
         let all = self
             .dev
             .download_prefix(&ws.rows, batch.merged_rows() * o)?;
-        let mut out = Vec::with_capacity(batch.rows_per.len());
+        let mut out = Vec::with_capacity(batch.meta.rows_per.len());
         let mut start = 0;
-        for &r in &batch.rows_per {
+        for &r in &batch.meta.rows_per {
             out.push(all[start * o..(start + r) * o].to_vec());
             start += r;
         }
@@ -522,7 +680,7 @@ impl GlmCuda {
     fn run_in(
         &self,
         ws: &mut Workspace,
-        batch: &GlmBatch,
+        batch: &BatchMeta,
         keep: bool,
     ) -> CudaResult<Option<GlmStages>> {
         let c = &self.cfg;
@@ -540,7 +698,7 @@ impl GlmCuda {
 
         // Conv3d patch embedding (kernel = stride) ≡ a GEMM over the pixel rows, with bias.
         d.gemm(
-            GemmBuffer::inputs(&batch.pixels, &self.patch_w)?,
+            GemmBuffer::inputs(&ws.inp.rows, &self.patch_w)?,
             Some(GemmBias::F32(&self.patch_b)),
             GemmOutput::F32(&mut ws.x),
             GemmShape::dense(n, h, pd),
@@ -552,7 +710,7 @@ impl GlmCuda {
 
         let rope = RopeSpec {
             layout: RopeLayout::Glm,
-            pos: &batch.pos,
+            pos: &ws.inp.pos,
             inv_freq: &self.inv_freq,
         };
         for (li, b) in self.blocks.iter().enumerate() {
@@ -567,10 +725,10 @@ impl GlmCuda {
             )?;
             match (&mut ws.qkv, &mut ws.attn) {
                 (GemmBuffer::Bf16(qkv), GemmBuffer::Bf16(attn)) => {
-                    self.attention_core(b, qkv, attn, batch, &rope)?
+                    self.attention_core(b, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
                 }
                 (GemmBuffer::F32(qkv), GemmBuffer::F32(attn)) => {
-                    self.attention_core(b, qkv, attn, batch, &rope)?
+                    self.attention_core(b, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
                 }
                 _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
             }
@@ -678,11 +836,12 @@ impl GlmCuda {
         b: &DevBlock,
         qkv: &mut DeviceBuffer<T>,
         attn: &mut DeviceBuffer<T>,
-        batch: &GlmBatch,
+        (cu_dev, cu): (&DeviceBuffer<i32>, &[i32]),
         rope: &RopeSpec<'_>,
     ) -> CudaResult<()> {
         let (c, d) = (&self.cfg, &*self.dev);
-        let (n, heads, hd, kd) = (batch.n, c.heads, c.head_dim, self.kd);
+        let n = cu.last().map_or(0, |&t| t as usize);
+        let (heads, hd, kd) = (c.heads, c.head_dim, self.kd);
         let wp = heads * kd;
         for (off, nh) in head_groups(heads, hd, kd) {
             let spec = QkvSpec {
@@ -705,8 +864,8 @@ impl GlmCuda {
             v: (&*qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
             heads,
             head_dim: kd,
-            cu_seqlens: &batch.cu_dev,
-            cu_seqlens_host: &batch.cu,
+            cu_seqlens: cu_dev,
+            cu_seqlens_host: cu,
             scale: attention_scale(hd),
             variant: None,
         };
@@ -744,7 +903,14 @@ mod tests {
         let l = lin(o, 4 * h, 3);
         let gathered = host::block_gather_2x2(&x, n, h, None);
         let want = host::gemm(&gathered, &l.w, None, blocks, o, 4 * h);
-        let got = host::gemm(&x, &permute_downsample(&l, h, 4), None, blocks, o, 4 * h);
+        let got = host::gemm(
+            &x,
+            &permute_downsample(&l.w, l.inp, h, 4),
+            None,
+            blocks,
+            o,
+            4 * h,
+        );
         for (a, b) in got.iter().zip(&want) {
             assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
         }

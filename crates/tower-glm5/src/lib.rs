@@ -17,12 +17,14 @@ pub use config::{
     GlmConfig, GlmFamily, DEFAULT_PROJECTION_INTERMEDIATE_SIZE, DEFAULT_RMS_NORM_EPS,
     DEFAULT_ROPE_THETA, DEFAULT_SWIGLU_LIMIT, MAX_DIMENSION, MAX_LAYERS, MERGER_LAYER_NORM_EPS,
 };
-pub use cuda::{CudaError, CudaPrecision, GlmBatch, GlmCuda};
+pub use cuda::{CudaError, CudaPrecision, GlmBatch, GlmCuda, GlmHostBatch};
 pub use error::{GlmError, Result};
 pub use forward::{
     attention_scale, forward_host, vision_cu_seqlens, vision_positions, GlmImage, GlmStages,
 };
-pub use weights::{load_hf, load_hf_with_config, Block, GlmWeights, Linear, PROBE_TENSOR};
+pub use weights::{
+    load_hf, load_hf_mapped, load_hf_with_config, Block, GlmWeights, Linear, PROBE_TENSOR,
+};
 
 /// How the LM attends over the image rows this tower produces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,8 @@
 
 use crate::config::GlmConfig;
 use crate::error::{GlmError, Result};
-use st_reader::{Checkpoint, StError};
+use gpu_core::{HostTensor, LeBytes, LeDtype, TensorStore};
+use st_reader::{Checkpoint, Dtype, StError, TensorView};
 use std::collections::BTreeSet;
 
 /// The canonical prefix of every vision tensor in a whole-model checkpoint.
@@ -16,11 +17,11 @@ pub const PROBE_TENSOR: &str = "model.visual.patch_embed.proj.weight";
 
 /// A dense linear `y = W·x (+ b)`.
 #[derive(Debug, Clone)]
-pub struct Linear {
+pub struct Linear<T = Vec<f32>> {
     /// `[out, inp]`, row-major.
-    pub w: Vec<f32>,
+    pub w: T,
     /// `[out]`, when the layer has a bias.
-    pub b: Option<Vec<f32>>,
+    pub b: Option<T>,
     /// Output width.
     pub out: usize,
     /// Input width.
@@ -29,50 +30,52 @@ pub struct Linear {
 
 /// One vision block's weights.
 #[derive(Debug, Clone)]
-pub struct Block {
+pub struct Block<T = Vec<f32>> {
     /// `norm1` RMSNorm weight `[H]` (before attention).
-    pub norm1: Vec<f32>,
+    pub norm1: T,
     /// `norm2` RMSNorm weight `[H]` (before the MLP).
-    pub norm2: Vec<f32>,
+    pub norm2: T,
     /// Fused `attn.qkv` `[3H, H]` (rows q | k | v, each head-contiguous).
-    pub qkv: Linear,
+    pub qkv: Linear<T>,
     /// `attn.proj` `[H, H]`.
-    pub proj: Linear,
+    pub proj: Linear<T>,
     /// Per-head `attn.q_norm` weight `[hd]`.
-    pub q_norm: Vec<f32>,
+    pub q_norm: T,
     /// Per-head `attn.k_norm` weight `[hd]`.
-    pub k_norm: Vec<f32>,
+    pub k_norm: T,
     /// `mlp.gate_proj` `[I, H]`.
-    pub gate: Linear,
+    pub gate: Linear<T>,
     /// `mlp.up_proj` `[I, H]`.
-    pub up: Linear,
+    pub up: Linear<T>,
     /// `mlp.down_proj` `[H, I]`.
-    pub down: Linear,
+    pub down: Linear<T>,
 }
 
-/// The whole tower's weights in f32 on the host (values exactly those in the file).
+/// The whole tower's weights (values exactly those in the file): `T` is f32 values (the host
+/// reference, the default) or a [`HostTensor`] of the memory-mapped file, read only when the
+/// CUDA path uploads it ([`load_hf_mapped`]).
 #[derive(Debug, Clone)]
-pub struct GlmWeights {
+pub struct GlmWeights<T = Vec<f32>> {
     /// `patch_embed.proj` as `[H, C·T·p²]` with bias.
-    pub patch: Linear,
+    pub patch: Linear<T>,
     /// Vision blocks.
-    pub blocks: Vec<Block>,
+    pub blocks: Vec<Block<T>>,
     /// `post_layernorm` RMSNorm weight `[H]`.
-    pub post_norm: Vec<f32>,
+    pub post_norm: T,
     /// `downsample` as `[O, 4H]`, columns (c, ky, kx), with bias.
-    pub downsample: Linear,
+    pub downsample: Linear<T>,
     /// `merger.proj` `[O, O]`, no bias.
-    pub merger_proj: Linear,
+    pub merger_proj: Linear<T>,
     /// `merger.post_projection_norm` LayerNorm weight `[O]`.
-    pub merger_norm_w: Vec<f32>,
+    pub merger_norm_w: T,
     /// `merger.post_projection_norm` LayerNorm bias `[O]`.
-    pub merger_norm_b: Vec<f32>,
+    pub merger_norm_b: T,
     /// `merger.gate_proj` `[Pi, O]`, no bias.
-    pub merger_gate: Linear,
+    pub merger_gate: Linear<T>,
     /// `merger.up_proj` `[Pi, O]`, no bias.
-    pub merger_up: Linear,
+    pub merger_up: Linear<T>,
     /// `merger.down_proj` `[O, Pi]`, no bias.
-    pub merger_down: Linear,
+    pub merger_down: Linear<T>,
 }
 
 fn name(suffix: &str) -> String {
@@ -88,8 +91,31 @@ fn shape(ck: &Checkpoint, full: &str) -> Result<Option<Vec<usize>>> {
     }
 }
 
-/// Reads `suffix` (under `model.visual.`), checking its shape first.
-fn get(ck: &Checkpoint, suffix: &str, expected: &[usize]) -> Result<Vec<f32>> {
+/// How a loader turns a tensor of the file into its store (f32 values, or a mapped view).
+type Read<'a, T> = dyn Fn(TensorView<'a>) -> Result<T> + 'a;
+
+/// A float tensor of the memory-mapped file, read in place at upload (F32, F16, BF16); any
+/// other dtype gives the reader's own refusal.
+fn mapped(v: TensorView<'_>) -> Result<HostTensor<'_>> {
+    let dt = match v.dtype() {
+        Dtype::F32 => LeDtype::F32,
+        Dtype::F16 => LeDtype::F16,
+        Dtype::BF16 => LeDtype::Bf16,
+        _ => return Ok(HostTensor::F32(v.to_f32()?)),
+    };
+    match LeBytes::new(v.bytes(), dt) {
+        Ok(b) => Ok(HostTensor::Bytes(b)),
+        Err(_) => Ok(HostTensor::F32(v.to_f32()?)),
+    }
+}
+
+/// Reads `suffix` (under `model.visual.`) with `read`, checking its shape first.
+fn get<'a, T>(
+    ck: &'a Checkpoint,
+    suffix: &str,
+    expected: &[usize],
+    read: &Read<'a, T>,
+) -> Result<T> {
     let full = name(suffix);
     let found = shape(ck, &full)?.ok_or_else(|| GlmError::MissingTensor(full.clone()))?;
     if found != expected {
@@ -99,22 +125,22 @@ fn get(ck: &Checkpoint, suffix: &str, expected: &[usize]) -> Result<Vec<f32>> {
             expected: expected.to_vec(),
         });
     }
-    Ok(ck.find(&full)?.to_f32()?)
+    read(ck.find(&full)?)
 }
 
 /// Reads a linear `stem.weight` `[out, ..]` (any trailing shape whose product is `inp`, given
 /// as `w_shape`) and, when `bias`, `stem.bias` `[out]`.
-fn linear(
-    ck: &Checkpoint,
+fn linear<'a, T>(
+    (ck, read): (&'a Checkpoint, &Read<'a, T>),
     stem: &str,
     w_shape: &[usize],
     out: usize,
     inp: usize,
     bias: bool,
-) -> Result<Linear> {
-    let w = get(ck, &format!("{stem}.weight"), w_shape)?;
+) -> Result<Linear<T>> {
+    let w = get(ck, &format!("{stem}.weight"), w_shape, read)?;
     let b = if bias {
-        Some(get(ck, &format!("{stem}.bias"), &[out])?)
+        Some(get(ck, &format!("{stem}.bias"), &[out], read)?)
     } else {
         None
     };
@@ -228,16 +254,40 @@ pub fn load_hf_with_config(
     ck: &Checkpoint,
     config: &serde_json::Value,
 ) -> Result<(GlmConfig, GlmWeights)> {
+    load_with(ck, config, &|v| Ok(v.to_f32()?))
+}
+
+/// Validates an HF checkpoint like [`load_hf`] but keeps every tensor as a view of the
+/// memory-mapped file, converted only when the CUDA path uploads it.
+pub fn load_hf_mapped(ck: &Checkpoint) -> Result<(GlmConfig, GlmWeights<HostTensor<'_>>)> {
+    probe(ck)?;
+    let config = ck
+        .config()
+        .ok_or_else(|| GlmError::Config("the checkpoint has no config.json".into()))?;
+    load_with(ck, config, &mapped)
+}
+
+fn load_with<'a, T: TensorStore>(
+    ck: &'a Checkpoint,
+    config: &serde_json::Value,
+    read: &Read<'a, T>,
+) -> Result<(GlmConfig, GlmWeights<T>)> {
     probe(ck)?;
     let cfg = GlmConfig::from_hf(config)?;
     // Extra blocks are unknown tensors; a missing one is a missing tensor, named.
     require_blocks(ck, cfg.layers)?;
     check_census(ck, &cfg)?;
-    let w = load(ck, &cfg)?;
+    let w = load(ck, &cfg, read)?;
     Ok((cfg, w))
 }
 
-fn load(ck: &Checkpoint, cfg: &GlmConfig) -> Result<GlmWeights> {
+fn load<'a, T: TensorStore>(
+    ck: &'a Checkpoint,
+    cfg: &GlmConfig,
+    read: &Read<'a, T>,
+) -> Result<GlmWeights<T>> {
+    let src = (ck, read);
+    let get = |suffix: &str, shape: &[usize]| get(ck, suffix, shape, read);
     let (h, i, o, pi, hd) = (
         cfg.hidden,
         cfg.intermediate,
@@ -249,7 +299,7 @@ fn load(ck: &Checkpoint, cfg: &GlmConfig) -> Result<GlmWeights> {
     let bias = cfg.attention_bias;
     // Conv3d [H, C, T, p, p] with stride = kernel ≡ Linear over the (c, t, ky, kx) row + bias.
     let patch = linear(
-        ck,
+        src,
         "patch_embed.proj",
         &[h, c, t, p, p],
         h,
@@ -260,29 +310,29 @@ fn load(ck: &Checkpoint, cfg: &GlmConfig) -> Result<GlmWeights> {
     for l in 0..cfg.layers {
         let s = |n: &str| format!("blocks.{l}.{n}");
         blocks.push(Block {
-            norm1: get(ck, &s("norm1.weight"), &[h])?,
-            norm2: get(ck, &s("norm2.weight"), &[h])?,
-            qkv: linear(ck, &s("attn.qkv"), &[3 * h, h], 3 * h, h, bias)?,
-            proj: linear(ck, &s("attn.proj"), &[h, h], h, h, bias)?,
-            q_norm: get(ck, &s("attn.q_norm.weight"), &[hd])?,
-            k_norm: get(ck, &s("attn.k_norm.weight"), &[hd])?,
-            gate: linear(ck, &s("mlp.gate_proj"), &[i, h], i, h, bias)?,
-            up: linear(ck, &s("mlp.up_proj"), &[i, h], i, h, bias)?,
-            down: linear(ck, &s("mlp.down_proj"), &[h, i], h, i, bias)?,
+            norm1: get(&s("norm1.weight"), &[h])?,
+            norm2: get(&s("norm2.weight"), &[h])?,
+            qkv: linear(src, &s("attn.qkv"), &[3 * h, h], 3 * h, h, bias)?,
+            proj: linear(src, &s("attn.proj"), &[h, h], h, h, bias)?,
+            q_norm: get(&s("attn.q_norm.weight"), &[hd])?,
+            k_norm: get(&s("attn.k_norm.weight"), &[hd])?,
+            gate: linear(src, &s("mlp.gate_proj"), &[i, h], i, h, bias)?,
+            up: linear(src, &s("mlp.up_proj"), &[i, h], i, h, bias)?,
+            down: linear(src, &s("mlp.down_proj"), &[h, i], h, i, bias)?,
         });
     }
     Ok(GlmWeights {
         patch,
         blocks,
-        post_norm: get(ck, "post_layernorm.weight", &[h])?,
+        post_norm: get("post_layernorm.weight", &[h])?,
         // Conv2d [O, H, m, m], stride m: row-major flattening is exactly [O, H·m²] with
         // columns (c, ky, kx), the order `host::block_gather_2x2` writes.
-        downsample: linear(ck, "downsample", &[o, h, m, m], o, h * m * m, true)?,
-        merger_proj: linear(ck, "merger.proj", &[o, o], o, o, false)?,
-        merger_norm_w: get(ck, "merger.post_projection_norm.weight", &[o])?,
-        merger_norm_b: get(ck, "merger.post_projection_norm.bias", &[o])?,
-        merger_gate: linear(ck, "merger.gate_proj", &[pi, o], pi, o, false)?,
-        merger_up: linear(ck, "merger.up_proj", &[pi, o], pi, o, false)?,
-        merger_down: linear(ck, "merger.down_proj", &[o, pi], o, pi, false)?,
+        downsample: linear(src, "downsample", &[o, h, m, m], o, h * m * m, true)?,
+        merger_proj: linear(src, "merger.proj", &[o, o], o, o, false)?,
+        merger_norm_w: get("merger.post_projection_norm.weight", &[o])?,
+        merger_norm_b: get("merger.post_projection_norm.bias", &[o])?,
+        merger_gate: linear(src, "merger.gate_proj", &[pi, o], pi, o, false)?,
+        merger_up: linear(src, "merger.up_proj", &[pi, o], pi, o, false)?,
+        merger_down: linear(src, "merger.down_proj", &[o, pi], o, pi, false)?,
     })
 }

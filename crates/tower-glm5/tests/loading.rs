@@ -234,3 +234,33 @@ fn config_errors_are_typed() {
         ));
     }
 }
+
+/// The CUDA path's loader (views of the memory-mapped file) reads every tensor as the host
+/// loader's f32 values.
+#[test]
+fn mapped_weights_read_the_values_of_the_f32_load() {
+    use gpu_core::HostSource;
+    for dir in ["models/glm5_next", "models/glm_ocr"] {
+        let ck = Checkpoint::open(fixtures().join(dir)).expect("open");
+        let (c1, host) = tower_glm5::load_hf(&ck).expect("f32 load");
+        let (c2, mapped) = tower_glm5::load_hf_mapped(&ck).expect("mapped load");
+        assert_eq!(format!("{c1:?}"), format!("{c2:?}"));
+        let eq = |what: &str, a: &Vec<f32>, b: &dyn HostSource| {
+            assert_eq!(*a, b.to_f32_vec(), "{dir}: {what}");
+        };
+        eq("patch", &host.patch.w, &mapped.patch.w);
+        eq("downsample", &host.downsample.w, &mapped.downsample.w);
+        eq("merger_down", &host.merger_down.w, &mapped.merger_down.w);
+        eq("merger_norm_b", &host.merger_norm_b, &mapped.merger_norm_b);
+        for (i, (h, m)) in host.blocks.iter().zip(&mapped.blocks).enumerate() {
+            eq(&format!("block {i} qkv"), &h.qkv.w, &m.qkv.w);
+            eq(&format!("block {i} up"), &h.up.w, &m.up.w);
+            eq(&format!("block {i} k_norm"), &h.k_norm, &m.k_norm);
+            match (&h.qkv.b, &m.qkv.b) {
+                (Some(a), Some(b)) => eq(&format!("block {i} qkv bias"), a, b),
+                (None, None) => {}
+                _ => panic!("{dir}: block {i} qkv bias presence differs"),
+            }
+        }
+    }
+}

@@ -27,13 +27,13 @@
 //! - bf16 mode: head dims the tensor-core attention kernels lack (they exist for 64, 72, 96; the
 //!   fixtures' mini towers have 16) are zero-padded to the next one: zero q/k/v weight rows and
 //!   biases, zero out_proj columns, so the padded lanes contribute exact zeros.
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use gpu_core::{
     conv3x3s2_out, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation,
-    AttnArgs, Clamp, DeviceBuffer, Epilogue, GemmBias, GemmBuffer, GemmOutput, GemmShape, Mat,
-    QkvSpec, RopeLayout, RopeSpec,
+    AttnArgs, Clamp, DeviceBuffer, DeviceInputs, Epilogue, GemmBias, GemmBuffer, GemmOutput,
+    GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs, HostSource,
+    InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, Stager, TensorStore, Uploader,
 };
 use rayon::prelude::*;
 
@@ -235,45 +235,77 @@ impl ViewPlan {
     }
 }
 
+/// What a batch is, apart from its input values: where every view sits on the device, the
+/// attention segments, each image's newline mask and the layout a CUDA graph is keyed by.
+#[derive(Debug, Clone)]
+struct BatchMeta {
+    plan: ViewPlan,
+    cu: Vec<i32>,
+    /// Each image's newline mask, returned with its rows.
+    masks: Vec<Vec<bool>>,
+    key: GraphKey,
+}
+
+/// A batch of validated views prepared on the host ([`StepCuda::prepare_host`]): patch rows in
+/// the GEMM precision, rope positions and attention segments, ready for [`StepCuda::stage`].
+/// Building one needs no device, so it can run on another thread while the device works.
+#[derive(Debug, Clone)]
+pub struct StepHostBatch {
+    meta: BatchMeta,
+    inputs: HostInputs,
+}
+
+impl StepHostBatch {
+    /// Patches (tokens) in the batch.
+    pub fn tokens(&self) -> usize {
+        self.meta.plan.n
+    }
+    /// Images (requests) in the batch.
+    pub fn images(&self) -> usize {
+        self.meta.masks.len()
+    }
+}
+
 /// A batch of validated views on the device: pixels, rope positions, attention segments and
 /// where each view's rows go.
 #[derive(Debug)]
 pub struct StepBatch {
-    plan: ViewPlan,
-    pixels: GemmBuffer,
-    pos: DeviceBuffer<i32>,
-    cu_dev: DeviceBuffer<i32>,
-    cu: Vec<i32>,
-    /// Each image's newline mask, returned with its rows.
-    masks: Vec<Vec<bool>>,
+    meta: BatchMeta,
+    inputs: DeviceInputs,
 }
 
 impl StepBatch {
     /// Patches (tokens) in the batch.
     pub fn tokens(&self) -> usize {
-        self.plan.n
+        self.meta.plan.n
     }
     /// Views (crop tiles and global views) in the batch.
     pub fn views(&self) -> usize {
-        self.plan.views.len()
+        self.meta.plan.views.len()
     }
     /// Images (requests) in the batch.
     pub fn images(&self) -> usize {
-        self.masks.len()
+        self.meta.masks.len()
     }
     /// Output rows of the whole batch.
     pub fn output_rows(&self) -> usize {
-        self.plan.n2
+        self.meta.plan.n2
     }
     /// The attention segments (one per view, device order), `[views + 1]`.
     pub fn cu_seqlens(&self) -> &[i32] {
-        &self.cu
+        &self.meta.cu
+    }
+    /// The layout a CUDA graph of this batch is keyed by (views' grids in device order).
+    pub fn graph_key(&self) -> &GraphKey {
+        &self.meta.key
     }
 }
 
 /// Buffers sized for up to `cap` tokens, `cap1`/`cap2` downsampler rows.
 #[derive(Debug)]
 struct Workspace {
+    /// The fixed input buffers every forward reads (patch rows, positions, segments).
+    inp: InputBuffers,
     cap: usize,
     cap1: usize,
     cap2: usize,
@@ -331,60 +363,73 @@ pub struct StepCuda {
     inv_freq: DeviceBuffer<f32>,
     weight_bytes: usize,
     ws: Option<Workspace>,
+    /// CUDA graphs of the bf16 forward, per batch layout.
+    graphs: Graphs,
+    /// Asynchronous uploads of staged batches (created on the first [`StepCuda::stage`]).
+    uploader: Option<Uploader>,
 }
 
-/// One layer's transformed tensors in host f32, as [`StepCuda::new`] uploads them.
+/// One layer's transformed tensors in host f32, as [`StepCuda::new`] uploads them; everything
+/// else of the layer goes to the device straight from its store (the file's bytes).
 struct HostLayer {
-    /// q | k | v `[3·heads·kd, H]`, each third's rows padded per head.
-    qkv: Vec<f32>,
+    /// q | k | v `[3·heads·kd, H]`, each third's rows padded per head; `None` when nothing is
+    /// padded (the fused tensor is uploaded as the file has it).
+    qkv: Option<Vec<f32>>,
     qkv_b: Vec<f32>,
-    /// `λ1 ⊙ out_proj`, columns padded per head.
-    out: Vec<f32>,
+    /// `λ1 ⊙ out_proj` with columns padded per head; `None` when nothing is padded (then it is
+    /// uploaded as [`ScaledRows`] of the store).
+    out: Option<Vec<f32>>,
     out_b: Vec<f32>,
-    /// `λ2 ⊙ c_proj`.
-    fc2: Vec<f32>,
     fc2_b: Vec<f32>,
+    /// LayerScale of the attention and MLP branches.
+    ls1: Vec<f32>,
+    ls2: Vec<f32>,
 }
 
 impl HostLayer {
-    fn new(cfg: &StepConfig, l: &Layer, kd: usize) -> HostLayer {
+    fn new<T: TensorStore>(cfg: &StepConfig, l: &Layer<T>, kd: usize) -> HostLayer {
         let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
-        let mut qkv = Vec::with_capacity(3 * heads * kd * h);
-        let mut qkv_b = Vec::with_capacity(3 * heads * kd);
-        for part in 0..3 {
-            qkv.extend(pad_head_rows(
-                &l.qkv_w[part * h * h..(part + 1) * h * h],
-                h,
-                heads,
-                hd,
-                kd,
-            ));
-            qkv_b.extend(pad_head_rows(
-                &l.qkv_b[part * h..(part + 1) * h],
-                1,
-                heads,
-                hd,
-                kd,
-            ));
-        }
+        let pad = |w: &[f32], inp: usize| -> Vec<f32> {
+            let third = w.len() / 3;
+            (0..3)
+                .flat_map(|part| {
+                    pad_head_rows(&w[part * third..(part + 1) * third], inp, heads, hd, kd)
+                })
+                .collect()
+        };
+        let (ls1, ls2) = (l.ls1.to_f32_vec(), l.ls2.to_f32_vec());
         HostLayer {
-            qkv,
-            qkv_b,
-            out: pad_head_cols(&scale_rows(&l.out_w, &l.ls1, h), h, heads, hd, kd),
-            out_b: hadamard(&l.out_b, &l.ls1),
-            fc2: scale_rows(&l.fc2_w, &l.ls2, cfg.intermediate),
-            fc2_b: hadamard(&l.fc2_b, &l.ls2),
+            qkv: (kd != hd).then(|| pad(&l.qkv_w.to_f32_vec(), h)),
+            qkv_b: pad(&l.qkv_b.to_f32_vec(), 1),
+            out: (kd != hd).then(|| {
+                let scaled = scale_rows(&l.out_w.to_f32_vec(), &ls1, h);
+                pad_head_cols(&scaled, h, heads, hd, kd)
+            }),
+            out_b: hadamard(&l.out_b.to_f32_vec(), &ls1),
+            fc2_b: hadamard(&l.fc2_b.to_f32_vec(), &ls2),
+            ls1,
+            ls2,
         }
     }
 }
 
-/// A downsampler weight `[O, C·9]` in the layout the precision's im2col produces: bf16 as the
-/// checkpoint has it (gpu-core's im2col, columns (c, ky, kx)); f32 columns (ky, kx, c)
-/// ([`im2col_plan`]).
-fn conv_layout(p: CudaPrecision, w: &[f32], c: usize) -> Cow<'_, [f32]> {
-    match p {
-        CudaPrecision::Bf16 => Cow::Borrowed(w),
-        CudaPrecision::F32 => Cow::Owned(taps_major(w, c, CONV_TAPS)),
+/// Rows `cols` wide, each multiplied by its LayerScale entry in f32 as it is read (the fold
+/// `λ ⊙ W` without a host copy of `W`; the same f32 products, rounded once, as [`scale_rows`]).
+struct ScaledRows<'a> {
+    src: &'a dyn HostSource,
+    scale: &'a [f32],
+    cols: usize,
+}
+
+impl HostSource for ScaledRows<'_> {
+    fn len(&self) -> usize {
+        self.src.len()
+    }
+    fn read_f32(&self, start: usize, out: &mut [f32]) {
+        self.src.read_f32(start, out);
+        for (i, v) in out.iter_mut().enumerate() {
+            *v *= self.scale[(start + i) / self.cols];
+        }
     }
 }
 
@@ -499,11 +544,14 @@ fn im2col_plan(views: usize, gh: usize, gw: usize, c: usize, tok: usize) -> Vec<
 }
 
 impl StepCuda {
-    /// Uploads `w` once (see the module docs for the layout).
-    pub fn new(
+    /// Uploads `w` once (see the module docs for the layout). Tensors the layout keeps as the
+    /// file has them go from their store (host f32, or the memory-mapped file's bytes) straight
+    /// into page-locked staging in the GEMM precision, chunk by chunk; the ones it transforms
+    /// (LayerScale folds, head padding, conv columns) are built in f32 one at a time.
+    pub fn new<T: TensorStore>(
         dev: Arc<Device>,
         cfg: &StepConfig,
-        w: &StepWeights,
+        w: &StepWeights<T>,
         precision: CudaPrecision,
     ) -> CudaResult<StepCuda> {
         let (h, hd) = (cfg.hidden, cfg.head_dim);
@@ -519,51 +567,100 @@ impl StepCuda {
         }
         let p = precision;
         let d = &*dev;
+        let mut st = Stager::new(d)?;
+        let small = |t: &T| -> CudaResult<DeviceBuffer<f32>> { Ok(d.upload(&t.to_f32_vec())?) };
         let mut layers = Vec::with_capacity(w.layers.len());
         for l in &w.layers {
             let hl = HostLayer::new(cfg, l, kd);
+            let qkv = match &hl.qkv {
+                Some(padded) => st.upload_gemm(d, p, padded)?,
+                None => st.upload_gemm(d, p, &l.qkv_w)?,
+            };
             layers.push(DevLayer {
-                ln1_w: d.upload(&l.ln1_w)?,
-                ln1_b: d.upload(&l.ln1_b)?,
-                qkv: GemmBuffer::upload(d, p, &hl.qkv)?,
-                qkv_b: GemmBuffer::upload(d, p, &hl.qkv_b)?,
-                out: GemmBuffer::upload(d, p, &hl.out)?,
+                ln1_w: small(&l.ln1_w)?,
+                ln1_b: small(&l.ln1_b)?,
+                qkv,
+                qkv_b: st.upload_gemm(d, p, &hl.qkv_b)?,
+                out: match &hl.out {
+                    Some(padded) => st.upload_gemm(d, p, padded)?,
+                    None => {
+                        let src = ScaledRows {
+                            src: &l.out_w,
+                            scale: &hl.ls1,
+                            cols: h,
+                        };
+                        st.upload_gemm(d, p, &src)?
+                    }
+                },
                 out_b: d.upload(&hl.out_b)?,
-                ln2_w: d.upload(&l.ln2_w)?,
-                ln2_b: d.upload(&l.ln2_b)?,
-                fc1: GemmBuffer::upload(d, p, &l.fc1_w)?,
-                fc1_b: GemmBuffer::upload(d, p, &l.fc1_b)?,
-                fc2: GemmBuffer::upload(d, p, &hl.fc2)?,
+                ln2_w: small(&l.ln2_w)?,
+                ln2_b: small(&l.ln2_b)?,
+                fc1: st.upload_gemm(d, p, &l.fc1_w)?,
+                fc1_b: st.upload_gemm(d, p, &l.fc1_b)?,
+                fc2: st.upload_gemm(
+                    d,
+                    p,
+                    &ScaledRows {
+                        src: &l.fc2_w,
+                        scale: &hl.ls2,
+                        cols: cfg.intermediate,
+                    },
+                )?,
                 fc2_b: d.upload(&hl.fc2_b)?,
             });
         }
-        let conv = |wt: &[f32], c: usize| GemmBuffer::upload(d, p, &conv_layout(p, wt, c));
+        let mut conv = |wt: &T, c: usize| -> CudaResult<GemmBuffer> {
+            Ok(match p {
+                CudaPrecision::Bf16 => st.upload_gemm(d, p, wt)?,
+                CudaPrecision::F32 => {
+                    st.upload_gemm(d, p, &taps_major(&wt.to_f32_vec(), c, CONV_TAPS))?
+                }
+            })
+        };
+        let (down1, down2) = (conv(&w.down1_w, h)?, conv(&w.down2_w, 2 * h)?);
         let mut t = StepCuda {
             cfg: cfg.clone(),
             precision,
             kd,
             head_groups: head_groups(cfg.heads, hd, kd),
             rope: w.layout.rope(),
-            patch: GemmBuffer::upload(d, p, &pad_cols(&w.patch, cfg.patch_dim()))?,
-            pos: d.upload(&w.pos)?,
+            patch: st.upload_gemm(d, p, &pad_cols(&w.patch.to_f32_vec(), cfg.patch_dim()))?,
+            pos: small(&w.pos)?,
             tables: Vec::new(),
-            ln_pre_w: d.upload(&w.ln_pre_w)?,
-            ln_pre_b: d.upload(&w.ln_pre_b)?,
+            ln_pre_w: small(&w.ln_pre_w)?,
+            ln_pre_b: small(&w.ln_pre_b)?,
             layers,
-            down1: conv(&w.down1_w, h)?,
-            down1_b: GemmBuffer::upload(d, p, &w.down1_b)?,
-            down2: conv(&w.down2_w, 2 * h)?,
-            down2_b: GemmBuffer::upload(d, p, &w.down2_b)?,
-            proj: GemmBuffer::upload(d, p, &w.proj)?,
-            proj_b: w.proj_b.as_deref().map(|b| d.upload(b)).transpose()?,
+            down1,
+            down1_b: st.upload_gemm(d, p, &w.down1_b)?,
+            down2,
+            down2_b: st.upload_gemm(d, p, &w.down2_b)?,
+            proj: st.upload_gemm(d, p, &w.proj)?,
+            proj_b: w.proj_b.as_ref().map(small).transpose()?,
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
             weight_bytes: 0,
             ws: None,
-            dev,
+            graphs: Graphs::default(),
+            uploader: None,
+            dev: dev.clone(),
         };
         t.weight_bytes = t.count_weight_bytes();
         t.dev.synchronize()?;
+        drop(st);
         Ok(t)
+    }
+
+    /// Loads the tower from `ck` as views of the memory-mapped file and uploads it in
+    /// `precision`: the model is never held in f32 on the host ([`crate::load_mapped`]).
+    pub fn from_checkpoint(
+        dev: Arc<Device>,
+        ck: &st_reader::Checkpoint,
+        precision: CudaPrecision,
+    ) -> CudaResult<StepCuda> {
+        let config = ck
+            .config()
+            .ok_or_else(|| StepError::Config("the checkpoint has no config.json".into()))?;
+        let (cfg, w) = crate::load_mapped(ck, config)?;
+        StepCuda::new(dev, &cfg, &w, precision)
     }
 
     fn count_weight_bytes(&self) -> usize {
@@ -603,7 +700,20 @@ impl StepCuda {
     /// Validates `images` (the host path's checks) and uploads every view's patch rows, rope
     /// positions and attention segment, views grouped by grid size (see the module docs).
     pub fn prepare(&self, images: &[StepImage<'_>]) -> CudaResult<StepBatch> {
-        let cfg = &self.cfg;
+        let host = StepCuda::prepare_host(&self.cfg, self.precision, images)?;
+        Ok(StepBatch {
+            inputs: self.dev.upload_inputs(&host.inputs)?,
+            meta: host.meta,
+        })
+    }
+
+    /// The host half of [`StepCuda::prepare`] for a tower of `cfg` in `precision`: validation,
+    /// patch rows (in the GEMM precision), positions and segments, with no device involved.
+    pub fn prepare_host(
+        cfg: &StepConfig,
+        precision: CudaPrecision,
+        images: &[StepImage<'_>],
+    ) -> CudaResult<StepHostBatch> {
         let grids = validate_images(cfg, images)?;
         if grids.is_empty() {
             return Err(StepError::Input("no images".into()).into());
@@ -617,21 +727,68 @@ impl StepCuda {
         }
         let pixels = pad_cols(&pixels, cfg.patch_dim());
         let cu = plan.cu_seqlens();
-        let d = &*self.dev;
-        Ok(StepBatch {
-            pixels: GemmBuffer::upload(d, self.precision, &pixels)?,
-            pos: d.upload(&pos)?,
-            cu_dev: d.upload(&cu)?,
-            cu,
-            plan,
-            masks: images.iter().map(|i| i.newline_mask.clone()).collect(),
+        let key = GraphKey {
+            precision,
+            layout: plan.views.iter().flat_map(|v| [v.gh, v.gw]).collect(),
+        };
+        Ok(StepHostBatch {
+            inputs: HostInputs {
+                rows: HostGemm::from_f32(precision, pixels),
+                pos,
+                cu: cu.clone(),
+            },
+            meta: BatchMeta {
+                cu,
+                plan,
+                masks: images.iter().map(|i| i.newline_mask.clone()).collect(),
+                key,
+            },
         })
+    }
+
+    /// Queues the upload of a host-prepared batch from page-locked memory on a copy stream of
+    /// its own and returns at once: the copy overlaps whatever the device is running. The batch
+    /// stays valid until two more are staged ([`gpu_core::UPLOAD_SLOTS`]).
+    pub fn stage(&mut self, host: StepHostBatch) -> CudaResult<StepBatch> {
+        if host.inputs.rows.precision() != self.precision {
+            return Err(CudaError::Unsupported(format!(
+                "a batch prepared for {:?} staged on a {:?} tower",
+                host.inputs.rows.precision(),
+                self.precision
+            )));
+        }
+        if self.uploader.is_none() {
+            self.uploader = Some(Uploader::new(&self.dev)?);
+        }
+        let up = self
+            .uploader
+            .as_mut()
+            .ok_or_else(|| CudaError::Unsupported("uploader missing after creation".into()))?;
+        Ok(StepBatch {
+            inputs: up.stage(&self.dev, &host.inputs)?,
+            meta: host.meta,
+        })
+    }
+
+    /// Turns CUDA graphs of the bf16 forward on (the default) or off (every forward eager).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs.set_enabled(on);
+    }
+
+    /// Whether CUDA graphs are used and, if a capture failed, why not.
+    pub fn graph_status(&self) -> &GraphStatus {
+        self.graphs.status()
+    }
+
+    /// What the graph cache did so far (captures, replays, eager forwards).
+    pub fn graph_stats(&self) -> GraphStats {
+        self.graphs.stats()
     }
 
     /// Resizes the position table to every grid of `batch` not seen before (once per size).
     fn ensure_tables(&mut self, batch: &StepBatch) -> CudaResult<()> {
         let (t, h) = (self.cfg.pos_side, self.cfg.hidden);
-        for r in &batch.plan.runs {
+        for r in &batch.meta.plan.runs {
             let key = (r.gh, r.gw);
             if key == (t, t) || self.tables.iter().any(|(k, _)| *k == key) {
                 continue;
@@ -678,11 +835,13 @@ impl StepCuda {
             None => (b.n, b.n1, b.n2, capw),
         };
         self.ws = None; // free the old one first
+        self.graphs.invalidate(); // the graphs address the old buffers
         let c = &self.cfg;
         let (h, wp, i) = (c.hidden, c.heads * self.kd, c.intermediate);
         let d = &*self.dev;
         let p = self.precision;
         self.ws = Some(Workspace {
+            inp: InputBuffers::alloc(d, p, cap * patch_k(c), 2 * cap, cap + 1)?,
             cap,
             cap1,
             cap2,
@@ -708,16 +867,50 @@ impl StepCuda {
 
     /// Runs the whole forward on `batch` on the device; the rows stay there ([`StepCuda::rows`]).
     /// With `keep_stages` the stage activations are downloaded as they are produced.
+    ///
+    /// The inputs are first copied into fixed device buffers (a staged batch's after its upload
+    /// finished, on the device); then in bf16 mode without stages the forward goes through the
+    /// CUDA graph cache ([`gpu_core::Graphs`]: eager the first time a layout is seen, captured
+    /// the second, replayed after), else it runs eagerly.
     pub fn run(&mut self, batch: &StepBatch, keep_stages: bool) -> CudaResult<Option<StepStages>> {
+        self.run_graphed(batch, keep_stages).map(|(s, _)| s)
+    }
+
+    /// [`StepCuda::run`], also saying how the forward ran.
+    pub fn run_graphed(
+        &mut self,
+        batch: &StepBatch,
+        keep_stages: bool,
+    ) -> CudaResult<(Option<StepStages>, Ran)> {
         self.ensure_tables(batch)?;
-        self.ensure_workspace(&batch.plan)?;
+        self.ensure_workspace(&batch.meta.plan)?;
         let mut ws = self
             .ws
             .take()
             .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
-        let r = self.run_in(&mut ws, batch, keep_stages);
+        let r = self.run_ws(&mut ws, batch, keep_stages);
         self.ws = Some(ws);
         r
+    }
+
+    fn run_ws(
+        &mut self,
+        ws: &mut Workspace,
+        batch: &StepBatch,
+        keep: bool,
+    ) -> CudaResult<(Option<StepStages>, Ran)> {
+        self.dev
+            .load_inputs(&batch.inputs, self.uploader.as_ref(), &mut ws.inp)?;
+        if keep || self.precision != CudaPrecision::Bf16 {
+            return Ok((self.run_in(ws, batch, keep)?, Ran::Eager));
+        }
+        let mut graphs = std::mem::take(&mut self.graphs);
+        let dev = self.dev.clone();
+        let r = graphs.run(&*dev, &batch.meta.key, || {
+            self.run_in(ws, batch, false).map(|_| ())
+        });
+        self.graphs = graphs;
+        Ok((None, r?))
     }
 
     /// Downloads the rows of the last [`StepCuda::run`] on `batch`: per image its crops' rows in
@@ -728,8 +921,8 @@ impl StepCuda {
             .as_ref()
             .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
         let t = self.cfg.text_hidden;
-        let all = self.dev.download_prefix(&ws.rows, batch.plan.n2 * t)?;
-        Ok(batch.plan.split_rows(&all, t, &batch.masks))
+        let all = self.dev.download_prefix(&ws.rows, batch.meta.plan.n2 * t)?;
+        Ok(batch.meta.plan.split_rows(&all, t, &batch.meta.masks))
     }
 
     /// [`StepCuda::prepare`], [`StepCuda::run`] and [`StepCuda::rows`] in one call.
@@ -749,7 +942,7 @@ impl StepCuda {
         batch: &StepBatch,
         keep: bool,
     ) -> CudaResult<Option<StepStages>> {
-        let (c, b) = (&self.cfg, &batch.plan);
+        let (c, b) = (&self.cfg, &batch.meta.plan);
         let d = &*self.dev;
         let (n, h, wp, inner) = (b.n, c.hidden, c.heads * self.kd, c.intermediate);
         let eps = c.eps as f32;
@@ -775,7 +968,7 @@ impl StepCuda {
             )?;
         }
         d.gemm(
-            GemmBuffer::inputs(&batch.pixels, &self.patch)?,
+            GemmBuffer::inputs(&ws.inp.rows, &self.patch)?,
             None,
             GemmOutput::F32(&mut ws.y),
             acc(n, h, patch_k(c)),
@@ -799,7 +992,7 @@ impl StepCuda {
 
         let rope = RopeSpec {
             layout: self.rope,
-            pos: &batch.pos,
+            pos: &ws.inp.pos,
             inv_freq: &self.inv_freq,
         };
         for (li, l) in self.layers.iter().enumerate() {
@@ -822,10 +1015,10 @@ impl StepCuda {
             )?;
             match (&mut ws.qkv, &mut ws.attn) {
                 (GemmBuffer::Bf16(qkv), GemmBuffer::Bf16(attn)) => {
-                    self.attention_core(qkv, attn, batch, &rope)?
+                    self.attention_core(qkv, attn, (&ws.inp.cu, &batch.meta.cu), &rope)?
                 }
                 (GemmBuffer::F32(qkv), GemmBuffer::F32(attn)) => {
-                    self.attention_core(qkv, attn, batch, &rope)?
+                    self.attention_core(qkv, attn, (&ws.inp.cu, &batch.meta.cu), &rope)?
                 }
                 _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
             }
@@ -956,7 +1149,7 @@ impl StepCuda {
         s.d2 = ws.d2.download_f32(d, b.n2 * c.out_width())?;
         let all = self.dev.download_prefix(&ws.rows, b.n2 * c.text_hidden)?;
         let rows = b
-            .split_rows(&all, c.text_hidden, &batch.masks)
+            .split_rows(&all, c.text_hidden, &batch.meta.masks)
             .into_iter()
             .flat_map(|r| r.rows)
             .collect();
@@ -999,11 +1192,12 @@ impl StepCuda {
         &self,
         qkv: &mut DeviceBuffer<T>,
         attn: &mut DeviceBuffer<T>,
-        b: &StepBatch,
+        (cu_dev, cu): (&DeviceBuffer<i32>, &[i32]),
         rope: &RopeSpec<'_>,
     ) -> CudaResult<()> {
         let (c, d) = (&self.cfg, &*self.dev);
-        let (n, heads, hd, kd) = (b.plan.n, c.heads, c.head_dim, self.kd);
+        let n = cu.last().map_or(0, |&t| t as usize);
+        let (heads, hd, kd) = (c.heads, c.head_dim, self.kd);
         let wp = heads * kd;
         for &(off, nh) in &self.head_groups {
             let spec = QkvSpec {
@@ -1026,8 +1220,8 @@ impl StepCuda {
             v: (&*qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
             heads,
             head_dim: kd,
-            cu_seqlens: &b.cu_dev,
-            cu_seqlens_host: &b.cu,
+            cu_seqlens: cu_dev,
+            cu_seqlens_host: cu,
             scale: attention_scale(hd),
             variant: None,
         };
@@ -1081,6 +1275,17 @@ impl HostStages {
 mod tests {
     use super::*;
     use gpu_core::host;
+    use std::borrow::Cow;
+
+    /// A downsampler weight `[O, C·9]` in the layout the precision's im2col produces: bf16 as the
+    /// checkpoint has it (gpu-core's im2col, columns (c, ky, kx)); f32 columns (ky, kx, c)
+    /// ([`im2col_plan`]).
+    fn conv_layout(p: CudaPrecision, w: &[f32], c: usize) -> Cow<'_, [f32]> {
+        match p {
+            CudaPrecision::Bf16 => Cow::Borrowed(w),
+            CudaPrecision::F32 => Cow::Owned(taps_major(w, c, CONV_TAPS)),
+        }
+    }
 
     fn vals(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
@@ -1199,7 +1404,8 @@ mod tests {
         for (li, l) in w.layers.iter().enumerate() {
             let hl = HostLayer::new(c, l, kd);
             let hn = host::layer_norm(&x, h, Some(&l.ln1_w), Some(&l.ln1_b), eps);
-            let mut qkv = host::gemm(&hn, &hl.qkv, Some(&hl.qkv_b), n, 3 * wp, h);
+            let qkv_w = hl.qkv.clone().unwrap_or_else(|| l.qkv_w.clone());
+            let mut qkv = host::gemm(&hn, &qkv_w, Some(&hl.qkv_b), n, 3 * wp, h);
             for (off, nh) in head_groups(heads, hd, kd) {
                 host::qk_norm_rope(
                     &mut qkv,
@@ -1226,14 +1432,25 @@ mod tests {
                 &cu,
                 attention_scale(hd),
             );
-            add(&mut x, host::gemm(&a, &hl.out, Some(&hl.out_b), n, h, wp));
+            let out_w = hl.out.clone().unwrap_or_else(|| {
+                ScaledRows {
+                    src: &l.out_w,
+                    scale: &hl.ls1,
+                    cols: h,
+                }
+                .to_f32_vec()
+            });
+            add(&mut x, host::gemm(&a, &out_w, Some(&hl.out_b), n, h, wp));
             let hn = host::layer_norm(&x, h, Some(&l.ln2_w), Some(&l.ln2_b), eps);
             let f = host::gemm(&hn, &l.fc1_w, Some(&l.fc1_b), n, inner, h);
             let f = host::act(&f, c.activation, Clamp::NONE, Clamp::NONE);
-            add(
-                &mut x,
-                host::gemm(&f, &hl.fc2, Some(&hl.fc2_b), n, h, inner),
-            );
+            let fc2_w = ScaledRows {
+                src: &l.fc2_w,
+                scale: &hl.ls2,
+                cols: inner,
+            }
+            .to_f32_vec();
+            add(&mut x, host::gemm(&f, &fc2_w, Some(&hl.fc2_b), n, h, inner));
             if li == 0 {
                 st.block_0 = x.clone();
             }
@@ -1351,6 +1568,31 @@ mod tests {
                 }
             }
             assert!(host::rel_l2(&gs.rows, &ws.rows) < 1e-5);
+        }
+    }
+
+    /// Scaling rows as they are read gives the f32 products of `scale_rows`, and rounds them
+    /// to the same bf16, on ranges that straddle rows.
+    #[test]
+    fn scaled_rows_read_what_scale_rows_computes() {
+        let (rows, cols) = (7, 13);
+        let w = vals(rows * cols, 8);
+        let ls = vals(rows, 9);
+        let want = scale_rows(&w, &ls, cols);
+        let s = ScaledRows {
+            src: &w,
+            scale: &ls,
+            cols,
+        };
+        assert_eq!(s.to_f32_vec(), want);
+        for (start, n) in [(0, rows * cols), (5, 30), (12, 1), (13, 13), (40, 51)] {
+            let mut b = vec![gpu_core::bf16::ZERO; n];
+            s.read_bf16(start, &mut b);
+            let wb: Vec<_> = want[start..start + n]
+                .iter()
+                .map(|&v| gpu_core::bf16::from_f32(v))
+                .collect();
+            assert_eq!(b, wb, "{start}+{n}");
         }
     }
 

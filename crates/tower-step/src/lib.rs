@@ -27,15 +27,15 @@ mod forward;
 mod weights;
 
 pub use config::{StepConfig, MAX_IMAGE_SIZE, MAX_LAYERS, MAX_PATCH_SIZE};
-pub use cuda::{CudaError, CudaPrecision, StepBatch, StepCuda};
+pub use cuda::{CudaError, CudaPrecision, StepBatch, StepCuda, StepHostBatch};
 pub use error::{Result, StepError};
 pub use forward::{
     attention_scale, forward_host, StepImage, StepProcessorOutput, StepRows, StepStages, StepView,
     ViewStages,
 };
 pub use weights::{
-    load, Layer, StepWeights, WeightLayout, HF_PROJECTOR_PREFIXES, VENDOR_PROJECTOR_PREFIXES,
-    VISION_PREFIXES,
+    load, load_mapped, Layer, StepWeights, WeightLayout, HF_PROJECTOR_PREFIXES,
+    VENDOR_PROJECTOR_PREFIXES, VISION_PREFIXES,
 };
 
 /// How the LM attends over the image rows it is given.

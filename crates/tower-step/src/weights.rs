@@ -17,8 +17,8 @@
 
 use crate::config::{StepConfig, NUM_CHANNELS};
 use crate::error::{Result, StepError};
-use gpu_core::RopeLayout;
-use st_reader::Checkpoint;
+use gpu_core::{HostTensor, LeBytes, LeDtype, RopeLayout, TensorStore};
+use st_reader::{Checkpoint, Dtype, TensorView};
 use std::collections::BTreeSet;
 
 /// Prefixes the vision tower lives under: `save_pretrained` writes `vision_model.`, HF's
@@ -53,64 +53,68 @@ impl WeightLayout {
 
 /// One encoder layer's weights (`Step3p7VisionEncoderLayer`).
 #[derive(Debug, Clone)]
-pub struct Layer {
+pub struct Layer<T = Vec<f32>> {
     /// `layernorm_before` / `ln_1` weight `[H]`.
-    pub ln1_w: Vec<f32>,
+    pub ln1_w: T,
     /// `layernorm_before` / `ln_1` bias `[H]`.
-    pub ln1_b: Vec<f32>,
+    pub ln1_b: T,
     /// Fused q, k, v weight `[3H, H]` in the file's layout (see [`WeightLayout`]).
-    pub qkv_w: Vec<f32>,
+    pub qkv_w: T,
     /// Fused q, k, v bias `[3H]`.
-    pub qkv_b: Vec<f32>,
+    pub qkv_b: T,
     /// `out_proj` weight `[H, H]`.
-    pub out_w: Vec<f32>,
+    pub out_w: T,
     /// `out_proj` bias `[H]`.
-    pub out_b: Vec<f32>,
+    pub out_b: T,
     /// LayerScale of the attention branch (`lambda_1` / `ls_1.gamma`) `[H]`.
-    pub ls1: Vec<f32>,
+    pub ls1: T,
     /// `layernorm_after` / `ln_2` weight `[H]`.
-    pub ln2_w: Vec<f32>,
+    pub ln2_w: T,
     /// `layernorm_after` / `ln_2` bias `[H]`.
-    pub ln2_b: Vec<f32>,
+    pub ln2_b: T,
     /// `fc1` / `c_fc` weight `[I, H]`.
-    pub fc1_w: Vec<f32>,
+    pub fc1_w: T,
     /// `fc1` / `c_fc` bias `[I]`.
-    pub fc1_b: Vec<f32>,
+    pub fc1_b: T,
     /// `fc2` / `c_proj` weight `[H, I]`.
-    pub fc2_w: Vec<f32>,
+    pub fc2_w: T,
     /// `fc2` / `c_proj` bias `[H]`.
-    pub fc2_b: Vec<f32>,
+    pub fc2_b: T,
     /// LayerScale of the MLP branch (`lambda_2` / `ls_2.gamma`) `[H]`.
-    pub ls2: Vec<f32>,
+    pub ls2: T,
 }
 
-/// The whole tower's weights in f32 on the host (values exactly those in the file).
+/// The whole tower's weights (values exactly those in the file).
+///
+/// `T` is how each tensor is held: f32 values (the host reference, the default) or a
+/// [`HostTensor`] of the memory-mapped file, read only when the CUDA path uploads it
+/// ([`load_mapped`]).
 #[derive(Debug, Clone)]
-pub struct StepWeights {
+pub struct StepWeights<T = Vec<f32>> {
     /// The layout the file used; decides the rope pairing.
     pub layout: WeightLayout,
     /// Patch conv `[H, 3, p, p]` = GEMM `[H, 3p²]` with columns (c, ky, kx); no bias.
-    pub patch: Vec<f32>,
+    pub patch: T,
     /// Learned position table `[side², H]`, row-major over (row, col).
-    pub pos: Vec<f32>,
+    pub pos: T,
     /// `pre_layernorm` / `ln_pre` weight `[H]`.
-    pub ln_pre_w: Vec<f32>,
+    pub ln_pre_w: T,
     /// `pre_layernorm` / `ln_pre` bias `[H]`.
-    pub ln_pre_b: Vec<f32>,
+    pub ln_pre_b: T,
     /// Encoder layers.
-    pub layers: Vec<Layer>,
+    pub layers: Vec<Layer<T>>,
     /// `downsampler1` `[2H, H, 3, 3]` = GEMM `[2H, 9H]`, columns (c, ky, kx).
-    pub down1_w: Vec<f32>,
+    pub down1_w: T,
     /// `downsampler1` bias `[2H]`.
-    pub down1_b: Vec<f32>,
+    pub down1_b: T,
     /// `downsampler2` `[4H, 2H, 3, 3]` = GEMM `[4H, 18H]`.
-    pub down2_w: Vec<f32>,
+    pub down2_w: T,
     /// `downsampler2` bias `[4H]`.
-    pub down2_b: Vec<f32>,
+    pub down2_b: T,
     /// `multi_modal_projector` / `vit_large_projector` weight `[text_H, 4H]`.
-    pub proj: Vec<f32>,
+    pub proj: T,
     /// Projector bias `[text_H]` when `projector_bias` (never in a release).
-    pub proj_b: Option<Vec<f32>>,
+    pub proj_b: Option<T>,
 }
 
 /// One layout's tensor names relative to the vision prefix (and the projector's stem).
@@ -235,8 +239,11 @@ impl Names<'_> {
     }
 }
 
-/// Reads `name`, checking its shape first.
-fn get(ck: &Checkpoint, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
+/// How a loader turns a tensor of the file into its store (f32 values, or a mapped view).
+type Read<'a, T> = dyn Fn(TensorView<'a>) -> Result<T> + 'a;
+
+/// Reads `name` with `read`, checking its shape first.
+fn get<'a, T>(ck: &'a Checkpoint, name: &str, expected: &[usize], read: &Read<'a, T>) -> Result<T> {
     let view = ck
         .tensor(name)
         .ok_or_else(|| StepError::MissingTensor(name.to_string()))?;
@@ -247,7 +254,22 @@ fn get(ck: &Checkpoint, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
             expected: expected.to_vec(),
         });
     }
-    Ok(view.to_f32()?)
+    read(view)
+}
+
+/// A float tensor of the memory-mapped file, read in place at upload (F32, F16, BF16); any
+/// other dtype gives the reader's own refusal.
+fn mapped(v: TensorView<'_>) -> Result<HostTensor<'_>> {
+    let dt = match v.dtype() {
+        Dtype::F32 => LeDtype::F32,
+        Dtype::F16 => LeDtype::F16,
+        Dtype::BF16 => LeDtype::Bf16,
+        _ => return Ok(HostTensor::F32(v.to_f32()?)),
+    };
+    match LeBytes::new(v.bytes(), dt) {
+        Ok(b) => Ok(HostTensor::Bytes(b)),
+        Err(_) => Ok(HostTensor::F32(v.to_f32()?)),
+    }
 }
 
 /// The one prefix among `prefixes` under which the checkpoint has tensors, if any.
@@ -266,8 +288,25 @@ fn only_prefix<'p>(ck: &Checkpoint, prefixes: &[&'p str], what: &str) -> Result<
     }
 }
 
-/// Loads the tower from an opened checkpoint, with its `config.json` value.
+/// Loads the tower from an opened checkpoint, with its `config.json` value, into host f32.
 pub fn load(ck: &Checkpoint, config: &serde_json::Value) -> Result<(StepConfig, StepWeights)> {
+    load_with(ck, config, &|v| Ok(v.to_f32()?))
+}
+
+/// Validates the tower like [`load`] but keeps every tensor as a view of the memory-mapped
+/// file: nothing is converted until the CUDA path uploads it.
+pub fn load_mapped<'a>(
+    ck: &'a Checkpoint,
+    config: &serde_json::Value,
+) -> Result<(StepConfig, StepWeights<HostTensor<'a>>)> {
+    load_with(ck, config, &mapped)
+}
+
+fn load_with<'a, T: TensorStore>(
+    ck: &'a Checkpoint,
+    config: &serde_json::Value,
+    read: &Read<'a, T>,
+) -> Result<(StepConfig, StepWeights<T>)> {
     let vision = only_prefix(ck, &VISION_PREFIXES, "vision tower")?.ok_or_else(|| {
         StepError::NoVisionWeights(format!("no tensor under {VISION_PREFIXES:?}"))
     })?;
@@ -321,7 +360,7 @@ pub fn load(ck: &Checkpoint, config: &serde_json::Value) -> Result<(StepConfig, 
     let cfg = StepConfig::from_hf(config, text_hidden)?;
     require_layers(ck, &names, cfg.layers)?;
     check_census(ck, &[vision], &all_projectors, &names.known(&cfg))?;
-    let w = load_tensors(ck, &names, &cfg)?;
+    let w = load_tensors(ck, &names, &cfg, read)?;
     Ok((cfg, w))
 }
 
@@ -370,35 +409,41 @@ fn check_census(
     Ok(())
 }
 
-fn load_tensors(ck: &Checkpoint, n: &Names<'_>, cfg: &StepConfig) -> Result<StepWeights> {
+fn load_tensors<'a, T: TensorStore>(
+    ck: &'a Checkpoint,
+    n: &Names<'_>,
+    cfg: &StepConfig,
+    read: &Read<'a, T>,
+) -> Result<StepWeights<T>> {
     let (h, inner, p) = (cfg.hidden, cfg.intermediate, cfg.patch);
     let s = n.scheme;
-    let wb = |stem: String, out: usize, inp: &[usize]| -> Result<(Vec<f32>, Vec<f32>)> {
+    let get = |name: &str, shape: &[usize]| get(ck, name, shape, read);
+    let wb = |stem: String, out: usize, inp: &[usize]| -> Result<(T, T)> {
         let mut shape = vec![out];
         shape.extend_from_slice(inp);
         Ok((
-            get(ck, &format!("{stem}.weight"), &shape)?,
-            get(ck, &format!("{stem}.bias"), &[out])?,
+            get(&format!("{stem}.weight"), &shape)?,
+            get(&format!("{stem}.bias"), &[out])?,
         ))
     };
-    let patch = get(ck, &n.v(s.patch), &[h, NUM_CHANNELS, p, p])?;
-    let pos = get(ck, &n.v(s.pos), &[cfg.pos_rows(), h])?;
+    let patch = get(&n.v(s.patch), &[h, NUM_CHANNELS, p, p])?;
+    let pos = get(&n.v(s.pos), &[cfg.pos_rows(), h])?;
     let (ln_pre_w, ln_pre_b) = wb(n.v(s.ln_pre), h, &[])?;
     let mut layers = Vec::with_capacity(cfg.layers);
     for i in 0..cfg.layers {
         let (qkv_w, qkv_b) = match s.layout {
             WeightLayout::Vendor => (
-                get(ck, &n.layer(i, VENDOR_QKV[0]), &[3 * h, h])?,
-                get(ck, &n.layer(i, VENDOR_QKV[1]), &[3 * h])?,
+                get(&n.layer(i, VENDOR_QKV[0]), &[3 * h, h])?,
+                get(&n.layer(i, VENDOR_QKV[1]), &[3 * h])?,
             ),
             WeightLayout::Hf => {
-                let (mut w, mut b) = (Vec::with_capacity(3 * h * h), Vec::with_capacity(3 * h));
+                let (mut w, mut b) = (Vec::with_capacity(3), Vec::with_capacity(3));
                 for stem in HF_QKV {
                     let (wi, bi) = wb(n.layer(i, stem), h, &[h])?;
-                    w.extend(wi);
-                    b.extend(bi);
+                    w.push(wi);
+                    b.push(bi);
                 }
-                (w, b)
+                (T::stack(w), T::stack(b))
             }
         };
         let (ln1_w, ln1_b) = wb(n.layer(i, s.ln1), h, &[])?;
@@ -413,21 +458,21 @@ fn load_tensors(ck: &Checkpoint, n: &Names<'_>, cfg: &StepConfig) -> Result<Step
             qkv_b,
             out_w,
             out_b,
-            ls1: get(ck, &n.layer(i, s.ls1), &[h])?,
+            ls1: get(&n.layer(i, s.ls1), &[h])?,
             ln2_w,
             ln2_b,
             fc1_w,
             fc1_b,
             fc2_w,
             fc2_b,
-            ls2: get(ck, &n.layer(i, s.ls2), &[h])?,
+            ls2: get(&n.layer(i, s.ls2), &[h])?,
         });
     }
     let (down1_w, down1_b) = wb(n.v(s.down1), 2 * h, &[h, 3, 3])?;
     let (down2_w, down2_b) = wb(n.v(s.down2), 4 * h, &[2 * h, 3, 3])?;
-    let proj = get(ck, &n.proj("weight"), &[cfg.text_hidden, cfg.out_width()])?;
+    let proj = get(&n.proj("weight"), &[cfg.text_hidden, cfg.out_width()])?;
     let proj_b = if cfg.projector_bias {
-        Some(get(ck, &n.proj("bias"), &[cfg.text_hidden])?)
+        Some(get(&n.proj("bias"), &[cfg.text_hidden])?)
     } else {
         None
     };

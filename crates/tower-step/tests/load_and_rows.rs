@@ -419,3 +419,31 @@ fn a_layer_count_beyond_the_file_is_refused_before_anything_is_built() {
         }
     }
 }
+
+/// The CUDA path's loader (views of the memory-mapped file) reads every tensor as the host
+/// loader's f32 values, on the vendor, sharded and HF layouts (HF: q, k, v stacked).
+#[test]
+fn mapped_weights_read_the_values_of_the_f32_load() {
+    use gpu_core::HostSource;
+    for dir in ["step3p7", "step3p7_sharded", "step3p7_hf"] {
+        let ck = open(dir);
+        let cfg = config(&ck);
+        let (c1, host) = tower_step::load(&ck, &cfg).expect("f32 load");
+        let (c2, mapped) = tower_step::load_mapped(&ck, &cfg).expect("mapped load");
+        assert_eq!(c1, c2, "{dir}");
+        assert_eq!(host.layout, mapped.layout, "{dir}");
+        let same = |what: &str, a: &Vec<f32>, b: &dyn HostSource| {
+            assert_eq!(*a, b.to_f32_vec(), "{dir}: {what}");
+        };
+        same("patch", &host.patch, &mapped.patch);
+        same("pos", &host.pos, &mapped.pos);
+        same("down2_w", &host.down2_w, &mapped.down2_w);
+        same("proj", &host.proj, &mapped.proj);
+        for (i, (h, m)) in host.layers.iter().zip(&mapped.layers).enumerate() {
+            same(&format!("layer {i} qkv_w"), &h.qkv_w, &m.qkv_w);
+            same(&format!("layer {i} qkv_b"), &h.qkv_b, &m.qkv_b);
+            same(&format!("layer {i} fc2_w"), &h.fc2_w, &m.fc2_w);
+            same(&format!("layer {i} ls1"), &h.ls1, &m.ls1);
+        }
+    }
+}

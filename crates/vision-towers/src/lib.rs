@@ -10,7 +10,9 @@ mod family;
 mod inspect;
 mod model;
 mod prep;
+mod session;
 mod st_write;
+mod stream;
 mod tower;
 mod weights;
 
@@ -19,6 +21,7 @@ pub use inspect::inspect_json;
 pub use model::{Encoded, LmAttention, Model, ModelError};
 pub use prep::{preprocessor_for, read_image_arg, ImageArg, PrepOpenError, MAX_IMAGE_FILE_BYTES};
 pub use st_write::{safetensors_bytes, write_safetensors, OutDtype, OutTensor, WriteError};
+pub use stream::{BatchPolicy, PassStat, StreamStats};
 pub use tower::{
     Device, ParseDeviceError, Precision, Rows, Tower, TowerError, TowerOptions,
     DEFAULT_MAX_PATCHES_PER_PASS,

@@ -149,6 +149,11 @@ impl Model {
         &self.tower
     }
 
+    /// The weight file or directory it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// The plan for one image from its header alone (nothing decoded).
     pub fn plan(&self, image: ImageSource<'_>) -> Result<Plan, ModelError> {
         self.pre
@@ -221,9 +226,15 @@ impl Tower {
     /// Runs the tower on several prepared images in padding-free passes (one attention segment
     /// per image, per frame pair, or per view).
     pub(crate) fn encode_batch(&self, prepared: &[Prepared]) -> Result<Rows, InputError> {
+        let images = self.images_of(prepared)?;
+        self.run(&images)
+    }
+
+    /// The tower inputs of prepared images (borrowed from them).
+    pub(crate) fn images_of<'a>(&self, prepared: &'a [Prepared]) -> Result<Images<'a>, InputError> {
         let missing =
             |what: &str| InputError::Message(format!("a prepared image lacks the {what} tensors"));
-        let images = match self.family() {
+        Ok(match self.family() {
             Family::Gemma4 => Images::Gemma4(
                 prepared
                     .iter()
@@ -267,8 +278,7 @@ impl Tower {
                     })
                     .collect::<Result<Vec<_>, InputError>>()?,
             ),
-        };
-        self.run(&images)
+        })
     }
 }
 

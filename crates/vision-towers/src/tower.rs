@@ -2,7 +2,7 @@
 //! get rows. A request is run in passes of at most `max_patches_per_pass` patches each.
 
 use crate::{detect_family, Error, Family, WeightFile};
-use gpu_core::GpuError;
+use gpu_core::{GpuError, GraphStats, GraphStatus};
 use st_reader::Checkpoint;
 use std::fmt;
 use std::ops::Range;
@@ -91,6 +91,9 @@ pub struct TowerOptions {
     /// The most patches one pass holds: a request over it runs in several passes (whole images
     /// each, in order), which bounds activation memory; one image over it is refused.
     pub max_patches_per_pass: usize,
+    /// On CUDA in bf16: replay CUDA graphs for batch layouts seen before. Off by default until the
+    /// graph GPU tests (`tests/graphs.rs`) have passed on a device (docs/notes/throughput.md).
+    pub graphs: bool,
 }
 
 impl Default for TowerOptions {
@@ -99,6 +102,7 @@ impl Default for TowerOptions {
             device: Device::Auto,
             precision: None,
             max_patches_per_pass: DEFAULT_MAX_PATCHES_PER_PASS,
+            graphs: false,
         }
     }
 }
@@ -231,7 +235,7 @@ impl TowerError {
 /// behind an `Arc`; CUDA passes from several threads take turns on the device.
 #[derive(Debug)]
 pub struct Tower {
-    engine: Engine,
+    pub(crate) engine: Engine,
     device: Device,
     precision: Precision,
     max_patches_per_pass: usize,
@@ -241,7 +245,7 @@ pub struct Tower {
 /// `&mut` runs take turns behind the mutex.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // one long-lived handle per model; boxing buys nothing
-enum Engine {
+pub(crate) enum Engine {
     GemmaHost(GemmaTower),
     GemmaCuda {
         config: GemmaConfig,
@@ -257,6 +261,28 @@ enum Engine {
         config: StepConfig,
         cuda: Mutex<StepCuda>,
     },
+}
+
+impl Engine {
+    /// Turns the CUDA path's graphs on or off (the host paths have none).
+    fn with_graphs(mut self, on: bool) -> Engine {
+        match &mut self {
+            Engine::GemmaCuda { cuda, .. } => cuda
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .set_graphs(on),
+            Engine::GlmCuda { cuda, .. } => cuda
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .set_graphs(on),
+            Engine::StepCuda { cuda, .. } => cuda
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .set_graphs(on),
+            Engine::GemmaHost(_) | Engine::GlmHost(_) | Engine::StepHost(_) => {}
+        }
+        self
+    }
 }
 
 /// Rows for a batch: one `[rows, width]` block per image, in order.
@@ -339,19 +365,18 @@ impl Tower {
                 }
             },
         };
-        let host = HostTower::load(path)?;
-        let family = host.family();
         let Some((ordinal, dev)) = dev else {
-            return Ok(Tower::on_host(host, options));
+            return Ok(Tower::on_host(HostTower::load(path)?, options));
         };
         let precision = options.precision.unwrap_or(Precision::Bf16);
-        let engine = match host.into_cuda(path, dev, precision) {
+        // Straight from the memory-mapped file to the device: no host f32 copy of the model.
+        let engine = match upload_mapped(path, dev, precision) {
             Ok(engine) => engine,
-            Err(Upload::Refused(reason, host)) if !explicit => {
+            Err(Upload::Refused(reason, _)) if !explicit => {
                 fallback(reason)?;
-                return Ok(Tower::on_host(*host, options));
+                return Ok(Tower::on_host(HostTower::load(path)?, options));
             }
-            Err(Upload::Refused(reason, _)) => {
+            Err(Upload::Refused(reason, family)) => {
                 return Err(TowerError::Unsupported(format!(
                     "{}: {} on {}: {reason}",
                     path.display(),
@@ -361,6 +386,7 @@ impl Tower {
             }
             Err(Upload::Failed(e)) => return Err(e),
         };
+        let engine = engine.with_graphs(options.graphs);
         Ok(Tower {
             engine,
             device: Device::Cuda(ordinal),
@@ -406,6 +432,54 @@ impl Tower {
     /// The most patches one pass holds.
     pub fn max_patches_per_pass(&self) -> usize {
         self.max_patches_per_pass
+    }
+
+    /// Whether the CUDA path replays CUDA graphs for repeated batch layouts and, if a capture
+    /// failed, why not (`None` on the host). Waits for a pass in progress.
+    pub fn graph_status(&self) -> Option<GraphStatus> {
+        match &self.engine {
+            Engine::GemmaCuda { cuda, .. } => Some(
+                cuda.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .graph_status()
+                    .clone(),
+            ),
+            Engine::GlmCuda { cuda, .. } => Some(
+                cuda.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .graph_status()
+                    .clone(),
+            ),
+            Engine::StepCuda { cuda, .. } => Some(
+                cuda.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .graph_status()
+                    .clone(),
+            ),
+            Engine::GemmaHost(_) | Engine::GlmHost(_) | Engine::StepHost(_) => None,
+        }
+    }
+
+    /// What the CUDA path's graph cache did so far (`None` on the host).
+    pub fn graph_stats(&self) -> Option<GraphStats> {
+        match &self.engine {
+            Engine::GemmaCuda { cuda, .. } => Some(
+                cuda.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .graph_stats(),
+            ),
+            Engine::GlmCuda { cuda, .. } => Some(
+                cuda.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .graph_stats(),
+            ),
+            Engine::StepCuda { cuda, .. } => Some(
+                cuda.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .graph_stats(),
+            ),
+            Engine::GemmaHost(_) | Engine::GlmHost(_) | Engine::StepHost(_) => None,
+        }
     }
 
     /// The LM width of its rows.
@@ -498,7 +572,7 @@ impl Tower {
     }
 
     /// Patches (tower tokens before any merge or pooling) of each image.
-    fn patches(&self, images: &Images<'_>) -> Result<Vec<usize>, InputError> {
+    pub(crate) fn patches(&self, images: &Images<'_>) -> Result<Vec<usize>, InputError> {
         Ok(match images {
             Images::Gemma4(v) => v
                 .iter()
@@ -549,48 +623,36 @@ impl Tower {
         range: Range<usize>,
         patches: usize,
     ) -> Result<Vec<Vec<f32>>, InputError> {
-        let gpu = |e: GpuError| InputError::gpu(e, patches);
         match (&self.engine, images) {
             (Engine::GemmaHost(t), Images::Gemma4(v)) => {
                 t.encode_host(&v[range]).map_err(InputError::Gemma)
             }
             (Engine::GemmaCuda { cuda, .. }, Images::Gemma4(v)) => {
-                use tower_gemma::CudaError as E;
                 let mut c = cuda.lock().unwrap_or_else(PoisonError::into_inner);
                 let run = |c: &mut GemmaCuda| {
                     let batch = c.prepare(&v[range])?;
                     c.run(&batch, false)?;
                     c.rows(&batch)
                 };
-                run(&mut c).map_err(|e| match e {
-                    E::Gpu(e) => gpu(e),
-                    E::Gemma(e) => InputError::Gemma(e),
-                    E::Unsupported(m) => InputError::Message(m),
-                })
+                run(&mut c).map_err(|e| gemma_cuda_err(e, patches))
             }
             (Engine::GlmHost(t), Images::Glm(v)) => {
                 t.encode_host(&v[range]).map_err(InputError::Glm)
             }
             (Engine::GlmCuda { cuda, .. }, Images::Glm(v)) => {
-                use tower_glm5::CudaError as E;
                 let mut c = cuda.lock().unwrap_or_else(PoisonError::into_inner);
                 let run = |c: &mut GlmCuda| {
                     let batch = c.prepare(&v[range])?;
                     c.run(&batch, false)?;
                     c.rows(&batch)
                 };
-                run(&mut c).map_err(|e| match e {
-                    E::Gpu(e) => gpu(e),
-                    E::Glm(e) => InputError::Glm(e),
-                    E::Unsupported(m) => InputError::Message(m),
-                })
+                run(&mut c).map_err(|e| glm_cuda_err(e, patches))
             }
             (Engine::StepHost(t), Images::Step3p7(v)) => t
                 .encode_host(&v[range])
                 .map(|rows| rows.into_iter().map(|r| r.rows).collect())
                 .map_err(InputError::Step),
             (Engine::StepCuda { cuda, .. }, Images::Step3p7(v)) => {
-                use tower_step::CudaError as E;
                 let mut c = cuda.lock().unwrap_or_else(PoisonError::into_inner);
                 let run = |c: &mut StepCuda| {
                     let batch = c.prepare(&v[range])?;
@@ -599,11 +661,7 @@ impl Tower {
                 };
                 run(&mut c)
                     .map(|rows| rows.into_iter().map(|r| r.rows).collect())
-                    .map_err(|e| match e {
-                        E::Gpu(e) => gpu(e),
-                        E::Step(e) => InputError::Step(e),
-                        E::Unsupported(m) => InputError::Message(m),
-                    })
+                    .map_err(|e| step_cuda_err(e, patches))
             }
             (_, Images::Gemma4(_)) => Err(self.wrong_inputs("gemma4")),
             (_, Images::Glm(_)) => Err(self.wrong_inputs("glm")),
@@ -699,6 +757,36 @@ impl Tower {
     }
 }
 
+/// A Gemma-4 CUDA path error in a pass of `patches` patches.
+pub(crate) fn gemma_cuda_err(e: tower_gemma::CudaError, patches: usize) -> InputError {
+    use tower_gemma::CudaError as E;
+    match e {
+        E::Gpu(e) => InputError::gpu(e, patches),
+        E::Gemma(e) => InputError::Gemma(e),
+        E::Unsupported(m) => InputError::Message(m),
+    }
+}
+
+/// A GLM CUDA path error in a pass of `patches` patches.
+pub(crate) fn glm_cuda_err(e: tower_glm5::CudaError, patches: usize) -> InputError {
+    use tower_glm5::CudaError as E;
+    match e {
+        E::Gpu(e) => InputError::gpu(e, patches),
+        E::Glm(e) => InputError::Glm(e),
+        E::Unsupported(m) => InputError::Message(m),
+    }
+}
+
+/// A Step-3.7 CUDA path error in a pass of `patches` patches.
+pub(crate) fn step_cuda_err(e: tower_step::CudaError, patches: usize) -> InputError {
+    use tower_step::CudaError as E;
+    match e {
+        E::Gpu(e) => InputError::gpu(e, patches),
+        E::Step(e) => InputError::Step(e),
+        E::Unsupported(m) => InputError::Message(m),
+    }
+}
+
 fn glm_family(config: &GlmConfig) -> Family {
     match config.family {
         tower_glm5::GlmFamily::GlmOcr => Family::GlmOcr,
@@ -723,11 +811,103 @@ fn no_device_reason(e: &GpuError) -> String {
 
 /// Why a CUDA upload did not give a tower.
 enum Upload {
-    /// The CUDA path cannot take this model (a shape its kernels do not cover); the host tower
-    /// comes back for `auto` to fall back on.
-    Refused(String, Box<HostTower>),
-    /// The device failed (out of memory, driver error).
+    /// The CUDA path cannot take this model of this family (a shape its kernels do not
+    /// cover); `auto` falls back on the host tower.
+    Refused(String, Family),
+    /// The file, its tower or the device failed (out of memory, driver error).
     Failed(TowerError),
+}
+
+/// Opens the weight file at `path` and uploads its tower to `dev` in `precision` straight from
+/// the memory map (each family's `from_checkpoint` / `from_gguf`): validated like the host
+/// load, but the model is never converted to f32 on the host.
+fn upload_mapped(
+    path: &Path,
+    dev: Arc<gpu_core::Device>,
+    precision: Precision,
+) -> Result<Engine, Upload> {
+    let file = WeightFile::open(path).map_err(|e| Upload::Failed(e.into()))?;
+    let family = detect_family(&file);
+    let failed = |e: GpuError| {
+        Upload::Failed(if e.is_out_of_memory() {
+            TowerError::OutOfMemory {
+                path: path.to_path_buf(),
+                during: "uploading the weights".into(),
+                source: Box::new(e),
+            }
+        } else {
+            TowerError::Gpu {
+                path: path.to_path_buf(),
+                source: Box::new(e),
+            }
+        })
+    };
+    let refused =
+        |m: String, f: Family| Upload::Refused(format!("unsupported on the CUDA path: {m}"), f);
+    let p = match precision {
+        Precision::F32 => gpu_core::CudaPrecision::F32,
+        Precision::Bf16 => gpu_core::CudaPrecision::Bf16,
+    };
+    match (family, &file) {
+        (Some(Family::Gemma4), file) => {
+            use tower_gemma::CudaError as E;
+            let r = match file {
+                WeightFile::Gguf(g) => GemmaCuda::from_gguf(dev, g, GgufActivation::Model, p),
+                WeightFile::SafeTensors(ck) => GemmaCuda::from_checkpoint(dev, ck, p),
+            };
+            match r {
+                Ok(c) => Ok(Engine::GemmaCuda {
+                    config: c.config().clone(),
+                    cuda: Mutex::new(c),
+                }),
+                Err(E::Gpu(e)) => Err(failed(e)),
+                Err(E::Unsupported(m)) => Err(refused(m, Family::Gemma4)),
+                Err(E::Gemma(e)) => Err(Upload::Failed(TowerError::Gemma {
+                    path: path.to_path_buf(),
+                    source: Box::new(e),
+                })),
+            }
+        }
+        (Some(f @ (Family::Glm5Next | Family::GlmOcr)), WeightFile::SafeTensors(ck)) => {
+            use tower_glm5::CudaError as E;
+            match GlmCuda::from_checkpoint(dev, ck, p) {
+                Ok(c) => Ok(Engine::GlmCuda {
+                    config: c.config().clone(),
+                    cuda: Mutex::new(c),
+                }),
+                Err(E::Gpu(e)) => Err(failed(e)),
+                Err(E::Unsupported(m)) => Err(refused(m, f)),
+                Err(E::Glm(e)) => Err(Upload::Failed(TowerError::Glm {
+                    path: path.to_path_buf(),
+                    source: Box::new(e),
+                })),
+            }
+        }
+        (Some(Family::Step3p7), WeightFile::SafeTensors(ck)) => {
+            use tower_step::CudaError as E;
+            match StepCuda::from_checkpoint(dev, ck, p) {
+                Ok(c) => Ok(Engine::StepCuda {
+                    config: c.config().clone(),
+                    cuda: Mutex::new(c),
+                }),
+                Err(E::Gpu(e)) => Err(failed(e)),
+                Err(E::Unsupported(m)) => Err(refused(m, Family::Step3p7)),
+                Err(E::Step(e)) => Err(Upload::Failed(TowerError::Step {
+                    path: path.to_path_buf(),
+                    source: Box::new(e),
+                })),
+            }
+        }
+        // The host loader gives these files their own answer (not implemented, unknown family).
+        _ => HostTower::load(path)
+            .and_then(|_| {
+                Err(TowerError::Unsupported(format!(
+                    "{}: no CUDA path for this file",
+                    path.display()
+                )))
+            })
+            .map_err(Upload::Failed),
+    }
 }
 
 impl HostTower {
@@ -767,105 +947,6 @@ impl HostTower {
             (None, _) => Err(TowerError::UnknownFamily {
                 path: path.to_path_buf(),
             }),
-        }
-    }
-
-    fn family(&self) -> Family {
-        match self {
-            HostTower::Gemma4(_) => Family::Gemma4,
-            HostTower::Glm(t) => glm_family(&t.config),
-            HostTower::Step3p7(_) => Family::Step3p7,
-        }
-    }
-
-    /// Uploads the weights to `dev` in `precision`; the host weights are dropped on success.
-    fn into_cuda(
-        self,
-        path: &Path,
-        dev: Arc<gpu_core::Device>,
-        precision: Precision,
-    ) -> Result<Engine, Upload> {
-        let failed = |e: GpuError| {
-            Upload::Failed(if e.is_out_of_memory() {
-                TowerError::OutOfMemory {
-                    path: path.to_path_buf(),
-                    during: "uploading the weights".into(),
-                    source: Box::new(e),
-                }
-            } else {
-                TowerError::Gpu {
-                    path: path.to_path_buf(),
-                    source: Box::new(e),
-                }
-            })
-        };
-        match self {
-            HostTower::Gemma4(t) => {
-                use tower_gemma::{CudaError as E, CudaPrecision as P};
-                let p = match precision {
-                    Precision::F32 => P::F32,
-                    Precision::Bf16 => P::Bf16,
-                };
-                match t.to_cuda(dev, p) {
-                    Ok(c) => Ok(Engine::GemmaCuda {
-                        config: t.config,
-                        cuda: Mutex::new(c),
-                    }),
-                    Err(E::Gpu(e)) => Err(failed(e)),
-                    Err(E::Unsupported(m)) => Err(Upload::Refused(
-                        format!("unsupported on the CUDA path: {m}"),
-                        Box::new(HostTower::Gemma4(t)),
-                    )),
-                    Err(E::Gemma(e)) => Err(Upload::Failed(TowerError::Gemma {
-                        path: path.to_path_buf(),
-                        source: Box::new(e),
-                    })),
-                }
-            }
-            HostTower::Glm(t) => {
-                use tower_glm5::{CudaError as E, CudaPrecision as P};
-                let p = match precision {
-                    Precision::F32 => P::F32,
-                    Precision::Bf16 => P::Bf16,
-                };
-                match t.to_cuda(dev, p) {
-                    Ok(c) => Ok(Engine::GlmCuda {
-                        config: t.config,
-                        cuda: Mutex::new(c),
-                    }),
-                    Err(E::Gpu(e)) => Err(failed(e)),
-                    Err(E::Unsupported(m)) => Err(Upload::Refused(
-                        format!("unsupported on the CUDA path: {m}"),
-                        Box::new(HostTower::Glm(t)),
-                    )),
-                    Err(E::Glm(e)) => Err(Upload::Failed(TowerError::Glm {
-                        path: path.to_path_buf(),
-                        source: Box::new(e),
-                    })),
-                }
-            }
-            HostTower::Step3p7(t) => {
-                use tower_step::{CudaError as E, CudaPrecision as P};
-                let p = match precision {
-                    Precision::F32 => P::F32,
-                    Precision::Bf16 => P::Bf16,
-                };
-                match t.to_cuda(dev, p) {
-                    Ok(c) => Ok(Engine::StepCuda {
-                        config: t.config,
-                        cuda: Mutex::new(c),
-                    }),
-                    Err(E::Gpu(e)) => Err(failed(e)),
-                    Err(E::Unsupported(m)) => Err(Upload::Refused(
-                        format!("unsupported on the CUDA path: {m}"),
-                        Box::new(HostTower::Step3p7(t)),
-                    )),
-                    Err(E::Step(e)) => Err(Upload::Failed(TowerError::Step {
-                        path: path.to_path_buf(),
-                        source: Box::new(e),
-                    })),
-                }
-            }
         }
     }
 }

@@ -63,6 +63,7 @@ fn open(model: &str, device: Device, precision: Option<Precision>, ceiling: usiz
         device,
         precision,
         max_patches_per_pass: ceiling,
+        graphs: false,
     };
     Model::open_with(&fixtures().join(model), &options, PrepSettings::default())
         .unwrap_or_else(|e| panic!("{model} on {device}: {e}"))

@@ -18,6 +18,7 @@ fn open(model: &str, max_patches_per_pass: usize) -> Result<Model, ModelError> {
         device: Device::Cpu,
         precision: None,
         max_patches_per_pass,
+        graphs: false,
     };
     Model::open_with(&fixtures().join(model), &options, PrepSettings::default())
 }

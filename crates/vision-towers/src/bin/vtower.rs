@@ -181,6 +181,8 @@ fn run(cli: Cli) -> Result<()> {
                     PrecisionArg::Bf16 => Precision::Bf16,
                 }),
                 max_patches_per_pass,
+                // one encode is one pass per layout: a graph would be captured and never replayed
+                graphs: false,
             };
             let (family, ran_on, rows) = match inputs {
                 Some(inputs) => {

@@ -1,0 +1,483 @@
+//! A batch's inputs on their way to the device: host values ([`HostInputs`]), their device copy
+//! ([`DeviceInputs`]: owned buffers, or a slot of an [`Uploader`] still being filled), and the
+//! fixed buffers a forward reads ([`InputBuffers`]: a CUDA graph captures their addresses).
+//!
+//! [`Uploader`] overlaps uploads with compute: two slots of page-locked host memory and device
+//! memory, a copy stream of its own, and two events per slot: `uploaded` (recorded on the copy
+//! stream after the slot's copies; the compute stream waits on it before reading the slot) and
+//! `consumed` (recorded on the compute stream after it copied the slot into the fixed buffers;
+//! the copy stream waits on it before refilling the slot). So batch k+1 travels over PCIe while
+//! the forward of batch k runs, and neither stream waits on the host.
+//!
+//! **Architecture Invariant:** the copy stream only ever writes an uploader's own slots; every
+//! buffer a forward reads is written on the compute stream.
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaEvent, CudaStream, PinnedHostSlice};
+use half::bf16;
+use rayon::prelude::*;
+
+use crate::{CudaPrecision, Device, DeviceBuffer, Elem, GemmBuffer, GpuError, Result};
+
+/// Host values in one GEMM precision: what a [`GemmBuffer`] is uploaded from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostGemm {
+    /// The product mode's bf16.
+    Bf16(Vec<bf16>),
+    /// The exactness mode's f32.
+    F32(Vec<f32>),
+}
+
+impl HostGemm {
+    /// `v` in precision `p` (bf16: rounded to nearest even, in parallel).
+    pub fn from_f32(p: CudaPrecision, v: Vec<f32>) -> HostGemm {
+        match p {
+            CudaPrecision::Bf16 => {
+                HostGemm::Bf16(v.par_iter().map(|&x| bf16::from_f32(x)).collect())
+            }
+            CudaPrecision::F32 => HostGemm::F32(v),
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            HostGemm::Bf16(v) => v.len(),
+            HostGemm::F32(v) => v.len(),
+        }
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Its precision.
+    pub fn precision(&self) -> CudaPrecision {
+        match self {
+            HostGemm::Bf16(_) => CudaPrecision::Bf16,
+            HostGemm::F32(_) => CudaPrecision::F32,
+        }
+    }
+}
+
+/// The host inputs of one tower batch: patch rows in the GEMM precision, positions and
+/// attention segment bounds (both i32).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostInputs {
+    /// Patch rows `[tokens, k]`.
+    pub rows: HostGemm,
+    /// Positions `[tokens, 2]`.
+    pub pos: Vec<i32>,
+    /// Segment bounds `[segments + 1]`.
+    pub cu: Vec<i32>,
+}
+
+impl HostInputs {
+    fn lens(&self) -> [usize; 3] {
+        [self.rows.len(), self.pos.len(), self.cu.len()]
+    }
+}
+
+/// A batch's inputs on the device: buffers of its own (a synchronous upload) or a slot of an
+/// [`Uploader`] (an asynchronous upload, valid until that slot is filled again).
+#[derive(Debug)]
+pub struct DeviceInputs {
+    kind: InputsKind,
+    /// Elements of rows, positions and segment bounds.
+    lens: [usize; 3],
+}
+
+#[derive(Debug)]
+enum InputsKind {
+    Owned {
+        rows: GemmBuffer,
+        pos: DeviceBuffer<i32>,
+        cu: DeviceBuffer<i32>,
+    },
+    Staged {
+        uploader: u64,
+        slot: usize,
+        generation: u64,
+    },
+}
+
+impl DeviceInputs {
+    /// Elements of the patch rows.
+    pub fn rows_len(&self) -> usize {
+        self.lens[0]
+    }
+    /// Whether the inputs sit in an uploader's slot.
+    pub fn is_staged(&self) -> bool {
+        matches!(self.kind, InputsKind::Staged { .. })
+    }
+}
+
+/// The fixed device buffers a forward reads its inputs from, sized for the largest batch so far.
+#[derive(Debug)]
+pub struct InputBuffers {
+    /// Patch rows.
+    pub rows: GemmBuffer,
+    /// Positions.
+    pub pos: DeviceBuffer<i32>,
+    /// Segment bounds.
+    pub cu: DeviceBuffer<i32>,
+}
+
+impl InputBuffers {
+    /// Buffers for up to `rows`, `pos` and `cu` elements, in precision `p`.
+    pub fn alloc(
+        dev: &Device,
+        p: CudaPrecision,
+        rows: usize,
+        pos: usize,
+        cu: usize,
+    ) -> Result<Self> {
+        Ok(InputBuffers {
+            rows: GemmBuffer::alloc(dev, p, rows)?,
+            pos: dev.alloc(pos)?,
+            cu: dev.alloc(cu)?,
+        })
+    }
+}
+
+fn upload_gemm(dev: &Device, v: &HostGemm) -> Result<GemmBuffer> {
+    Ok(match v {
+        HostGemm::Bf16(v) => GemmBuffer::Bf16(dev.upload(v)?),
+        HostGemm::F32(v) => GemmBuffer::F32(dev.upload(v)?),
+    })
+}
+
+impl Device {
+    /// Uploads `host` into buffers of its own, on the compute stream (synchronous for the host).
+    pub fn upload_inputs(&self, host: &HostInputs) -> Result<DeviceInputs> {
+        Ok(DeviceInputs {
+            kind: InputsKind::Owned {
+                rows: upload_gemm(self, &host.rows)?,
+                pos: self.upload(&host.pos)?,
+                cu: self.upload(&host.cu)?,
+            },
+            lens: host.lens(),
+        })
+    }
+
+    /// Copies the first `len` elements of `src` into the start of `dst` (device to device, on
+    /// the compute stream).
+    pub fn copy_prefix<T: Elem>(
+        &self,
+        src: &DeviceBuffer<T>,
+        len: usize,
+        dst: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        if len > src.len() || len > dst.len() {
+            return Err(GpuError::shape(
+                "copy_prefix",
+                format!("{len} elements from {} into {}", src.len(), dst.len()),
+            ));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let mut view = dst.slice.slice_mut(0..len);
+        self.stream
+            .memcpy_dtod(&src.slice.slice(0..len), &mut view)?;
+        Ok(())
+    }
+
+    fn copy_gemm_prefix(&self, src: &GemmBuffer, len: usize, dst: &mut GemmBuffer) -> Result<()> {
+        match (src, dst) {
+            (GemmBuffer::Bf16(s), GemmBuffer::Bf16(d)) => self.copy_prefix(s, len, d),
+            (GemmBuffer::F32(s), GemmBuffer::F32(d)) => self.copy_prefix(s, len, d),
+            _ => Err(GpuError::shape(
+                "load_inputs",
+                "rows and buffer of different precisions",
+            )),
+        }
+    }
+
+    /// Copies a batch's inputs into the fixed buffers a forward reads, on the compute stream. A
+    /// staged batch needs its `uploader`: the compute stream first waits (on the device) for the
+    /// slot's upload, and the slot is marked free for the next upload after these copies.
+    pub fn load_inputs(
+        &self,
+        src: &DeviceInputs,
+        uploader: Option<&Uploader>,
+        dst: &mut InputBuffers,
+    ) -> Result<()> {
+        let [nr, np, nc] = src.lens;
+        match &src.kind {
+            InputsKind::Owned { rows, pos, cu } => {
+                self.copy_gemm_prefix(rows, nr, &mut dst.rows)?;
+                self.copy_prefix(pos, np, &mut dst.pos)?;
+                self.copy_prefix(cu, nc, &mut dst.cu)?;
+            }
+            InputsKind::Staged {
+                uploader: id,
+                slot,
+                generation,
+            } => {
+                let up = uploader.filter(|u| u.id == *id).ok_or_else(|| {
+                    GpuError::Staging("the batch was staged by another uploader".into())
+                })?;
+                let s = up
+                    .slots
+                    .get(*slot)
+                    .filter(|s| s.generation == *generation)
+                    .ok_or_else(|| {
+                        GpuError::Staging(
+                            "the batch's slot was refilled: run a staged batch before staging two more"
+                                .into(),
+                        )
+                    })?;
+                let d = s
+                    .dev
+                    .as_ref()
+                    .ok_or_else(|| GpuError::Staging("the slot has no device memory".into()))?;
+                self.stream.wait(&s.uploaded)?;
+                self.copy_gemm_prefix(&d.rows, nr, &mut dst.rows)?;
+                self.copy_prefix(&d.pos, np, &mut dst.pos)?;
+                self.copy_prefix(&d.cu, nc, &mut dst.cu)?;
+                s.consumed.record(&self.stream)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Page-locked host memory of either GEMM precision.
+#[derive(Debug)]
+enum PinnedRows {
+    Bf16(PinnedHostSlice<bf16>),
+    F32(PinnedHostSlice<f32>),
+}
+
+#[derive(Debug)]
+struct SlotHost {
+    rows: PinnedRows,
+    pos: PinnedHostSlice<i32>,
+    cu: PinnedHostSlice<i32>,
+}
+
+#[derive(Debug)]
+struct SlotDev {
+    rows: GemmBuffer,
+    pos: DeviceBuffer<i32>,
+    cu: DeviceBuffer<i32>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    generation: u64,
+    /// Capacities of rows, positions and segment bounds (elements), and the rows' precision.
+    cap: Option<([usize; 3], CudaPrecision)>,
+    host: Option<SlotHost>,
+    dev: Option<SlotDev>,
+    /// Recorded on the copy stream after this slot's uploads.
+    uploaded: CudaEvent,
+    /// Recorded on the compute stream after it read this slot.
+    consumed: CudaEvent,
+}
+
+static UPLOADERS: AtomicU64 = AtomicU64::new(1);
+
+/// Double-buffered asynchronous uploads of batch inputs from page-locked host memory on a copy
+/// stream of its own (see the module docs).
+#[derive(Debug)]
+pub struct Uploader {
+    id: u64,
+    stream: Arc<CudaStream>,
+    slots: Vec<Slot>,
+    next: usize,
+    generation: u64,
+}
+
+/// Slots of an [`Uploader`]: a batch staged stays valid until two more are staged.
+pub const UPLOAD_SLOTS: usize = 2;
+
+impl Drop for Uploader {
+    fn drop(&mut self) {
+        // No copy may still read the page-locked memory the slots free below.
+        let _ = self.stream.synchronize();
+    }
+}
+
+/// Page-locked host memory for `len` elements (contents unspecified).
+fn pinned<T: Elem>(dev: &Device, len: usize) -> Result<PinnedHostSlice<T>> {
+    // SAFETY: T is plain old data (f32, bf16, i32): any bit pattern is a value; flags 0 asks for
+    // ordinary (cached, not write-combined) page-locked memory, which the host also reads.
+    unsafe { dev.ctx.alloc_pinned_with_flags::<T>(len.max(1), 0) }
+        .map_err(|e| GpuError::from_alloc(e, len * std::mem::size_of::<T>()))
+}
+
+/// Copies `src` into the start of `dst` on the calling thread: the device's thread stages while
+/// the producer keeps the rayon pool busy with decoding, and a parallel copy would queue behind
+/// that work (a single-threaded copy runs at ~10 GB/s, a few ms per pass).
+fn fill<T: Copy>(dst: &mut [T], src: &[T]) {
+    dst[..src.len()].copy_from_slice(src);
+}
+
+impl Uploader {
+    /// An uploader with its own copy stream on `dev`; slot memory is allocated on first use.
+    pub fn new(dev: &Device) -> Result<Uploader> {
+        let stream = dev.ctx.new_stream()?;
+        let mut slots = Vec::with_capacity(UPLOAD_SLOTS);
+        for _ in 0..UPLOAD_SLOTS {
+            slots.push(Slot {
+                generation: 0,
+                cap: None,
+                host: None,
+                dev: None,
+                uploaded: dev.ctx.new_event(None)?,
+                consumed: dev.ctx.new_event(None)?,
+            });
+        }
+        Ok(Uploader {
+            id: UPLOADERS.fetch_add(1, Ordering::Relaxed),
+            stream,
+            slots,
+            next: 0,
+            generation: 0,
+        })
+    }
+
+    /// Bytes of page-locked host memory held by the slots.
+    pub fn pinned_bytes(&self) -> usize {
+        self.slots
+            .iter()
+            .filter_map(|s| s.host.as_ref())
+            .map(|h| {
+                let rows = match &h.rows {
+                    PinnedRows::Bf16(p) => p.num_bytes(),
+                    PinnedRows::F32(p) => p.num_bytes(),
+                };
+                rows + h.pos.num_bytes() + h.cu.num_bytes()
+            })
+            .sum()
+    }
+
+    /// Copies `host` into the next slot's page-locked memory and queues its upload on the copy
+    /// stream; returns at once (the copies run while the compute stream works). The result is
+    /// valid for [`Device::load_inputs`] until [`UPLOAD_SLOTS`] more batches are staged.
+    pub fn stage(&mut self, dev: &Device, host: &HostInputs) -> Result<DeviceInputs> {
+        let index = self.next;
+        self.next = (self.next + 1) % UPLOAD_SLOTS;
+        let lens = host.lens();
+        let p = host.rows.precision();
+        let s = &mut self.slots[index];
+        // This slot's previous copies have read its page-locked memory (normally long done).
+        s.uploaded.synchronize()?;
+        let fits = matches!(s.cap, Some((c, q)) if q == p && (0..3).all(|i| c[i] >= lens[i]));
+        if !fits {
+            let cap = lens.map(|n| n.max(1).next_power_of_two());
+            s.host = None;
+            s.dev = None;
+            s.cap = None;
+            let rows = match p {
+                CudaPrecision::Bf16 => PinnedRows::Bf16(pinned(dev, cap[0])?),
+                CudaPrecision::F32 => PinnedRows::F32(pinned(dev, cap[0])?),
+            };
+            s.host = Some(SlotHost {
+                rows,
+                pos: pinned(dev, cap[1])?,
+                cu: pinned(dev, cap[2])?,
+            });
+            s.dev = Some(SlotDev {
+                rows: GemmBuffer::alloc(dev, p, cap[0])?,
+                pos: dev.alloc(cap[1])?,
+                cu: dev.alloc(cap[2])?,
+            });
+            // The new device memory came from the compute stream's pool: let that stream reach
+            // the allocation before the copy stream writes it (rare: only when a slot grows).
+            dev.synchronize()?;
+            s.cap = Some((cap, p));
+        }
+        let (Some(h), Some(d)) = (s.host.as_mut(), s.dev.as_mut()) else {
+            return Err(GpuError::Staging(
+                "slot memory missing after allocation".into(),
+            ));
+        };
+        // The compute stream has copied this slot's previous batch out (device-side wait).
+        self.stream.wait(&s.consumed)?;
+        match (&mut h.rows, &host.rows, &mut d.rows) {
+            (PinnedRows::Bf16(ph), HostGemm::Bf16(v), GemmBuffer::Bf16(dv)) => {
+                let ph = ph.as_mut_slice()?;
+                fill(ph, v);
+                queue(&self.stream, &ph[..v.len()], dv)?;
+            }
+            (PinnedRows::F32(ph), HostGemm::F32(v), GemmBuffer::F32(dv)) => {
+                let ph = ph.as_mut_slice()?;
+                fill(ph, v);
+                queue(&self.stream, &ph[..v.len()], dv)?;
+            }
+            _ => return Err(GpuError::Staging("slot precision mismatch".into())),
+        }
+        let ph = h.pos.as_mut_slice()?;
+        fill(ph, &host.pos);
+        queue(&self.stream, &ph[..host.pos.len()], &mut d.pos)?;
+        let ch = h.cu.as_mut_slice()?;
+        fill(ch, &host.cu);
+        queue(&self.stream, &ch[..host.cu.len()], &mut d.cu)?;
+        s.uploaded.record(&self.stream)?;
+        self.generation += 1;
+        s.generation = self.generation;
+        Ok(DeviceInputs {
+            kind: InputsKind::Staged {
+                uploader: self.id,
+                slot: index,
+                generation: self.generation,
+            },
+            lens,
+        })
+    }
+}
+
+/// Queues the upload of `src` (page-locked) into the start of `dst` on `stream`.
+fn queue<T: Elem>(stream: &Arc<CudaStream>, src: &[T], dst: &mut DeviceBuffer<T>) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    if src.len() > dst.len() {
+        return Err(GpuError::shape(
+            "stage",
+            format!("{} elements into a slot of {}", src.len(), dst.len()),
+        ));
+    }
+    let mut view = dst.slice.slice_mut(0..src.len());
+    // The source is page-locked, so the copy runs asynchronously; the caller keeps the memory
+    // unchanged until the slot's `uploaded` event has completed.
+    stream.memcpy_htod(src, &mut view)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_gemm_rounds_bf16_and_keeps_f32() {
+        let v = vec![1.0f32, 1.0 + 1.0 / 512.0, -3.5];
+        match HostGemm::from_f32(CudaPrecision::Bf16, v.clone()) {
+            HostGemm::Bf16(b) => {
+                assert_eq!(
+                    b.iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
+                    [1.0, 1.0, -3.5]
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        let f = HostGemm::from_f32(CudaPrecision::F32, v.clone());
+        assert_eq!(f, HostGemm::F32(v));
+        assert_eq!(f.len(), 3);
+        assert_eq!(f.precision(), CudaPrecision::F32);
+    }
+
+    #[test]
+    fn fill_copies_a_prefix() {
+        let src: Vec<i32> = (0..700_001).collect();
+        let mut dst = vec![-1i32; 800_000];
+        fill(&mut dst, &src);
+        assert_eq!(&dst[..src.len()], &src[..]);
+        assert!(dst[src.len()..].iter().all(|&x| x == -1));
+    }
+}

@@ -1,0 +1,404 @@
+//! Pipelined encoding of a stream of images ([`Model::encode_stream`]).
+//!
+//! Two threads: a producer pulls images from the caller's iterator, admits, decodes and prepares
+//! them in parallel (rayon), cuts them into passes by the [`BatchPolicy`] and builds each pass's
+//! tower input (on CUDA already in the GEMM precision); the calling thread holds the tower and,
+//! for each pass, stages it (on CUDA: an asynchronous upload from page-locked memory on a copy
+//! stream), collects the rows of the pass before it, and launches it. So pass k+1 is decoded
+//! and uploaded while pass k runs on the device.
+//!
+//! Order and errors: results reach the sink in input order, one per image. An image refused by
+//! admission, decoding or the processor, or over the patch ceiling, is an `Err` for its index and
+//! the stream goes on. A pass that fails on the device (out of memory, a driver error) stops the
+//! stream: [`Model::encode_stream`] returns the error naming that pass's images, and no later
+//! image reaches the sink.
+//!
+//! Memory: one pass waits between the threads, so at most about five passes' worth of images
+//! are held at once (the producer's chunk and its open pass, the one waiting, the one staged,
+//! the one on the device), whatever the stream's length.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::time::Instant;
+
+use rayon::prelude::*;
+use vision_prep::{ImageSource, Plan, Prepared};
+
+use crate::model::{Encoded, Model, ModelError};
+use crate::session::PassInput;
+use crate::tower::InputError;
+use crate::{TowerError, DEFAULT_MAX_PATCHES_PER_PASS};
+
+/// How a stream of images is cut into passes: consecutive images, whole, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchPolicy {
+    /// The most images in one pass (at least 1).
+    pub max_images: usize,
+    /// The most patches in one pass (at least 1); the tower's `max_patches_per_pass` caps it.
+    pub max_patches: usize,
+}
+
+impl Default for BatchPolicy {
+    fn default() -> BatchPolicy {
+        BatchPolicy {
+            max_images: 8,
+            max_patches: DEFAULT_MAX_PATCHES_PER_PASS,
+        }
+    }
+}
+
+/// One pass of a stream: its first image, how many, and their patches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PassStat {
+    /// Index of its first image in the stream.
+    pub first: usize,
+    /// Images in it.
+    pub images: usize,
+    /// Patches in it.
+    pub patches: usize,
+}
+
+/// What a stream did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StreamStats {
+    /// Images whose rows reached the sink.
+    pub encoded: usize,
+    /// Images that reached the sink as an error.
+    pub failed: usize,
+    /// The passes, in order.
+    pub passes: Vec<PassStat>,
+    /// Seconds from the call to the last result.
+    pub wall_s: f64,
+    /// Seconds the device's thread waited for the next pass (the producer was behind).
+    pub waited_for_input_s: f64,
+    /// Seconds the producer waited for room (the device was behind).
+    pub waited_for_device_s: f64,
+}
+
+/// What travels from the producer to the device's thread, in input order.
+enum Unit {
+    Pass {
+        first: usize,
+        plans: Vec<Plan>,
+        patches: usize,
+        input: PassInput,
+    },
+    Failed {
+        index: usize,
+        error: ModelError,
+    },
+    /// Building a pass's input failed: the stream stops.
+    Broken {
+        first: usize,
+        last: usize,
+        error: InputError,
+    },
+}
+
+/// The producer's open pass.
+#[derive(Default)]
+struct Open {
+    first: usize,
+    prepared: Vec<Prepared>,
+    patches: usize,
+}
+
+impl BatchPolicy {
+    fn check(&self) -> Result<(), ModelError> {
+        if self.max_images == 0 || self.max_patches == 0 {
+            return Err(ModelError::Tower(TowerError::Unsupported(format!(
+                "a batch policy needs at least one image and one patch per pass, got {self:?}"
+            ))));
+        }
+        Ok(())
+    }
+}
+
+impl Model {
+    /// Encodes a stream of images (their bytes, any format `encode` takes) pass by pass with the
+    /// next pass decoded, prepared and uploaded while the current one runs, and hands each
+    /// image's result to `sink(index, result)` in input order (see the module docs for errors
+    /// and memory). On CUDA the stream holds the device for its whole run: other calls on this
+    /// model wait until it ends, so `sink` must not call this model's `encode` or the tower's
+    /// graph accessors (it would wait on itself). Returns what the stream did, or the error of
+    /// the pass that stopped it.
+    pub fn encode_stream<I, B, F>(
+        &self,
+        images: I,
+        policy: BatchPolicy,
+        mut sink: F,
+    ) -> Result<StreamStats, ModelError>
+    where
+        I: IntoIterator<Item = B>,
+        I::IntoIter: Send,
+        B: AsRef<[u8]> + Send,
+        F: FnMut(usize, Result<Encoded, ModelError>),
+    {
+        policy.check()?;
+        let t0 = Instant::now();
+        let ceiling = policy.max_patches.min(self.tower().max_patches_per_pass());
+        let (tx, rx) = sync_channel::<Unit>(1);
+        let mut it = images.into_iter();
+        std::thread::scope(|scope| {
+            let producer =
+                scope.spawn(move || self.produce(&mut it, policy.max_images, ceiling, tx));
+            let mut stats = StreamStats::default();
+            let r = self.consume(rx, &mut sink, &mut stats);
+            match producer.join() {
+                Ok(waited) => stats.waited_for_device_s = waited,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+            stats.wall_s = t0.elapsed().as_secs_f64();
+            r.map(|()| stats)
+        })
+    }
+
+    /// The producer: chunks of `max_images` images prepared in parallel, cut into passes.
+    /// Returns the seconds it waited for room in the channel.
+    fn produce<B: AsRef<[u8]> + Send>(
+        &self,
+        it: &mut (impl Iterator<Item = B> + Send),
+        max_images: usize,
+        ceiling: usize,
+        tx: SyncSender<Unit>,
+    ) -> f64 {
+        let mut waited = 0.0;
+        let mut send = |u: Unit| -> bool {
+            let t = Instant::now();
+            let ok = tx.send(u).is_ok();
+            waited += t.elapsed().as_secs_f64();
+            ok
+        };
+        let mut next = 0usize;
+        let mut open = Open::default();
+        loop {
+            let chunk: Vec<(usize, B)> = it
+                .by_ref()
+                .take(max_images)
+                .enumerate()
+                .map(|(i, b)| (next + i, b))
+                .collect();
+            if chunk.is_empty() {
+                break;
+            }
+            next += chunk.len();
+            let prepared: Vec<(usize, Result<Prepared, vision_prep::PrepError>)> = chunk
+                .into_par_iter()
+                .map(|(i, b)| {
+                    (
+                        i,
+                        self.preprocessor().prepare(ImageSource::Bytes(b.as_ref())),
+                    )
+                })
+                .collect();
+            for (index, r) in prepared {
+                let p = match r {
+                    Ok(p) => p,
+                    Err(source) => {
+                        if !self.flush(&mut open, &mut send)
+                            || !send(Unit::Failed {
+                                index,
+                                error: ModelError::Image { index, source },
+                            })
+                        {
+                            return waited;
+                        }
+                        continue;
+                    }
+                };
+                let patches = match self.patches_of(&p) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        let error = ModelError::Tower(e.at(self.path()));
+                        if !self.flush(&mut open, &mut send) || !send(Unit::Failed { index, error })
+                        {
+                            return waited;
+                        }
+                        continue;
+                    }
+                };
+                if patches > ceiling {
+                    let error = ModelError::Tower(TowerError::OverPassCeiling {
+                        path: self.path().to_path_buf(),
+                        index,
+                        patches,
+                        ceiling,
+                    });
+                    if !self.flush(&mut open, &mut send) || !send(Unit::Failed { index, error }) {
+                        return waited;
+                    }
+                    continue;
+                }
+                if !open.prepared.is_empty()
+                    && (open.prepared.len() >= max_images || open.patches + patches > ceiling)
+                    && !self.flush(&mut open, &mut send)
+                {
+                    return waited;
+                }
+                if open.prepared.is_empty() {
+                    open.first = index;
+                }
+                open.prepared.push(p);
+                open.patches += patches;
+            }
+        }
+        self.flush(&mut open, &mut send);
+        waited
+    }
+
+    /// Sends the open pass (if any) and starts an empty one; false when the stream is over.
+    fn flush(&self, open: &mut Open, send: &mut impl FnMut(Unit) -> bool) -> bool {
+        if open.prepared.is_empty() {
+            return true;
+        }
+        let Open {
+            first,
+            prepared,
+            patches,
+        } = std::mem::take(open);
+        let last = first + prepared.len() - 1;
+        let plans: Vec<Plan> = prepared.iter().map(|p| p.plan.clone()).collect();
+        match self.tower().pass_input(prepared) {
+            Ok(input) => send(Unit::Pass {
+                first,
+                plans,
+                patches,
+                input,
+            }),
+            Err(error) => {
+                send(Unit::Broken { first, last, error });
+                false
+            }
+        }
+    }
+
+    fn patches_of(&self, p: &Prepared) -> Result<usize, InputError> {
+        let images = self.tower().images_of(std::slice::from_ref(p))?;
+        Ok(self.tower().patches(&images)?.first().copied().unwrap_or(0))
+    }
+
+    /// A pass's failure, naming its images.
+    fn pass_err(&self, first: usize, last: usize, e: InputError) -> ModelError {
+        ModelError::Tower(TowerError::Pass {
+            first,
+            last,
+            source: Box::new(e.at(self.path())),
+        })
+    }
+
+    /// Hands a finished pass's rows to the sink, image by image.
+    fn deliver(
+        &self,
+        (first, plans): (usize, Vec<Plan>),
+        rows: Option<Vec<Vec<f32>>>,
+        sink: &mut impl FnMut(usize, Result<Encoded, ModelError>),
+        stats: &mut StreamStats,
+    ) -> Result<(), ModelError> {
+        let last = first + plans.len().saturating_sub(1);
+        let rows = rows.ok_or_else(|| {
+            self.pass_err(first, last, InputError::Message("no rows came back".into()))
+        })?;
+        if rows.len() != plans.len() {
+            return Err(self.pass_err(
+                first,
+                last,
+                InputError::Message(format!(
+                    "{} images gave {} blocks of rows",
+                    plans.len(),
+                    rows.len()
+                )),
+            ));
+        }
+        let width = self.tower().width();
+        for (i, (plan, r)) in plans.into_iter().zip(rows).enumerate() {
+            let index = first + i;
+            let got = r.len() / width.max(1);
+            let result = if got == plan.rows as usize {
+                stats.encoded += 1;
+                Ok(Encoded {
+                    plan,
+                    rows: r,
+                    width,
+                })
+            } else {
+                stats.failed += 1;
+                Err(ModelError::RowsOffPlan {
+                    index,
+                    got,
+                    planned: plan.rows as usize,
+                })
+            };
+            sink(index, result);
+        }
+        Ok(())
+    }
+
+    /// The device's thread: stage each pass, collect the one before, launch it.
+    fn consume(
+        &self,
+        rx: Receiver<Unit>,
+        sink: &mut impl FnMut(usize, Result<Encoded, ModelError>),
+        stats: &mut StreamStats,
+    ) -> Result<(), ModelError> {
+        let mut session = self.tower().session();
+        let mut in_flight: VecDeque<(usize, Vec<Plan>)> = VecDeque::new();
+        let span = |(f, p): &(usize, Vec<Plan>)| (*f, f + p.len().saturating_sub(1));
+        loop {
+            let t = Instant::now();
+            let Ok(unit) = rx.recv() else { break };
+            stats.waited_for_input_s += t.elapsed().as_secs_f64();
+            match unit {
+                Unit::Pass {
+                    first,
+                    plans,
+                    patches,
+                    input,
+                } => {
+                    let last = first + plans.len().saturating_sub(1);
+                    let staged = session
+                        .stage(input, patches)
+                        .map_err(|e| self.pass_err(first, last, e))?;
+                    let done = match in_flight.pop_front() {
+                        Some(prev) => {
+                            let (f, l) = span(&prev);
+                            let rows = session.collect().map_err(|e| self.pass_err(f, l, e))?;
+                            Some((prev, rows))
+                        }
+                        None => None,
+                    };
+                    // Launch first, then hand the previous pass's rows to the sink while the
+                    // device runs this one.
+                    let launched = session.launch(staged, patches);
+                    if let Some((prev, rows)) = done {
+                        self.deliver(prev, rows, sink, stats)?;
+                    }
+                    launched.map_err(|e| self.pass_err(first, last, e))?;
+                    stats.passes.push(PassStat {
+                        first,
+                        images: plans.len(),
+                        patches,
+                    });
+                    in_flight.push_back((first, plans));
+                }
+                Unit::Failed { index, error } => {
+                    if let Some(prev) = in_flight.pop_front() {
+                        let (f, l) = span(&prev);
+                        let rows = session.collect().map_err(|e| self.pass_err(f, l, e))?;
+                        self.deliver(prev, rows, sink, stats)?;
+                    }
+                    stats.failed += 1;
+                    sink(index, Err(error));
+                }
+                Unit::Broken { first, last, error } => {
+                    return Err(self.pass_err(first, last, error))
+                }
+            }
+        }
+        if let Some(prev) = in_flight.pop_front() {
+            let (f, l) = span(&prev);
+            let rows = session.collect().map_err(|e| self.pass_err(f, l, e))?;
+            self.deliver(prev, rows, sink, stats)?;
+        }
+        Ok(())
+    }
+}
