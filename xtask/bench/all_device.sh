@@ -4,7 +4,9 @@
 # CUDA row with that PTX, the facade's GPU tests, and `xtask bench` (our towers against upstream
 # transformers in the same process run). Logs go into one archive, $OUT/logs.tar.gz; tables print last.
 # Needs, carried: .device (from `cargo xtask gpu-test --prepare`, plus .device/bench/xtask, a stripped
-# release `cargo build -p xtask`) and .whl/transformers-5.23.0-*.whl.
+# release `cargo build -p xtask`) and .whl/transformers-5.23.0-*.whl. To stay under the 64 MiB a call carries:
+# `xz` the binaries (this script unpacks every .device/**/*.xz) and slim the wheel with
+# `python3 xtask/bench/slim_wheel.py FULL.whl .whl` (2.4 MB; ran the bench's PyTorch side on 2026-12-01).
 # Environment: STEPS (default "tests parity facade bench"; "fa" adds kernels/dev/fa_device.sh), BENCH_ARGS (e.g. --no-compile), LIMIT (bench s).
 set -u
 OUT=${OUT:-/tmp/all_out}
