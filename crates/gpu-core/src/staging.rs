@@ -318,6 +318,27 @@ fn fill<T: Copy>(dst: &mut [T], src: &[T]) {
 }
 
 impl Uploader {
+    /// [`Uploader::stage`] on the uploader in `slot`, made on first use, after checking `host` was
+    /// prepared in the tower's `precision` (the towers' `stage`).
+    pub fn stage_into(
+        slot: &mut Option<Uploader>,
+        dev: &Device,
+        precision: CudaPrecision,
+        host: &HostInputs,
+    ) -> Result<DeviceInputs> {
+        if host.rows.precision() != precision {
+            return Err(GpuError::Staging(format!(
+                "a batch prepared for {:?} staged on a {precision:?} tower",
+                host.rows.precision()
+            )));
+        }
+        let up = match slot {
+            Some(up) => up,
+            None => slot.insert(Uploader::new(dev)?),
+        };
+        up.stage(dev, host)
+    }
+
     /// An uploader with its own copy stream on `dev`; slot memory is allocated on first use.
     pub fn new(dev: &Device) -> Result<Uploader> {
         let stream = dev.ctx.new_stream()?;

@@ -750,22 +750,13 @@ impl StepCuda {
     /// its own and returns at once: the copy overlaps whatever the device is running. The batch
     /// stays valid until two more are staged ([`gpu_core::UPLOAD_SLOTS`]).
     pub fn stage(&mut self, host: StepHostBatch) -> CudaResult<StepBatch> {
-        if host.inputs.rows.precision() != self.precision {
-            return Err(CudaError::Unsupported(format!(
-                "a batch prepared for {:?} staged on a {:?} tower",
-                host.inputs.rows.precision(),
-                self.precision
-            )));
-        }
-        if self.uploader.is_none() {
-            self.uploader = Some(Uploader::new(&self.dev)?);
-        }
-        let up = self
-            .uploader
-            .as_mut()
-            .ok_or_else(|| CudaError::Unsupported("uploader missing after creation".into()))?;
         Ok(StepBatch {
-            inputs: up.stage(&self.dev, &host.inputs)?,
+            inputs: Uploader::stage_into(
+                &mut self.uploader,
+                &self.dev,
+                self.precision,
+                &host.inputs,
+            )?,
             meta: host.meta,
         })
     }
