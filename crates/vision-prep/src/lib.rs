@@ -21,6 +21,7 @@
 
 pub mod config;
 pub mod error;
+mod jpeg;
 pub mod law;
 pub mod plan;
 pub mod prepare;
