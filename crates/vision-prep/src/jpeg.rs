@@ -357,7 +357,7 @@ fn decode_in(
             });
         }
 
-        let mut data = vec![0u8; w * h * 3];
+        let mut data = crate::pages::zeroed::<u8>(w * h * 3);
         // Rows per call: libjpeg hands out at most `rec_outbuf_height` (1..4) at a time anyway.
         const BATCH: usize = 4;
         let mut scratch = if out_comps == 3 {

@@ -23,6 +23,7 @@ pub mod config;
 pub mod error;
 mod jpeg;
 pub mod law;
+mod pages;
 pub mod plan;
 pub mod prepare;
 pub mod resize;

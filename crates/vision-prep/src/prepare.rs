@@ -208,7 +208,7 @@ fn step3p7_padded(img: &RgbImage, square_pad: bool) -> Cow<'_, RgbImage> {
         return Cow::Borrowed(img);
     }
     let side = img.width.max(img.height);
-    let mut d = vec![0u8; side * side * 3];
+    let mut d = crate::pages::zeroed::<u8>(side * side * 3);
     for y in 0..img.height {
         d[y * side * 3..y * side * 3 + img.width * 3]
             .copy_from_slice(&img.data[y * img.width * 3..(y + 1) * img.width * 3]);
@@ -397,7 +397,7 @@ fn glm5_canvas(
     let (cw, ch) = (content.0 as usize, content.1 as usize);
     let c = resize_cow(img, cw, ch, filter, parallel);
     let (tw, th) = (plan.target.0 as usize, plan.target.1 as usize);
-    let mut canvas = vec![0u8; tw * th * 3];
+    let mut canvas = crate::pages::zeroed::<u8>(tw * th * 3);
     for y in 0..ch {
         canvas[y * tw * 3..y * tw * 3 + cw * 3]
             .copy_from_slice(&c.data[y * cw * 3..(y + 1) * cw * 3]);
@@ -407,32 +407,6 @@ fn glm5_canvas(
         height: th,
         data: canvas,
     }
-}
-
-/// A zeroed f32 buffer for an output tensor. Large ones are fresh pages from the kernel, so filling
-/// them costs a page fault per 4 KiB page (a 50 MB glm tensor: 12 000 faults, a quarter of its
-/// prepare time here); on Linux their interior is marked for transparent huge pages before first
-/// touch (`madvise(MADV_HUGEPAGE)`, a hint: the contents and ownership do not change).
-fn output_f32(n: usize) -> Vec<f32> {
-    let v = vec![0f32; n];
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let bytes = n * std::mem::size_of::<f32>();
-        if bytes >= 2 * HUGE {
-            let start = (v.as_ptr() as usize).div_ceil(HUGE) * HUGE;
-            let end = (v.as_ptr() as usize + bytes) / HUGE * HUGE;
-            if end > start {
-                // SAFETY: [start, end) lies inside `v`'s allocation and is page-aligned;
-                // MADV_HUGEPAGE only sets a flag on the mapping, it never changes memory contents,
-                // and a failure (e.g. THP disabled) is harmless, so the result is ignored.
-                unsafe {
-                    libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-                }
-            }
-        }
-    }
-    v
 }
 
 /// CHW planes of a `w × h` window at `(x, y)` of an RGB image `stride` pixels wide, through the
@@ -480,7 +454,7 @@ fn glm_rows(
     parallel: bool,
 ) -> Vec<f32> {
     let row = 3 * t * p * p;
-    let mut rows = output_f32(gh * gw * row);
+    let mut rows = crate::pages::zeroed::<f32>(gh * gw * row);
     // A block row (`merge` patch rows) is contiguous in block-major order: the unit of work.
     let band = merge * gw * row;
     let body = |(bh, out): (usize, &mut [f32])| {
@@ -584,7 +558,7 @@ pub fn prepare(law: &Law, plan: Plan, img: &RgbImage, parallel: bool) -> Prepare
             let scale = l.rescale_factor as f32;
             let lut: Vec<f32> = (0..256).map(|x| x as f32 * scale).collect();
             let row = p * p * 3;
-            let mut pv = output_f32(gh * gw * row);
+            let mut pv = crate::pages::zeroed::<f32>(gh * gw * row);
             let mut pos = Vec::with_capacity(gh * gw * 2);
             for (i, out) in pv.chunks_exact_mut(row).enumerate() {
                 let (py, px) = (i / gw, i % gw);
@@ -684,7 +658,7 @@ pub fn prepare(law: &Law, plan: Plan, img: &RgbImage, parallel: bool) -> Prepare
             let (gs, cs) = (*global_side as usize, *crop_side as usize);
             let v = step3p7_views(l, layout, gs, cs, &padded, parallel);
             let k = v.tiles.len();
-            let mut global = output_f32(3 * gs * gs);
+            let mut global = crate::pages::zeroed::<f32>(3 * gs * gs);
             planar(&v.global.data, gs, 0, 0, gs, gs, &lut, &mut global);
             let mut out = vec![
                 NamedTensor {
@@ -699,7 +673,7 @@ pub fn prepare(law: &Law, plan: Plan, img: &RgbImage, parallel: bool) -> Prepare
                 },
             ];
             if k > 0 {
-                let mut local = output_f32(k * 3 * cs * cs);
+                let mut local = crate::pages::zeroed::<f32>(k * 3 * cs * cs);
                 let body = |(tile, o): (&StepTile, &mut [f32])| match tile {
                     StepTile::Window { x, y } => {
                         planar(&v.crop, v.crop_width, *x, *y, cs, cs, &lut, o)

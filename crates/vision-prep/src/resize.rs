@@ -731,7 +731,7 @@ pub fn resize_rgb_heights<'a>(
             .map(|(&h, av)| match av {
                 None => Cow::Borrowed(src),
                 Some(av) => {
-                    let mut dst = vec![0u8; row_len * h];
+                    let mut dst = crate::pages::zeroed::<u8>(row_len * h);
                     vertical(kernels, src, 0, row_len, av, &mut dst, parallel);
                     Cow::Owned(dst)
                 }
@@ -749,7 +749,7 @@ pub fn resize_rgb_heights<'a>(
         row0 = row0.min(a);
         row1 = row1.max(b);
     }
-    let mut tmp = vec![0u8; row_len * row1.saturating_sub(row0)];
+    let mut tmp = crate::pages::zeroed::<u8>(row_len * row1.saturating_sub(row0));
     horizontal::<3>(
         kernels,
         src,
@@ -764,7 +764,7 @@ pub fn resize_rgb_heights<'a>(
         .iter()
         .zip(&verticals)
         .map(|(&h, av)| {
-            let mut dst = vec![0u8; row_len * h];
+            let mut dst = crate::pages::zeroed::<u8>(row_len * h);
             match av {
                 None => dst.copy_from_slice(&tmp),
                 Some(av) => vertical(kernels, &tmp, row0, row_len, av, &mut dst, parallel),
@@ -805,7 +805,7 @@ fn resize_c<const C: usize>(
         (false, false) => src.to_vec(),
         (true, false) => {
             let aw = AxisWeights::new(src_w, out_w, filter);
-            let mut dst = vec![0u8; out_w * out_h * C];
+            let mut dst = crate::pages::zeroed::<u8>(out_w * out_h * C);
             horizontal::<C>(
                 kernels,
                 src,
@@ -820,7 +820,7 @@ fn resize_c<const C: usize>(
         }
         (false, true) => {
             let av = AxisWeights::new(src_h, out_h, filter);
-            let mut dst = vec![0u8; out_w * out_h * C];
+            let mut dst = crate::pages::zeroed::<u8>(out_w * out_h * C);
             vertical(kernels, src, 0, src_w * C, &av, &mut dst, parallel);
             dst
         }
@@ -829,7 +829,7 @@ fn resize_c<const C: usize>(
             let av = AxisWeights::new(src_h, out_h, filter);
             // Only the source rows the vertical pass reads.
             let (row0, row1) = vertical_rows(&av, src_h);
-            let mut tmp = vec![0u8; out_w * (row1 - row0) * C];
+            let mut tmp = crate::pages::zeroed::<u8>(out_w * (row1 - row0) * C);
             horizontal::<C>(
                 kernels,
                 src,
@@ -840,7 +840,7 @@ fn resize_c<const C: usize>(
                 &mut tmp,
                 parallel,
             );
-            let mut dst = vec![0u8; out_w * out_h * C];
+            let mut dst = crate::pages::zeroed::<u8>(out_w * out_h * C);
             vertical(kernels, &tmp, row0, out_w * C, &av, &mut dst, parallel);
             dst
         }

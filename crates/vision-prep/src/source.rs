@@ -3,7 +3,7 @@
 use std::io::Cursor;
 
 use base64::Engine;
-use image::{DynamicImage, ImageFormat, ImageReader, Limits};
+use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, Limits};
 
 use crate::error::{PrepError, Result};
 
@@ -232,20 +232,35 @@ pub fn decode(bytes: &[u8], header: &Header) -> Result<RgbImage> {
     lim.max_image_width = Some(header.width);
     lim.max_image_height = Some(header.height);
     lim.max_alloc = Some(max_alloc);
-    reader.limits(lim);
-    let img = reader.decode().map_err(|e| PrepError::Decode {
+    reader.limits(lim.clone());
+    let err = |e: image::ImageError| PrepError::Decode {
         format: fmt.into(),
         reason: e.to_string(),
-    })?;
-    if img.width() != header.width || img.height() != header.height {
+    };
+    // What `ImageReader::decode` does, with the output buffer ours when it is already RGB8.
+    let mut decoder = reader.into_decoder().map_err(err)?;
+    let (w, h) = decoder.dimensions();
+    if (w, h) != (header.width, header.height) {
         return Err(PrepError::DimensionMismatch {
             width: header.width,
             height: header.height,
-            got_width: img.width(),
-            got_height: img.height(),
+            got_width: w,
+            got_height: h,
         });
     }
-    to_rgb(img)
+    let total = decoder.total_bytes();
+    lim.reserve(total).map_err(err)?;
+    decoder.set_limits(lim).map_err(err)?;
+    if decoder.color_type() == image::ColorType::Rgb8 && total == u64::from(w) * u64::from(h) * 3 {
+        let mut data = crate::pages::zeroed::<u8>(total as usize);
+        decoder.read_image(&mut data).map_err(err)?;
+        return Ok(RgbImage {
+            width: w as usize,
+            height: h as usize,
+            data,
+        });
+    }
+    to_rgb(DynamicImage::from_decoder(decoder).map_err(err)?)
 }
 
 /// PIL `alpha_composite` of an RGBA pixel over opaque white, then `.convert("RGB")`
