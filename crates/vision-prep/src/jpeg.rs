@@ -254,7 +254,14 @@ fn inverted_cmyk_to_rgb(p: &[u8], out: &mut [u8]) {
 
 /// Decode a JPEG whose header admitted `width × height` into RGB as Pillow + `convert_to_rgb` do.
 /// `max_memory` caps libjpeg's large buffers (the coefficient store of progressive files).
-pub(crate) fn decode(bytes: &[u8], width: u32, height: u32, max_memory: u64) -> Result<RgbImage> {
+/// The RGB buffer comes from `scratch` (every byte is written).
+pub(crate) fn decode(
+    bytes: &[u8],
+    width: u32,
+    height: u32,
+    max_memory: u64,
+    scratch: &crate::pages::Scratch,
+) -> Result<RgbImage> {
     let mut session = Box::new(Session {
         // SAFETY: the libjpeg structs are plain C data for which all-zero is the documented
         // "not yet initialised" state (null pointers, `None` callbacks, enum value 0).
@@ -268,7 +275,7 @@ pub(crate) fn decode(bytes: &[u8], width: u32, height: u32, max_memory: u64) -> 
         created: false,
     });
     let run = catch_unwind(AssertUnwindSafe(|| {
-        decode_in(&mut session, bytes, width, height, max_memory)
+        decode_in(&mut session, bytes, width, height, max_memory, scratch)
     }));
     drop(session);
     match run {
@@ -290,6 +297,7 @@ fn decode_in(
     width: u32,
     height: u32,
     max_memory: u64,
+    scratch: &crate::pages::Scratch,
 ) -> Result<RgbImage> {
     let (w, h) = (width as usize, height as usize);
     // SAFETY (whole function): every libjpeg call gets the decompressor created here, whose error
@@ -357,7 +365,7 @@ fn decode_in(
             });
         }
 
-        let mut data = crate::pages::zeroed::<u8>(w * h * 3);
+        let mut data = scratch.take(w * h * 3);
         // Rows per call: libjpeg hands out at most `rec_outbuf_height` (1..4) at a time anyway.
         const BATCH: usize = 4;
         let mut scratch = if out_comps == 3 {
@@ -477,7 +485,13 @@ mod tests {
                 (size("width"), size("height")),
                 "{file}"
             );
-            match decode(&bytes, header.width, header.height, 64 << 20) {
+            match decode(
+                &bytes,
+                header.width,
+                header.height,
+                64 << 20,
+                crate::pages::Scratch::none(),
+            ) {
                 Ok(img) if checksum(&img.data) == want => {}
                 Ok(_) => bad.push(format!("{file}: RGB differs from Pillow")),
                 Err(e) => bad.push(format!("{file}: {e}")),

@@ -344,3 +344,48 @@ fn processor_fixtures() {
         failures
     );
 }
+
+/// Kept buffers change nothing: every fixture image in turn through one preprocessor per model
+/// (so each reuses buffers holding the previous images' pixels) gives the tensors of a
+/// preprocessor that keeps nothing, for all four laws and the real-size step3p7 law.
+#[test]
+fn scratch_reuse_changes_nothing() {
+    let mut images: Vec<PathBuf> = std::fs::read_dir(fixtures().join("images"))
+        .expect("images")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    images.sort();
+    let fresh = PrepSettings {
+        scratch_bytes: 0,
+        ..Default::default()
+    };
+    let mut pairs: Vec<(Preprocessor, Preprocessor)> =
+        ["gemma4", "glm5_next", "glm_ocr", "step3p7"]
+            .iter()
+            .map(|m| {
+                let cfg = model_configs(&fixtures().join("models").join(m));
+                (
+                    Preprocessor::from_configs(&cfg, PrepSettings::default()).expect("cfg"),
+                    Preprocessor::from_configs(&cfg, fresh).expect("cfg"),
+                )
+            })
+            .collect();
+    let real = |s: PrepSettings| {
+        let law = Law::Step3p7(Step3p7Law::default());
+        let cfg = model_configs(&fixtures().join("models").join("step3p7"));
+        let tokens = config::tokens_for(&law, &cfg);
+        Preprocessor::from_law(law, tokens, crate::Family::Step3p7, s)
+    };
+    pairs.push((real(PrepSettings::default()), real(fresh)));
+    for (kept, none) in &pairs {
+        for _round in 0..2 {
+            for path in &images {
+                let bytes = std::fs::read(path).expect("image");
+                let a = kept.prepare(ImageSource::Bytes(&bytes)).expect("prepare");
+                let b = none.prepare(ImageSource::Bytes(&bytes)).expect("prepare");
+                assert!(a == b, "{:?} {}", kept.family(), path.display());
+            }
+        }
+    }
+}

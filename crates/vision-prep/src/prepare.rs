@@ -5,8 +5,9 @@ use std::borrow::Cow;
 use rayon::prelude::*;
 
 use crate::law::{Glm5NextLaw as Glm5, Law};
+use crate::pages::Scratch;
 use crate::plan::{Geometry, Plan};
-use crate::resize::{resize_rgb, Filter};
+use crate::resize::{resize_rgb_in, Filter};
 use crate::source::RgbImage;
 
 /// Element type of a [`NamedTensor`].
@@ -185,34 +186,79 @@ fn norm_lut(m: [f32; 3], s: [f32; 3]) -> [[f32; 256]; 3] {
     lut
 }
 
-fn resize(img: &RgbImage, w: usize, h: usize, f: Filter, parallel: bool) -> RgbImage {
+/// How a preparation runs: rows over the rayon pool or not, and where its buffers come from.
+#[derive(Clone, Copy)]
+pub(crate) struct Cx<'s> {
+    /// Split rows and tiles over the rayon pool.
+    pub parallel: bool,
+    /// Buffers for intermediates (given back when done).
+    pub scratch: &'s Scratch,
+}
+
+impl Cx<'_> {
+    /// One thread, or the rayon pool, without kept buffers.
+    fn plain(parallel: bool) -> Cx<'static> {
+        Cx {
+            parallel,
+            scratch: Scratch::none(),
+        }
+    }
+
+    /// One thread (for work already spread over the pool).
+    fn serial(self) -> Self {
+        Cx {
+            parallel: false,
+            ..self
+        }
+    }
+}
+
+fn resize(img: &RgbImage, w: usize, h: usize, f: Filter, cx: Cx<'_>) -> RgbImage {
     RgbImage {
         width: w,
         height: h,
-        data: resize_rgb(&img.data, img.width, img.height, w, h, f, parallel),
+        data: resize_rgb_in(
+            &img.data,
+            img.width,
+            img.height,
+            w,
+            h,
+            f,
+            cx.parallel,
+            cx.scratch,
+        ),
     }
 }
 
 /// `resize`, borrowing when the size does not change (torch's weights are then the identity).
-fn resize_cow(img: &RgbImage, w: usize, h: usize, f: Filter, parallel: bool) -> Cow<'_, RgbImage> {
+fn resize_cow<'a>(
+    img: &'a RgbImage,
+    w: usize,
+    h: usize,
+    f: Filter,
+    cx: Cx<'_>,
+) -> Cow<'a, RgbImage> {
     if (w, h) == (img.width, img.height) {
         Cow::Borrowed(img)
     } else {
-        Cow::Owned(resize(img, w, h, f, parallel))
+        Cow::Owned(resize(img, w, h, f, cx))
+    }
+}
+
+/// Give an owned intermediate's buffer back to the scratch.
+fn give<T: ToOwned<Owned = RgbImage> + ?Sized>(scratch: &Scratch, c: Cow<'_, T>) {
+    if let Cow::Owned(o) = c {
+        scratch.give(o.data);
     }
 }
 
 /// step3p7's source: zero-padded (right/bottom) to a square for extreme aspect ratios.
-fn step3p7_padded(img: &RgbImage, square_pad: bool) -> Cow<'_, RgbImage> {
+fn step3p7_padded<'a>(img: &'a RgbImage, square_pad: bool, scratch: &Scratch) -> Cow<'a, RgbImage> {
     if !square_pad {
         return Cow::Borrowed(img);
     }
     let side = img.width.max(img.height);
-    let mut d = crate::pages::zeroed::<u8>(side * side * 3);
-    for y in 0..img.height {
-        d[y * side * 3..y * side * 3 + img.width * 3]
-            .copy_from_slice(&img.data[y * img.width * 3..(y + 1) * img.width * 3]);
-    }
+    let d = paste(&img.data, img.width, img.height, side, side, scratch);
     Cow::Owned(RgbImage {
         width: side,
         height: side,
@@ -248,7 +294,7 @@ fn step3p7_views<'a>(
     global_side: usize,
     crop_side: usize,
     padded: &'a RgbImage,
-    parallel: bool,
+    cx: Cx<'_>,
 ) -> StepViews<'a> {
     let (gw, gh) = (layout.global.0 as usize, layout.global.1 as usize);
     let (cw, ch, win) = (
@@ -264,17 +310,18 @@ fn step3p7_views<'a>(
             gw,
             &[gh, ch],
             l.filter,
-            parallel,
+            cx.parallel,
+            cx.scratch,
         );
         let crop = both.pop().unwrap_or_default();
         (both.pop().unwrap_or_default(), crop)
     } else {
-        let g1 = match resize_cow(padded, gw, gh, l.filter, parallel) {
+        let g1 = match resize_cow(padded, gw, gh, l.filter, cx) {
             Cow::Borrowed(b) => Cow::Borrowed(b.data.as_slice()),
             Cow::Owned(o) => Cow::Owned(o.data),
         };
         let crop = if win > 0 {
-            match resize_cow(padded, cw, ch, l.filter, parallel) {
+            match resize_cow(padded, cw, ch, l.filter, cx) {
                 Cow::Borrowed(b) => Cow::Borrowed(b.data.as_slice()),
                 Cow::Owned(o) => Cow::Owned(o.data),
             }
@@ -286,9 +333,20 @@ fn step3p7_views<'a>(
     let global = RgbImage {
         width: global_side,
         height: global_side,
-        data: resize_rgb(&g1, gw, gh, global_side, global_side, l.filter, parallel),
+        data: resize_rgb_in(
+            &g1,
+            gw,
+            gh,
+            global_side,
+            global_side,
+            l.filter,
+            cx.parallel,
+            cx.scratch,
+        ),
     };
-    drop(g1);
+    if let Cow::Owned(b) = g1 {
+        cx.scratch.give(b);
+    }
     let mut windows = Vec::new();
     if win > 0 {
         for i in (0..ch).step_by(win) {
@@ -310,9 +368,9 @@ fn step3p7_views<'a>(
             height: th,
             data: d,
         };
-        StepTile::Resized(resize(&t, crop_side, crop_side, l.filter, false))
+        StepTile::Resized(resize(&t, crop_side, crop_side, l.filter, cx.serial()))
     };
-    let tiles = if parallel {
+    let tiles = if cx.parallel {
         windows.par_iter().map(cut).collect()
     } else {
         windows.iter().map(cut).collect()
@@ -328,6 +386,7 @@ fn step3p7_views<'a>(
 /// Resized u8 views in upstream order (gemma4: the resized image; glm: the padded canvas;
 /// step3p7: the global 728² view then each 504² crop). Exposed for parity tests against `resized_u8` fixtures.
 pub fn resized_views(law: &Law, plan: &Plan, img: &RgbImage, parallel: bool) -> Vec<RgbImage> {
+    let cx = Cx::plain(parallel);
     match (&plan.geometry, law) {
         (Geometry::Gemma4 { .. }, Law::Gemma4(l)) => {
             vec![resize(
@@ -335,11 +394,11 @@ pub fn resized_views(law: &Law, plan: &Plan, img: &RgbImage, parallel: bool) -> 
                 plan.target.0 as usize,
                 plan.target.1 as usize,
                 l.filter,
-                parallel,
+                cx,
             )]
         }
         (Geometry::Glm { content, .. }, Law::Glm5Next(Glm5 { filter, .. })) => {
-            vec![glm5_canvas(img, plan, *content, *filter, parallel)]
+            vec![glm5_canvas(img, plan, *content, *filter, cx)]
         }
         (Geometry::Glm { .. }, Law::Glm46V(l)) => {
             vec![resize(
@@ -347,7 +406,7 @@ pub fn resized_views(law: &Law, plan: &Plan, img: &RgbImage, parallel: bool) -> 
                 plan.target.0 as usize,
                 plan.target.1 as usize,
                 l.filter,
-                parallel,
+                cx,
             )]
         }
         (
@@ -359,9 +418,9 @@ pub fn resized_views(law: &Law, plan: &Plan, img: &RgbImage, parallel: bool) -> 
             },
             Law::Step3p7(l),
         ) => {
-            let padded = step3p7_padded(img, layout.square_pad);
+            let padded = step3p7_padded(img, layout.square_pad, cx.scratch);
             let cs = *crop_side as usize;
-            let v = step3p7_views(l, layout, *global_side as usize, cs, &padded, parallel);
+            let v = step3p7_views(l, layout, *global_side as usize, cs, &padded, cx);
             let mut out = vec![v.global];
             for t in v.tiles {
                 out.push(match t {
@@ -386,22 +445,34 @@ pub fn resized_views(law: &Law, plan: &Plan, img: &RgbImage, parallel: bool) -> 
     }
 }
 
+/// `src` (`w × h` RGB) at the top-left of a `tw × th` canvas, zero elsewhere; every byte written,
+/// so a scratch buffer does.
+fn paste(src: &[u8], w: usize, h: usize, tw: usize, th: usize, scratch: &Scratch) -> Vec<u8> {
+    let mut canvas = scratch.take(tw * th * 3);
+    for (y, row) in canvas.chunks_exact_mut(tw * 3).enumerate() {
+        if y < h {
+            row[..w * 3].copy_from_slice(&src[y * w * 3..(y + 1) * w * 3]);
+            row[w * 3..].fill(0);
+        } else {
+            row.fill(0);
+        }
+    }
+    canvas
+}
+
 /// glm5_next: the content resized, pasted at the top-left of a zero canvas of the target size.
 fn glm5_canvas(
     img: &RgbImage,
     plan: &Plan,
     content: (u64, u64),
     filter: Filter,
-    parallel: bool,
+    cx: Cx<'_>,
 ) -> RgbImage {
     let (cw, ch) = (content.0 as usize, content.1 as usize);
-    let c = resize_cow(img, cw, ch, filter, parallel);
+    let c = resize_cow(img, cw, ch, filter, cx);
     let (tw, th) = (plan.target.0 as usize, plan.target.1 as usize);
-    let mut canvas = crate::pages::zeroed::<u8>(tw * th * 3);
-    for y in 0..ch {
-        canvas[y * tw * 3..y * tw * 3 + cw * 3]
-            .copy_from_slice(&c.data[y * cw * 3..(y + 1) * cw * 3]);
-    }
+    let canvas = paste(&c.data, cw, ch, tw, th, cx.scratch);
+    give(cx.scratch, c);
     RgbImage {
         width: tw,
         height: th,
@@ -544,6 +615,12 @@ fn scatter_dyn(
 
 /// Build the upstream tensors for `img` under `law`, following `plan`.
 pub fn prepare(law: &Law, plan: Plan, img: &RgbImage, parallel: bool) -> Prepared {
+    prepare_in(law, plan, img, Cx::plain(parallel))
+}
+
+/// [`prepare`] with the intermediates' buffers from (and back to) `cx.scratch`.
+pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> Prepared {
+    let parallel = cx.parallel;
     let tensors = match (law, &plan.geometry) {
         (Law::Gemma4(l), Geometry::Gemma4 { gh, gw, .. }) => {
             let v = resize(
@@ -551,7 +628,7 @@ pub fn prepare(law: &Law, plan: Plan, img: &RgbImage, parallel: bool) -> Prepare
                 plan.target.0 as usize,
                 plan.target.1 as usize,
                 l.filter,
-                parallel,
+                cx,
             );
             let p = l.patch_size as usize;
             let (gh, gw) = (*gh as usize, *gw as usize);
@@ -571,6 +648,7 @@ pub fn prepare(law: &Law, plan: Plan, img: &RgbImage, parallel: bool) -> Prepare
                 pos.push(px as i64);
                 pos.push(py as i64);
             }
+            cx.scratch.give(v.data);
             vec![
                 NamedTensor {
                     name: "pixel_values",
@@ -601,7 +679,7 @@ pub fn prepare(law: &Law, plan: Plan, img: &RgbImage, parallel: bool) -> Prepare
                     l.mean,
                     l.std,
                     l.rescale_factor,
-                    glm5_canvas(img, &plan, *content, l.filter, parallel),
+                    glm5_canvas(img, &plan, *content, l.filter, cx),
                 ),
                 Law::Glm46V(l) => (
                     l.patch_size,
@@ -614,7 +692,7 @@ pub fn prepare(law: &Law, plan: Plan, img: &RgbImage, parallel: bool) -> Prepare
                         plan.target.0 as usize,
                         plan.target.1 as usize,
                         l.filter,
-                        parallel,
+                        cx,
                     ),
                 ),
                 _ => {
@@ -629,6 +707,7 @@ pub fn prepare(law: &Law, plan: Plan, img: &RgbImage, parallel: bool) -> Prepare
             let (p, t, mg) = (p as usize, t as usize, *merge as usize);
             let (gh, gw) = (*gh as usize, *gw as usize);
             let rows = glm_rows(&v, p, t, mg, gh, gw, &lut, parallel);
+            cx.scratch.give(v.data);
             vec![
                 NamedTensor {
                     name: "pixel_values",
@@ -654,9 +733,9 @@ pub fn prepare(law: &Law, plan: Plan, img: &RgbImage, parallel: bool) -> Prepare
         ) => {
             let (m, s) = fused(&l.mean, &l.std, l.rescale_factor);
             let lut = norm_lut(m, s);
-            let padded = step3p7_padded(img, layout.square_pad);
+            let padded = step3p7_padded(img, layout.square_pad, cx.scratch);
             let (gs, cs) = (*global_side as usize, *crop_side as usize);
-            let v = step3p7_views(l, layout, gs, cs, &padded, parallel);
+            let v = step3p7_views(l, layout, gs, cs, &padded, cx);
             let k = v.tiles.len();
             let mut global = crate::pages::zeroed::<f32>(3 * gs * gs);
             planar(&v.global.data, gs, 0, 0, gs, gs, &lut, &mut global);
@@ -702,6 +781,22 @@ pub fn prepare(law: &Law, plan: Plan, img: &RgbImage, parallel: bool) -> Prepare
                     data: TensorData::U8(newline_mask.iter().map(|&b| u8::from(b)).collect()),
                 });
             }
+            let StepViews {
+                global,
+                crop,
+                tiles,
+                ..
+            } = v;
+            cx.scratch.give(global.data);
+            if let Cow::Owned(c) = crop {
+                cx.scratch.give(c);
+            }
+            for t in tiles {
+                if let StepTile::Resized(r) = t {
+                    cx.scratch.give(r.data);
+                }
+            }
+            give(cx.scratch, padded);
             out
         }
         _ => Vec::new(),

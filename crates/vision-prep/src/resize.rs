@@ -17,6 +17,8 @@
 
 use rayon::prelude::*;
 
+use crate::pages::Scratch;
+
 /// Resampling filter of the vendor processors (PIL codes 3 and 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Filter {
@@ -693,6 +695,31 @@ pub fn resize_rgb(
     filter: Filter,
     parallel: bool,
 ) -> Vec<u8> {
+    resize_rgb_in(
+        src,
+        src_w,
+        src_h,
+        out_w,
+        out_h,
+        filter,
+        parallel,
+        Scratch::none(),
+    )
+}
+
+/// [`resize_rgb`] with the intermediate and the result taken from `scratch` (the intermediate
+/// goes back to it).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn resize_rgb_in(
+    src: &[u8],
+    src_w: usize,
+    src_h: usize,
+    out_w: usize,
+    out_h: usize,
+    filter: Filter,
+    parallel: bool,
+    scratch: &Scratch,
+) -> Vec<u8> {
     resize_c::<3>(
         Kernels::detect(),
         src,
@@ -702,13 +729,15 @@ pub fn resize_rgb(
         out_h,
         filter,
         parallel,
+        scratch,
     )
 }
 
 /// Resize one RGB image to `out_w` wide and each of `heights` high, computing the horizontal pass
 /// once: the law's horizontal pass does not depend on the target height, so every result equals
-/// [`resize_rgb`] to that size. An unchanged size borrows `src`.
-pub fn resize_rgb_heights<'a>(
+/// [`resize_rgb`] to that size. An unchanged size borrows `src`; buffers come from `scratch`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn resize_rgb_heights<'a>(
     src: &'a [u8],
     src_w: usize,
     src_h: usize,
@@ -716,6 +745,7 @@ pub fn resize_rgb_heights<'a>(
     heights: &[usize],
     filter: Filter,
     parallel: bool,
+    scratch: &Scratch,
 ) -> Vec<std::borrow::Cow<'a, [u8]>> {
     use std::borrow::Cow;
     let kernels = Kernels::detect();
@@ -731,7 +761,7 @@ pub fn resize_rgb_heights<'a>(
             .map(|(&h, av)| match av {
                 None => Cow::Borrowed(src),
                 Some(av) => {
-                    let mut dst = crate::pages::zeroed::<u8>(row_len * h);
+                    let mut dst = scratch.take(row_len * h);
                     vertical(kernels, src, 0, row_len, av, &mut dst, parallel);
                     Cow::Owned(dst)
                 }
@@ -749,7 +779,7 @@ pub fn resize_rgb_heights<'a>(
         row0 = row0.min(a);
         row1 = row1.max(b);
     }
-    let mut tmp = crate::pages::zeroed::<u8>(row_len * row1.saturating_sub(row0));
+    let mut tmp = scratch.take(row_len * row1.saturating_sub(row0));
     horizontal::<3>(
         kernels,
         src,
@@ -760,18 +790,20 @@ pub fn resize_rgb_heights<'a>(
         &mut tmp,
         parallel,
     );
-    heights
+    let out = heights
         .iter()
         .zip(&verticals)
         .map(|(&h, av)| {
-            let mut dst = crate::pages::zeroed::<u8>(row_len * h);
+            let mut dst = scratch.take(row_len * h);
             match av {
                 None => dst.copy_from_slice(&tmp),
                 Some(av) => vertical(kernels, &tmp, row0, row_len, av, &mut dst, parallel),
             }
             Cow::Owned(dst)
         })
-        .collect()
+        .collect();
+    scratch.give(tmp);
+    out
 }
 
 /// The source rows `[row0, row1)` a vertical pass reads.
@@ -798,6 +830,7 @@ fn resize_c<const C: usize>(
     out_h: usize,
     filter: Filter,
     parallel: bool,
+    scratch: &Scratch,
 ) -> Vec<u8> {
     let need_h = out_w != src_w;
     let need_v = out_h != src_h;
@@ -805,7 +838,7 @@ fn resize_c<const C: usize>(
         (false, false) => src.to_vec(),
         (true, false) => {
             let aw = AxisWeights::new(src_w, out_w, filter);
-            let mut dst = crate::pages::zeroed::<u8>(out_w * out_h * C);
+            let mut dst = scratch.take(out_w * out_h * C);
             horizontal::<C>(
                 kernels,
                 src,
@@ -820,7 +853,7 @@ fn resize_c<const C: usize>(
         }
         (false, true) => {
             let av = AxisWeights::new(src_h, out_h, filter);
-            let mut dst = crate::pages::zeroed::<u8>(out_w * out_h * C);
+            let mut dst = scratch.take(out_w * out_h * C);
             vertical(kernels, src, 0, src_w * C, &av, &mut dst, parallel);
             dst
         }
@@ -829,7 +862,7 @@ fn resize_c<const C: usize>(
             let av = AxisWeights::new(src_h, out_h, filter);
             // Only the source rows the vertical pass reads.
             let (row0, row1) = vertical_rows(&av, src_h);
-            let mut tmp = crate::pages::zeroed::<u8>(out_w * (row1 - row0) * C);
+            let mut tmp = scratch.take(out_w * (row1 - row0) * C);
             horizontal::<C>(
                 kernels,
                 src,
@@ -840,8 +873,9 @@ fn resize_c<const C: usize>(
                 &mut tmp,
                 parallel,
             );
-            let mut dst = crate::pages::zeroed::<u8>(out_w * out_h * C);
+            let mut dst = scratch.take(out_w * out_h * C);
             vertical(kernels, &tmp, row0, out_w * C, &av, &mut dst, parallel);
+            scratch.give(tmp);
             dst
         }
     }
@@ -872,7 +906,7 @@ mod tests {
         f: Filter,
         parallel: bool,
     ) -> Vec<u8> {
-        resize_c::<3>(k, src, sw, sh, w, h, f, parallel)
+        resize_c::<3>(k, src, sw, sh, w, h, f, parallel, Scratch::none())
     }
 
     /// The AVX2 kernels equal the portable ones byte for byte on random images: sizes 1..400 up and
@@ -922,7 +956,7 @@ mod tests {
             (640, vec![9, 203]),
         ] {
             for f in [Filter::Bicubic, Filter::Bilinear] {
-                let got = resize_rgb_heights(&src, sw, sh, w, &hs, f, false);
+                let got = resize_rgb_heights(&src, sw, sh, w, &hs, f, false, Scratch::none());
                 for (&h, g) in hs.iter().zip(&got) {
                     assert!(
                         **g == *resize_rgb(&src, sw, sh, w, h, f, false),

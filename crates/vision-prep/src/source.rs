@@ -220,12 +220,21 @@ pub struct RgbImage {
 /// The EXIF orientation is not applied (upstream leaves PIL images as opened). JPEG goes through
 /// libjpeg-turbo exactly as Pillow decodes it (`jpeg` module); the other formats through `image`.
 pub fn decode(bytes: &[u8], header: &Header) -> Result<RgbImage> {
+    decode_in(bytes, header, crate::pages::Scratch::none())
+}
+
+/// [`decode`] with the RGB buffer from `scratch` (JPEG, and formats the decoder gives as RGB8).
+pub(crate) fn decode_in(
+    bytes: &[u8],
+    header: &Header,
+    scratch: &crate::pages::Scratch,
+) -> Result<RgbImage> {
     let fmt = header.format.name();
     // Largest decoded layout is RGBA16 (8 bytes/pixel); leave room for decoder scratch.
     let pixels = u64::from(header.width) * u64::from(header.height);
     let max_alloc = pixels.saturating_mul(16).saturating_add(64 << 20);
     if header.format == SourceFormat::Jpeg {
-        return crate::jpeg::decode(bytes, header.width, header.height, max_alloc);
+        return crate::jpeg::decode(bytes, header.width, header.height, max_alloc, scratch);
     }
     let mut reader = ImageReader::with_format(Cursor::new(bytes), header.format.image_format());
     let mut lim = Limits::default();
@@ -252,7 +261,8 @@ pub fn decode(bytes: &[u8], header: &Header) -> Result<RgbImage> {
     lim.reserve(total).map_err(err)?;
     decoder.set_limits(lim).map_err(err)?;
     if decoder.color_type() == image::ColorType::Rgb8 && total == u64::from(w) * u64::from(h) * 3 {
-        let mut data = crate::pages::zeroed::<u8>(total as usize);
+        // `read_image` writes every byte, so a scratch buffer will do.
+        let mut data = scratch.take(total as usize);
         decoder.read_image(&mut data).map_err(err)?;
         return Ok(RgbImage {
             width: w as usize,
