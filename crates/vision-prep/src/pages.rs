@@ -16,6 +16,15 @@ pub(crate) fn zeroed<T: Copy + Default>(n: usize) -> Vec<T> {
     v
 }
 
+/// An empty vector with room for `n` values, advised for huge pages when large: for outputs
+/// written in order with `extend`, which need no zero fill (calloc memsets the memory it reuses,
+/// the kernel zeroes the pages it maps: either is a pass over the whole tensor).
+pub(crate) fn with_capacity<T>(n: usize) -> Vec<T> {
+    let v = Vec::with_capacity(n);
+    advise_huge(v.as_ptr() as usize, n * std::mem::size_of::<T>());
+    v
+}
+
 #[cfg(target_os = "linux")]
 fn advise_huge(addr: usize, bytes: usize) {
     if bytes < 2 * HUGE_PAGE {

@@ -345,11 +345,12 @@ fn processor_fixtures() {
     );
 }
 
-/// Kept buffers change nothing: every fixture image in turn through one preprocessor per model
-/// (so each reuses buffers holding the previous images' pixels) gives the tensors of a
-/// preprocessor that keeps nothing, for all four laws and the real-size step3p7 law.
+/// Kept buffers and threads change nothing: every fixture image in turn through one preprocessor
+/// per model (so each reuses buffers holding the previous images' pixels, on the rayon pool) gives
+/// the tensors of a one-thread preprocessor that keeps nothing, for all four laws and the
+/// real-size step3p7 law.
 #[test]
-fn scratch_reuse_changes_nothing() {
+fn scratch_and_threads_change_nothing() {
     let mut images: Vec<PathBuf> = std::fs::read_dir(fixtures().join("images"))
         .expect("images")
         .flatten()
@@ -358,6 +359,7 @@ fn scratch_reuse_changes_nothing() {
     images.sort();
     let fresh = PrepSettings {
         scratch_bytes: 0,
+        parallel: false,
         ..Default::default()
     };
     let mut pairs: Vec<(Preprocessor, Preprocessor)> =

@@ -510,6 +510,26 @@ fn planar(
     }
 }
 
+/// [`planar`] appending to `out`: one pass per channel, so the planes come out in order.
+#[allow(clippy::too_many_arguments)]
+fn planar_push(
+    src: &[u8],
+    stride: usize,
+    x: usize,
+    y: usize,
+    w: usize,
+    h: usize,
+    lut: &[[f32; 256]; 3],
+    out: &mut Vec<f32>,
+) {
+    for (c, lc) in lut.iter().enumerate() {
+        for row in y..y + h {
+            let s = &src[(row * stride + x) * 3..(row * stride + x + w) * 3];
+            out.extend(s.chunks_exact(3).map(|px| lc[usize::from(px[c])]));
+        }
+    }
+}
+
 /// glm rows: block-major patches (`merge²` blocks), each row `(c, t, ky, kx)` with the frame
 /// repeated `t` times. Rows are written in output order (sequential stores beat scattering
 /// `p`-value segments from planar rows: 26 -> 20 ms for a 50 MB glm5_next tensor), each
@@ -680,8 +700,8 @@ pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> P
             let (gs, cs) = (*global_side as usize, *crop_side as usize);
             let v = step3p7_views(l, layout, gs, cs, &padded, cx);
             let k = v.tiles.len();
-            let mut global = crate::pages::zeroed::<f32>(3 * gs * gs);
-            planar(&v.global.data, gs, 0, 0, gs, gs, &lut, &mut global);
+            let mut global = crate::pages::with_capacity::<f32>(3 * gs * gs);
+            planar_push(&v.global.data, gs, 0, 0, gs, gs, &lut, &mut global);
             let mut out = vec![
                 NamedTensor {
                     name: "pixel_values",
@@ -694,7 +714,24 @@ pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> P
                     data: TensorData::I64(vec![k as i64]),
                 },
             ];
-            if k > 0 {
+            if k > 0 && !parallel {
+                let mut local = crate::pages::with_capacity::<f32>(k * 3 * cs * cs);
+                for tile in &v.tiles {
+                    match tile {
+                        StepTile::Window { x, y } => {
+                            planar_push(&v.crop, v.crop_width, *x, *y, cs, cs, &lut, &mut local)
+                        }
+                        StepTile::Resized(r) => {
+                            planar_push(&r.data, cs, 0, 0, cs, cs, &lut, &mut local)
+                        }
+                    }
+                }
+                out.push(NamedTensor {
+                    name: "pixel_values_local",
+                    shape: vec![k, 3, cs, cs],
+                    data: TensorData::F32(local),
+                });
+            } else if k > 0 {
                 let mut local = crate::pages::zeroed::<f32>(k * 3 * cs * cs);
                 let body = |(tile, o): (&StepTile, &mut [f32])| match tile {
                     StepTile::Window { x, y } => {
@@ -718,6 +755,8 @@ pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> P
                     shape: vec![k, 3, cs, cs],
                     data: TensorData::F32(local),
                 });
+            }
+            if k > 0 {
                 out.push(NamedTensor {
                     name: "patch_newline_masks",
                     shape: vec![k],
