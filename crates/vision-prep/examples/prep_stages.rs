@@ -1,7 +1,7 @@
 //! Per-stage on-CPU time of one image, one thread: decode, resized views, prepare from RGB (the
 //! difference is patchify), and the whole `prepare`; the minimum over N runs of this thread's
-//! on-CPU time (`/proc/thread-self/schedstat`, Linux), which other jobs on a shared machine
-//! inflate less than wall time. Inputs: the directory `fixtures/oracle/prep_bench.py` writes.
+//! on-CPU time (`CLOCK_THREAD_CPUTIME_ID`, Linux), which other jobs on a shared machine inflate
+//! less than wall time. Inputs: the directory `fixtures/oracle/prep_bench.py` writes.
 //!
 //! ```text
 //! cargo run --release -p vision-prep --example prep_stages -- /tmp/prep_bench 10 [FILTER]
@@ -19,12 +19,16 @@ fn read_json(p: &Path) -> Option<serde_json::Value> {
         .and_then(|t| serde_json::from_str(&t).ok())
 }
 
-/// This thread's on-CPU time in ns (first field of /proc/thread-self/schedstat).
+/// This thread's on-CPU time in ns (`CLOCK_THREAD_CPUTIME_ID`, exact; /proc's schedstat of a
+/// running thread is only updated at scheduler ticks).
 fn cpu_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
-        .unwrap_or(0)
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the call only writes it.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Minimum on-CPU time of one run, ms.
