@@ -21,7 +21,9 @@
 
 pub mod config;
 pub mod error;
+mod jpeg;
 pub mod law;
+mod pages;
 pub mod plan;
 pub mod prepare;
 pub mod resize;
@@ -47,6 +49,12 @@ pub struct Preprocessor {
     tokens: PromptTokens,
     family: Family,
     settings: PrepSettings,
+    /// Intermediate buffers kept between calls (shared by clones).
+    scratch: std::sync::Arc<pages::Scratch>,
+}
+
+fn scratch_for(settings: &PrepSettings) -> std::sync::Arc<pages::Scratch> {
+    std::sync::Arc::new(pages::Scratch::new(settings.scratch_bytes))
 }
 
 /// Explicit settings for a GGUF mmproj (gemma4), which carries no processor config.
@@ -82,6 +90,7 @@ impl Preprocessor {
             law,
             tokens,
             family,
+            scratch: scratch_for(&settings),
             settings,
         })
     }
@@ -97,6 +106,7 @@ impl Preprocessor {
             law,
             tokens,
             family,
+            scratch: scratch_for(&settings),
             settings,
         }
     }
@@ -146,6 +156,7 @@ impl Preprocessor {
             law,
             tokens,
             family: Family::Gemma4,
+            scratch: scratch_for(&settings),
             settings,
         })
     }
@@ -210,13 +221,17 @@ impl Preprocessor {
         let header = source::admit(&bytes, &self.settings.limits)?;
         let plan = self.plan_size(header.width, header.height)?;
         self.check_output(&plan)?;
-        let rgb = source::decode(&bytes, &header)?;
-        Ok(prepare::prepare(
-            &self.law,
-            plan,
-            &rgb,
-            self.settings.parallel,
-        ))
+        let rgb = source::decode_in(&bytes, &header, &self.scratch)?;
+        let prepared = prepare::prepare_in(&self.law, plan, &rgb, self.cx());
+        self.scratch.give(rgb.data);
+        Ok(prepared)
+    }
+
+    fn cx(&self) -> prepare::Cx<'_> {
+        prepare::Cx {
+            parallel: self.settings.parallel,
+            scratch: &self.scratch,
+        }
     }
 
     /// Prepare an already decoded RGB image (admission limits still apply to its size).
@@ -250,12 +265,7 @@ impl Preprocessor {
         }
         let plan = self.plan_size(w, h)?;
         self.check_output(&plan)?;
-        Ok(prepare::prepare(
-            &self.law,
-            plan,
-            rgb,
-            self.settings.parallel,
-        ))
+        Ok(prepare::prepare_in(&self.law, plan, rgb, self.cx()))
     }
 
     /// The resized u8 views upstream computes before normalisation (see [`prepare::resized_views`]).

@@ -5,8 +5,9 @@ use std::borrow::Cow;
 use rayon::prelude::*;
 
 use crate::law::{Glm5NextLaw as Glm5, Law};
+use crate::pages::Scratch;
 use crate::plan::{Geometry, Plan};
-use crate::resize::{resize_rgb, Filter};
+use crate::resize::{resize_rgb_in, Filter};
 use crate::source::RgbImage;
 
 /// Element type of a [`NamedTensor`].
@@ -185,26 +186,207 @@ fn norm_lut(m: [f32; 3], s: [f32; 3]) -> [[f32; 256]; 3] {
     lut
 }
 
-fn resize(img: &RgbImage, w: usize, h: usize, f: Filter, parallel: bool) -> RgbImage {
+/// How a preparation runs: rows over the rayon pool or not, and where its buffers come from.
+#[derive(Clone, Copy)]
+pub(crate) struct Cx<'s> {
+    /// Split rows and tiles over the rayon pool.
+    pub parallel: bool,
+    /// Buffers for intermediates (given back when done).
+    pub scratch: &'s Scratch,
+}
+
+impl Cx<'_> {
+    /// One thread, or the rayon pool, without kept buffers.
+    fn plain(parallel: bool) -> Cx<'static> {
+        Cx {
+            parallel,
+            scratch: Scratch::none(),
+        }
+    }
+
+    /// One thread (for work already spread over the pool).
+    fn serial(self) -> Self {
+        Cx {
+            parallel: false,
+            ..self
+        }
+    }
+}
+
+fn resize(img: &RgbImage, w: usize, h: usize, f: Filter, cx: Cx<'_>) -> RgbImage {
     RgbImage {
         width: w,
         height: h,
-        data: resize_rgb(&img.data, img.width, img.height, w, h, f, parallel),
+        data: resize_rgb_in(
+            &img.data,
+            img.width,
+            img.height,
+            w,
+            h,
+            f,
+            cx.parallel,
+            cx.scratch,
+        ),
     }
 }
 
 /// `resize`, borrowing when the size does not change (torch's weights are then the identity).
-fn resize_cow(img: &RgbImage, w: usize, h: usize, f: Filter, parallel: bool) -> Cow<'_, RgbImage> {
+fn resize_cow<'a>(
+    img: &'a RgbImage,
+    w: usize,
+    h: usize,
+    f: Filter,
+    cx: Cx<'_>,
+) -> Cow<'a, RgbImage> {
     if (w, h) == (img.width, img.height) {
         Cow::Borrowed(img)
     } else {
-        Cow::Owned(resize(img, w, h, f, parallel))
+        Cow::Owned(resize(img, w, h, f, cx))
+    }
+}
+
+/// Give an owned intermediate's buffer back to the scratch.
+fn give<T: ToOwned<Owned = RgbImage> + ?Sized>(scratch: &Scratch, c: Cow<'_, T>) {
+    if let Cow::Owned(o) = c {
+        scratch.give(o.data);
+    }
+}
+
+/// step3p7's source: zero-padded (right/bottom) to a square for extreme aspect ratios.
+fn step3p7_padded<'a>(img: &'a RgbImage, square_pad: bool, scratch: &Scratch) -> Cow<'a, RgbImage> {
+    if !square_pad {
+        return Cow::Borrowed(img);
+    }
+    let side = img.width.max(img.height);
+    let d = paste(&img.data, img.width, img.height, side, side, scratch);
+    Cow::Owned(RgbImage {
+        width: side,
+        height: side,
+        data: d,
+    })
+}
+
+/// One step3p7 local crop before normalisation.
+enum StepTile {
+    /// A full `crop_side²` window of the crop image at `(x, y)`: upstream's resize of it to
+    /// `crop_side²` is the identity, so it is read in place.
+    Window { x: usize, y: usize },
+    /// A smaller edge window, resized to `crop_side²`.
+    Resized(RgbImage),
+}
+
+/// step3p7's views: the global view, the crop image (`width × height`, when there are tiles) and
+/// its tiles, row-major.
+struct StepViews<'a> {
+    global: RgbImage,
+    crop: Cow<'a, [u8]>,
+    crop_width: usize,
+    tiles: Vec<StepTile>,
+}
+
+/// step3p7 views (image_processing_step3p7.py): global = resize to the capped size, then to
+/// `global_side²`; crop = resize of the *uncapped* padded image to the snapped size, cut into
+/// `window²` tiles, each resized to `crop_side²`. When the capped and snapped widths agree, both
+/// resizes share one horizontal pass.
+fn step3p7_views<'a>(
+    l: &crate::law::Step3p7Law,
+    layout: &crate::law::Step3p7Layout,
+    global_side: usize,
+    crop_side: usize,
+    padded: &'a RgbImage,
+    cx: Cx<'_>,
+) -> StepViews<'a> {
+    let (gw, gh) = (layout.global.0 as usize, layout.global.1 as usize);
+    let (cw, ch, win) = (
+        layout.crop.0 as usize,
+        layout.crop.1 as usize,
+        layout.window as usize,
+    );
+    let (g1, crop): (Cow<'a, [u8]>, Cow<'a, [u8]>) = if win > 0 && gw == cw {
+        let mut both = crate::resize::resize_rgb_heights(
+            &padded.data,
+            padded.width,
+            padded.height,
+            gw,
+            &[gh, ch],
+            l.filter,
+            cx.parallel,
+            cx.scratch,
+        );
+        let crop = both.pop().unwrap_or_default();
+        (both.pop().unwrap_or_default(), crop)
+    } else {
+        let g1 = match resize_cow(padded, gw, gh, l.filter, cx) {
+            Cow::Borrowed(b) => Cow::Borrowed(b.data.as_slice()),
+            Cow::Owned(o) => Cow::Owned(o.data),
+        };
+        let crop = if win > 0 {
+            match resize_cow(padded, cw, ch, l.filter, cx) {
+                Cow::Borrowed(b) => Cow::Borrowed(b.data.as_slice()),
+                Cow::Owned(o) => Cow::Owned(o.data),
+            }
+        } else {
+            Cow::Borrowed(&[][..])
+        };
+        (g1, crop)
+    };
+    let global = RgbImage {
+        width: global_side,
+        height: global_side,
+        data: resize_rgb_in(
+            &g1,
+            gw,
+            gh,
+            global_side,
+            global_side,
+            l.filter,
+            cx.parallel,
+            cx.scratch,
+        ),
+    };
+    if let Cow::Owned(b) = g1 {
+        cx.scratch.give(b);
+    }
+    let mut windows = Vec::new();
+    if win > 0 {
+        for i in (0..ch).step_by(win) {
+            for j in (0..cw).step_by(win) {
+                windows.push((j, i, (cw - j).min(win), (ch - i).min(win)));
+            }
+        }
+    }
+    let cut = |&(x, y, tw, th): &(usize, usize, usize, usize)| {
+        if (tw, th) == (crop_side, crop_side) {
+            return StepTile::Window { x, y };
+        }
+        let mut d = Vec::with_capacity(th * tw * 3);
+        for row in y..y + th {
+            d.extend_from_slice(&crop[(row * cw + x) * 3..(row * cw + x + tw) * 3]);
+        }
+        let t = RgbImage {
+            width: tw,
+            height: th,
+            data: d,
+        };
+        StepTile::Resized(resize(&t, crop_side, crop_side, l.filter, cx.serial()))
+    };
+    let tiles = if cx.parallel {
+        windows.par_iter().map(cut).collect()
+    } else {
+        windows.iter().map(cut).collect()
+    };
+    StepViews {
+        global,
+        crop,
+        crop_width: cw,
+        tiles,
     }
 }
 
 /// Resized u8 views in upstream order (gemma4: the resized image; glm: the padded canvas;
 /// step3p7: the global 728² view then each 504² crop). Exposed for parity tests against `resized_u8` fixtures.
 pub fn resized_views(law: &Law, plan: &Plan, img: &RgbImage, parallel: bool) -> Vec<RgbImage> {
+    let cx = Cx::plain(parallel);
     match (&plan.geometry, law) {
         (Geometry::Gemma4 { .. }, Law::Gemma4(l)) => {
             vec![resize(
@@ -212,23 +394,11 @@ pub fn resized_views(law: &Law, plan: &Plan, img: &RgbImage, parallel: bool) -> 
                 plan.target.0 as usize,
                 plan.target.1 as usize,
                 l.filter,
-                parallel,
+                cx,
             )]
         }
         (Geometry::Glm { content, .. }, Law::Glm5Next(Glm5 { filter, .. })) => {
-            let (cw, ch) = (content.0 as usize, content.1 as usize);
-            let c = resize_cow(img, cw, ch, *filter, parallel);
-            let (tw, th) = (plan.target.0 as usize, plan.target.1 as usize);
-            let mut canvas = vec![0u8; tw * th * 3];
-            for y in 0..ch {
-                canvas[y * tw * 3..y * tw * 3 + cw * 3]
-                    .copy_from_slice(&c.data[y * cw * 3..(y + 1) * cw * 3]);
-            }
-            vec![RgbImage {
-                width: tw,
-                height: th,
-                data: canvas,
-            }]
+            vec![glm5_canvas(img, plan, *content, *filter, cx)]
         }
         (Geometry::Glm { .. }, Law::Glm46V(l)) => {
             vec![resize(
@@ -236,7 +406,7 @@ pub fn resized_views(law: &Law, plan: &Plan, img: &RgbImage, parallel: bool) -> 
                 plan.target.0 as usize,
                 plan.target.1 as usize,
                 l.filter,
-                parallel,
+                cx,
             )]
         }
         (
@@ -248,69 +418,26 @@ pub fn resized_views(law: &Law, plan: &Plan, img: &RgbImage, parallel: bool) -> 
             },
             Law::Step3p7(l),
         ) => {
-            let padded_owned;
-            let padded = if layout.square_pad {
-                let side = img.width.max(img.height);
-                let mut d = vec![0u8; side * side * 3];
-                for y in 0..img.height {
-                    d[y * side * 3..y * side * 3 + img.width * 3]
-                        .copy_from_slice(&img.data[y * img.width * 3..(y + 1) * img.width * 3]);
-                }
-                padded_owned = RgbImage {
-                    width: side,
-                    height: side,
-                    data: d,
-                };
-                &padded_owned
-            } else {
-                img
-            };
-            let g1 = resize_cow(
-                padded,
-                layout.global.0 as usize,
-                layout.global.1 as usize,
-                l.filter,
-                parallel,
-            );
-            let gs = *global_side as usize;
-            let mut out = vec![resize(&g1, gs, gs, l.filter, parallel)];
-            if layout.window > 0 {
-                let (cw, ch, win) = (
-                    layout.crop.0 as usize,
-                    layout.crop.1 as usize,
-                    layout.window as usize,
-                );
-                let crop = resize_cow(padded, cw, ch, l.filter, parallel);
-                let mut tiles = Vec::new();
-                for i in (0..ch).step_by(win) {
-                    for j in (0..cw).step_by(win) {
-                        let (th, tw) = ((ch - i).min(win), (cw - j).min(win));
-                        let mut d = Vec::with_capacity(th * tw * 3);
-                        for y in i..i + th {
-                            d.extend_from_slice(
-                                &crop.data[(y * cw + j) * 3..(y * cw + j + tw) * 3],
-                            );
+            let padded = step3p7_padded(img, layout.square_pad, cx.scratch);
+            let cs = *crop_side as usize;
+            let v = step3p7_views(l, layout, *global_side as usize, cs, &padded, cx);
+            let mut out = vec![v.global];
+            for t in v.tiles {
+                out.push(match t {
+                    StepTile::Resized(r) => r,
+                    StepTile::Window { x, y } => {
+                        let mut d = Vec::with_capacity(cs * cs * 3);
+                        for row in y..y + cs {
+                            let o = (row * v.crop_width + x) * 3;
+                            d.extend_from_slice(&v.crop[o..o + cs * 3]);
                         }
-                        tiles.push(RgbImage {
-                            width: tw,
-                            height: th,
+                        RgbImage {
+                            width: cs,
+                            height: cs,
                             data: d,
-                        });
+                        }
                     }
-                }
-                let cs = *crop_side as usize;
-                let resized: Vec<RgbImage> = if parallel {
-                    tiles
-                        .par_iter()
-                        .map(|t| resize(t, cs, cs, l.filter, false))
-                        .collect()
-                } else {
-                    tiles
-                        .iter()
-                        .map(|t| resize(t, cs, cs, l.filter, false))
-                        .collect()
-                };
-                out.extend(resized);
+                });
             }
             out
         }
@@ -318,29 +445,173 @@ pub fn resized_views(law: &Law, plan: &Plan, img: &RgbImage, parallel: bool) -> 
     }
 }
 
+/// `src` (`w × h` RGB) at the top-left of a `tw × th` canvas, zero elsewhere; every byte written,
+/// so a scratch buffer does.
+fn paste(src: &[u8], w: usize, h: usize, tw: usize, th: usize, scratch: &Scratch) -> Vec<u8> {
+    let mut canvas = scratch.take(tw * th * 3);
+    for (y, row) in canvas.chunks_exact_mut(tw * 3).enumerate() {
+        if y < h {
+            row[..w * 3].copy_from_slice(&src[y * w * 3..(y + 1) * w * 3]);
+            row[w * 3..].fill(0);
+        } else {
+            row.fill(0);
+        }
+    }
+    canvas
+}
+
+/// glm5_next: the content resized, pasted at the top-left of a zero canvas of the target size.
+fn glm5_canvas(
+    img: &RgbImage,
+    plan: &Plan,
+    content: (u64, u64),
+    filter: Filter,
+    cx: Cx<'_>,
+) -> RgbImage {
+    let (cw, ch) = (content.0 as usize, content.1 as usize);
+    let c = resize_cow(img, cw, ch, filter, cx);
+    let (tw, th) = (plan.target.0 as usize, plan.target.1 as usize);
+    let canvas = paste(&c.data, cw, ch, tw, th, cx.scratch);
+    give(cx.scratch, c);
+    RgbImage {
+        width: tw,
+        height: th,
+        data: canvas,
+    }
+}
+
+/// CHW planes of a `w × h` window at `(x, y)` of an RGB image `stride` pixels wide, through the
+/// per-channel normalisation tables, into `out` (`3·w·h` values).
+#[allow(clippy::too_many_arguments)]
+fn planar(
+    src: &[u8],
+    stride: usize,
+    x: usize,
+    y: usize,
+    w: usize,
+    h: usize,
+    lut: &[[f32; 256]; 3],
+    out: &mut [f32],
+) {
+    let (r, rest) = out.split_at_mut(w * h);
+    let (g, b) = rest.split_at_mut(w * h);
+    for row in 0..h {
+        let s = &src[((y + row) * stride + x) * 3..((y + row) * stride + x + w) * 3];
+        let (r, g, b) = (
+            &mut r[row * w..(row + 1) * w],
+            &mut g[row * w..(row + 1) * w],
+            &mut b[row * w..(row + 1) * w],
+        );
+        for (((px, r), g), b) in s.chunks_exact(3).zip(r).zip(g).zip(b) {
+            *r = lut[0][usize::from(px[0])];
+            *g = lut[1][usize::from(px[1])];
+            *b = lut[2][usize::from(px[2])];
+        }
+    }
+}
+
+/// [`planar`] appending to `out`: one pass per channel, so the planes come out in order.
+#[allow(clippy::too_many_arguments)]
+fn planar_push(
+    src: &[u8],
+    stride: usize,
+    x: usize,
+    y: usize,
+    w: usize,
+    h: usize,
+    lut: &[[f32; 256]; 3],
+    out: &mut Vec<f32>,
+) {
+    for (c, lc) in lut.iter().enumerate() {
+        for row in y..y + h {
+            let s = &src[(row * stride + x) * 3..(row * stride + x + w) * 3];
+            out.extend(s.chunks_exact(3).map(|px| lc[usize::from(px[c])]));
+        }
+    }
+}
+
+/// glm rows: block-major patches (`merge²` blocks), each row `(c, t, ky, kx)` with the frame
+/// repeated `t` times. Rows are written in output order (sequential stores beat scattering
+/// `p`-value segments from planar rows: 26 -> 20 ms for a 50 MB glm5_next tensor), each
+/// channel's first frame through the tables and the other frames copied from it.
+#[allow(clippy::too_many_arguments)]
+fn glm_rows(
+    v: &RgbImage,
+    p: usize,
+    t: usize,
+    merge: usize,
+    gh: usize,
+    gw: usize,
+    lut: &[[f32; 256]; 3],
+    parallel: bool,
+) -> Vec<f32> {
+    let pp = p * p;
+    let row = 3 * t * pp;
+    let mut rows = crate::pages::zeroed::<f32>(gh * gw * row);
+    // A block row (`merge` patch rows) is contiguous in block-major order: the unit of work.
+    let band = merge * gw * row;
+    let body = |(bh, out): (usize, &mut [f32])| {
+        for (j, dst) in out.chunks_exact_mut(row).enumerate() {
+            let (bw, k) = (j / (merge * merge), j % (merge * merge));
+            let (py, px) = (bh * merge + k / merge, bw * merge + k % merge);
+            for (c, block) in dst.chunks_exact_mut(t * pp).enumerate() {
+                let (first, rest) = block.split_at_mut(pp);
+                for (ky, d) in first.chunks_exact_mut(p).enumerate() {
+                    let o = ((py * p + ky) * v.width + px * p) * 3;
+                    for (d, s) in d.iter_mut().zip(v.data[o..o + 3 * p].chunks_exact(3)) {
+                        *d = lut[c][usize::from(s[c])];
+                    }
+                }
+                for f in rest.chunks_exact_mut(pp) {
+                    f.copy_from_slice(first);
+                }
+            }
+        }
+    };
+    if parallel {
+        rows.par_chunks_mut(band).enumerate().for_each(body);
+    } else {
+        rows.chunks_mut(band).enumerate().for_each(body);
+    }
+    rows
+}
+
 /// Build the upstream tensors for `img` under `law`, following `plan`.
 pub fn prepare(law: &Law, plan: Plan, img: &RgbImage, parallel: bool) -> Prepared {
-    let views = resized_views(law, &plan, img, parallel);
+    prepare_in(law, plan, img, Cx::plain(parallel))
+}
+
+/// [`prepare`] with the intermediates' buffers from (and back to) `cx.scratch`.
+pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> Prepared {
+    let parallel = cx.parallel;
     let tensors = match (law, &plan.geometry) {
         (Law::Gemma4(l), Geometry::Gemma4 { gh, gw, .. }) => {
-            let v = &views[0];
+            let v = resize(
+                img,
+                plan.target.0 as usize,
+                plan.target.1 as usize,
+                l.filter,
+                cx,
+            );
             let p = l.patch_size as usize;
             let (gh, gw) = (*gh as usize, *gw as usize);
             let scale = l.rescale_factor as f32;
             let lut: Vec<f32> = (0..256).map(|x| x as f32 * scale).collect();
             let row = p * p * 3;
-            let mut pv: Vec<f32> = Vec::with_capacity(gh * gw * row);
+            let mut pv = crate::pages::zeroed::<f32>(gh * gw * row);
             let mut pos = Vec::with_capacity(gh * gw * 2);
-            for py in 0..gh {
-                for px in 0..gw {
-                    for ky in 0..p {
-                        let src = ((py * p + ky) * v.width + px * p) * 3;
-                        pv.extend(v.data[src..src + p * 3].iter().map(|&s| lut[s as usize]));
+            for (i, out) in pv.chunks_exact_mut(row).enumerate() {
+                let (py, px) = (i / gw, i % gw);
+                for (ky, o) in out.chunks_exact_mut(p * 3).enumerate() {
+                    let src = ((py * p + ky) * v.width + px * p) * 3;
+                    for (d, &s) in o.iter_mut().zip(&v.data[src..src + p * 3]) {
+                        *d = lut[usize::from(s)];
                     }
-                    pos.push(px as i64);
-                    pos.push(py as i64);
                 }
+                pos.push(px as i64);
+                pos.push(py as i64);
             }
+            cx.scratch.give(v.data);
             vec![
                 NamedTensor {
                     name: "pixel_values",
@@ -354,14 +625,24 @@ pub fn prepare(law: &Law, plan: Plan, img: &RgbImage, parallel: bool) -> Prepare
                 },
             ]
         }
-        (Law::Glm5Next(_) | Law::Glm46V(_), Geometry::Glm { gh, gw, merge, .. }) => {
-            let (p, t, mean, std, rf) = match law {
+        (
+            Law::Glm5Next(_) | Law::Glm46V(_),
+            Geometry::Glm {
+                gh,
+                gw,
+                merge,
+                content,
+                ..
+            },
+        ) => {
+            let (p, t, mean, std, rf, v) = match law {
                 Law::Glm5Next(l) => (
                     l.patch_size,
                     l.temporal_patch_size,
                     l.mean,
                     l.std,
                     l.rescale_factor,
+                    glm5_canvas(img, &plan, *content, l.filter, cx),
                 ),
                 Law::Glm46V(l) => (
                     l.patch_size,
@@ -369,42 +650,31 @@ pub fn prepare(law: &Law, plan: Plan, img: &RgbImage, parallel: bool) -> Prepare
                     l.mean,
                     l.std,
                     l.rescale_factor,
+                    resize(
+                        img,
+                        plan.target.0 as usize,
+                        plan.target.1 as usize,
+                        l.filter,
+                        cx,
+                    ),
                 ),
-                _ => (14, 2, [0.0; 3], [1.0; 3], 1.0 / 255.0),
+                _ => {
+                    return Prepared {
+                        plan,
+                        tensors: Vec::new(),
+                    }
+                }
             };
             let (m, s) = fused(&mean, &std, rf);
             let lut = norm_lut(m, s);
-            let v = &views[0];
             let (p, t, mg) = (p as usize, t as usize, *merge as usize);
             let (gh, gw) = (*gh as usize, *gw as usize);
-            let row = 3 * t * p * p;
-            // Rows are written strictly in output order (no zero-fill pass): block-major patches,
-            // each row (c, t, ky, kx).
-            let mut rows: Vec<f32> = Vec::with_capacity(gh * gw * row);
-            for bh in 0..gh / mg {
-                for bw in 0..gw / mg {
-                    for ih in 0..mg {
-                        for iw in 0..mg {
-                            let (py, px) = (bh * mg + ih, bw * mg + iw);
-                            for (c, lc) in lut.iter().enumerate() {
-                                for _ in 0..t {
-                                    for ky in 0..p {
-                                        let src = &v.data[((py * p + ky) * v.width + px * p) * 3..]
-                                            [..p * 3];
-                                        rows.extend(
-                                            src.chunks_exact(3).map(|px| lc[px[c] as usize]),
-                                        );
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
+            let rows = glm_rows(&v, p, t, mg, gh, gw, &lut, parallel);
+            cx.scratch.give(v.data);
             vec![
                 NamedTensor {
                     name: "pixel_values",
-                    shape: vec![gh * gw, row],
+                    shape: vec![gh * gw, 3 * t * p * p],
                     data: TensorData::F32(rows),
                 },
                 NamedTensor {
@@ -414,48 +684,101 @@ pub fn prepare(law: &Law, plan: Plan, img: &RgbImage, parallel: bool) -> Prepare
                 },
             ]
         }
-        (Law::Step3p7(l), Geometry::Step3p7 { newline_mask, .. }) => {
+        (
+            Law::Step3p7(l),
+            Geometry::Step3p7 {
+                layout,
+                global_side,
+                crop_side,
+                newline_mask,
+                ..
+            },
+        ) => {
             let (m, s) = fused(&l.mean, &l.std, l.rescale_factor);
             let lut = norm_lut(m, s);
-            // CHW planes, written in output order.
-            let planar_into = |v: &RgbImage, out: &mut Vec<f32>| {
-                for (c, lc) in lut.iter().enumerate() {
-                    out.extend(v.data.chunks_exact(3).map(|px| lc[px[c] as usize]));
-                }
-            };
-            let gs = l.image_size as usize;
-            let cs = l.patch_size as usize;
-            let k = views.len() - 1;
-            let mut out = vec![NamedTensor {
-                name: "pixel_values",
-                shape: vec![1, 3, gs, gs],
-                data: TensorData::F32({
-                    let mut g = Vec::with_capacity(3 * gs * gs);
-                    planar_into(&views[0], &mut g);
-                    g
-                }),
-            }];
-            out.push(NamedTensor {
-                name: "num_local_patches",
-                shape: vec![1],
-                data: TensorData::I64(vec![k as i64]),
-            });
-            if k > 0 {
-                let mut local: Vec<f32> = Vec::with_capacity(k * 3 * cs * cs);
-                for v in &views[1..] {
-                    planar_into(v, &mut local);
+            let padded = step3p7_padded(img, layout.square_pad, cx.scratch);
+            let (gs, cs) = (*global_side as usize, *crop_side as usize);
+            let v = step3p7_views(l, layout, gs, cs, &padded, cx);
+            let k = v.tiles.len();
+            let mut global = crate::pages::with_capacity::<f32>(3 * gs * gs);
+            planar_push(&v.global.data, gs, 0, 0, gs, gs, &lut, &mut global);
+            let mut out = vec![
+                NamedTensor {
+                    name: "pixel_values",
+                    shape: vec![1, 3, gs, gs],
+                    data: TensorData::F32(global),
+                },
+                NamedTensor {
+                    name: "num_local_patches",
+                    shape: vec![1],
+                    data: TensorData::I64(vec![k as i64]),
+                },
+            ];
+            if k > 0 && !parallel {
+                let mut local = crate::pages::with_capacity::<f32>(k * 3 * cs * cs);
+                for tile in &v.tiles {
+                    match tile {
+                        StepTile::Window { x, y } => {
+                            planar_push(&v.crop, v.crop_width, *x, *y, cs, cs, &lut, &mut local)
+                        }
+                        StepTile::Resized(r) => {
+                            planar_push(&r.data, cs, 0, 0, cs, cs, &lut, &mut local)
+                        }
+                    }
                 }
                 out.push(NamedTensor {
                     name: "pixel_values_local",
                     shape: vec![k, 3, cs, cs],
                     data: TensorData::F32(local),
                 });
+            } else if k > 0 {
+                let mut local = crate::pages::zeroed::<f32>(k * 3 * cs * cs);
+                let body = |(tile, o): (&StepTile, &mut [f32])| match tile {
+                    StepTile::Window { x, y } => {
+                        planar(&v.crop, v.crop_width, *x, *y, cs, cs, &lut, o)
+                    }
+                    StepTile::Resized(r) => planar(&r.data, cs, 0, 0, cs, cs, &lut, o),
+                };
+                if parallel {
+                    v.tiles
+                        .par_iter()
+                        .zip(local.par_chunks_mut(3 * cs * cs))
+                        .for_each(body);
+                } else {
+                    v.tiles
+                        .iter()
+                        .zip(local.chunks_mut(3 * cs * cs))
+                        .for_each(body);
+                }
+                out.push(NamedTensor {
+                    name: "pixel_values_local",
+                    shape: vec![k, 3, cs, cs],
+                    data: TensorData::F32(local),
+                });
+            }
+            if k > 0 {
                 out.push(NamedTensor {
                     name: "patch_newline_masks",
                     shape: vec![k],
                     data: TensorData::U8(newline_mask.iter().map(|&b| u8::from(b)).collect()),
                 });
             }
+            let StepViews {
+                global,
+                crop,
+                tiles,
+                ..
+            } = v;
+            cx.scratch.give(global.data);
+            if let Cow::Owned(c) = crop {
+                cx.scratch.give(c);
+            }
+            for t in tiles {
+                if let StepTile::Resized(r) = t {
+                    cx.scratch.give(r.data);
+                }
+            }
+            give(cx.scratch, padded);
             out
         }
         _ => Vec::new(),

@@ -17,6 +17,8 @@
 
 use rayon::prelude::*;
 
+use crate::pages::Scratch;
+
 /// Resampling filter of the vendor processors (PIL codes 3 and 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Filter {
@@ -77,12 +79,15 @@ pub(crate) struct AxisWeights {
     pub start: Vec<usize>,
     /// Number of taps per output index.
     pub len: Vec<usize>,
-    /// `taps` weights per output index (zero padded).
+    /// `stride` weights per output index, zero past `len`.
     pub weights: Vec<i16>,
-    /// Row stride of `weights`.
-    pub taps: usize,
+    /// Row stride of `weights`: torch's tap bound rounded up to a multiple of 4, so the SIMD loops
+    /// may read whole groups of 4 taps (the padding weighs 0).
+    pub stride: usize,
     /// Fixed-point precision bits.
     pub precision: u32,
+    /// Groups of 4 taps that cover the longest output (`max len / 4`, rounded up).
+    pub groups: usize,
 }
 
 impl AxisWeights {
@@ -95,8 +100,9 @@ impl AxisWeights {
         };
         // torch: `(int) ceilf(support) * 2 + 1` (ceilf on the float-rounded support).
         let taps = ((support as f32).ceil() as usize) * 2 + 1;
+        let stride = taps.div_ceil(4) * 4;
         let invscale = if scale >= 1.0 { 1.0 / scale } else { 1.0 };
-        let mut wf = vec![0.0f64; output * taps];
+        let mut wf = vec![0.0f64; output * stride];
         let mut start = Vec::with_capacity(output);
         let mut len = Vec::with_capacity(output);
         let mut wmax = 0.0f64;
@@ -106,7 +112,7 @@ impl AxisWeights {
             let xmin = ((center - support + 0.5) as i64).max(0);
             let xsize =
                 (((center + support + 0.5) as i64).min(input as i64) - xmin).clamp(0, taps as i64);
-            let row = &mut wf[i * taps..(i + 1) * taps];
+            let row = &mut wf[i * stride..(i + 1) * stride];
             let mut total = 0.0f64;
             for (j, w) in row.iter_mut().enumerate().take(xsize as usize) {
                 let v = filter.eval((j as f64 + xmin as f64 - center + 0.5) * invscale);
@@ -138,13 +144,21 @@ impl AxisWeights {
                 (if v < 0.0 { v - 0.5 } else { v + 0.5 }) as i16
             })
             .collect();
+        let groups = len.iter().copied().max().unwrap_or(0).div_ceil(4);
         AxisWeights {
             start,
             len,
             weights,
-            taps,
+            stride,
             precision,
+            groups,
         }
+    }
+
+    /// The `len` weights of output `i`.
+    #[inline(always)]
+    fn taps(&self, i: usize) -> &[i16] {
+        &self.weights[i * self.stride..i * self.stride + self.len[i]]
     }
 }
 
@@ -153,15 +167,14 @@ fn finish(acc: i32, precision: u32) -> u8 {
     (acc >> precision).clamp(0, 255) as u8
 }
 
-/// One output row of the horizontal pass (hot loop; inlined into the AVX2 and baseline twins).
+/// One output row of the horizontal pass, portable (any channel count).
 #[inline(always)]
 fn horizontal_row<const C: usize>(srow: &[u8], aw: &AxisWeights, drow: &mut [u8]) {
     let round = 1i32 << (aw.precision - 1);
     for (ox, out) in drow.chunks_exact_mut(C).enumerate() {
         let s = aw.start[ox];
-        let n = aw.len[ox];
-        let w = &aw.weights[ox * aw.taps..ox * aw.taps + n];
-        let px = &srow[s * C..(s + n) * C];
+        let w = aw.taps(ox);
+        let px = &srow[s * C..(s + w.len()) * C];
         let mut acc = [round; C];
         for (p, &wk) in px.chunks_exact(C).zip(w) {
             let wk = i32::from(wk);
@@ -175,14 +188,15 @@ fn horizontal_row<const C: usize>(srow: &[u8], aw: &AxisWeights, drow: &mut [u8]
     }
 }
 
-/// One output row of the horizontal pass for RGB expanded to RGBX (4 lanes vectorise; the fourth is 0).
+/// One output row of the horizontal pass for RGB expanded to RGBX (the portable path: 4 lanes
+/// auto-vectorise; the fourth is 0).
 #[inline(always)]
 fn horizontal_row_rgbx(srow4: &[u8], aw: &AxisWeights, drow: &mut [u8]) {
     let round = 1i32 << (aw.precision - 1);
     for (ox, out) in drow.chunks_exact_mut(3).enumerate() {
         let s = aw.start[ox];
-        let n = aw.len[ox];
-        let w = &aw.weights[ox * aw.taps..ox * aw.taps + n];
+        let w = aw.taps(ox);
+        let n = w.len();
         let px = &srow4[s * 4..(s + n) * 4];
         let mut acc = [round; 4];
         // Taps in pairs: a·w0 + b·w1 per lane (the pmaddwd shape); the odd tap last.
@@ -206,29 +220,13 @@ fn horizontal_row_rgbx(srow4: &[u8], aw: &AxisWeights, drow: &mut [u8]) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn horizontal_row_rgbx_avx2(srow4: &[u8], aw: &AxisWeights, drow: &mut [u8]) {
-    horizontal_row_rgbx(srow4, aw, drow)
-}
-
-fn h_row_rgbx(avx2: bool, srow4: &[u8], aw: &AxisWeights, drow: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: `avx2` is true only when AVX2 was detected at run time (see `h_row`).
-        unsafe { horizontal_row_rgbx_avx2(srow4, aw, drow) };
-        return;
-    }
-    let _ = avx2;
-    horizontal_row_rgbx(srow4, aw, drow)
-}
-
 fn expand_rgbx(src: &[u8], dst: &mut Vec<u8>) {
     dst.clear();
     dst.extend(src.chunks_exact(3).flat_map(|p| [p[0], p[1], p[2], 0]));
 }
 
-/// One output row of the vertical pass.
+/// One output row of the vertical pass, portable: `src` holds rows from `row0` on, `row_len`
+/// bytes each.
 #[inline(always)]
 fn vertical_row(
     src: &[u8],
@@ -238,16 +236,36 @@ fn vertical_row(
     oy: usize,
     drow: &mut [u8],
 ) {
-    let round = 1i32 << (aw.precision - 1);
-    let s = aw.start[oy] - row0;
-    let n = aw.len[oy];
-    let w = &aw.weights[oy * aw.taps..oy * aw.taps + n];
+    vertical_cols(
+        src,
+        aw.start[oy] - row0,
+        row_len,
+        aw.taps(oy),
+        aw.precision,
+        0,
+        drow,
+    );
+}
+
+/// Columns `x0..drow.len()` of one vertical output row (shared by the portable path and the
+/// AVX2 path's tail).
+#[inline(always)]
+fn vertical_cols(
+    src: &[u8],
+    s: usize,
+    row_len: usize,
+    w: &[i16],
+    precision: u32,
+    x0: usize,
+    drow: &mut [u8],
+) {
+    let round = 1i32 << (precision - 1);
     // Column blocks keep the accumulators in L1/registers.
     const BLOCK: usize = 512;
     let mut acc = [0i32; BLOCK];
-    let mut x0 = 0;
-    while x0 < row_len {
-        let len = BLOCK.min(row_len - x0);
+    let mut x0 = x0;
+    while x0 < drow.len() {
+        let len = BLOCK.min(drow.len() - x0);
         let acc = &mut acc[..len];
         acc.fill(round);
         for (k, &wk) in w.iter().enumerate() {
@@ -258,29 +276,262 @@ fn vertical_row(
             }
         }
         for (d, &a) in drow[x0..x0 + len].iter_mut().zip(acc.iter()) {
-            *d = finish(a, aw.precision);
+            *d = finish(a, precision);
         }
         x0 += len;
     }
 }
 
+/// AVX2 twins of the RGB horizontal row and the vertical row: the same i16 × u8 products summed in
+/// i32 (`pmaddwd` adds pairs of them, exactly), so the bytes equal the portable path's and torch's.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn horizontal_row_avx2<const C: usize>(srow: &[u8], aw: &AxisWeights, drow: &mut [u8]) {
-    horizontal_row::<C>(srow, aw, drow)
-}
+mod avx2 {
+    use std::arch::x86_64::*;
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn vertical_row_avx2(
-    src: &[u8],
-    row0: usize,
-    row_len: usize,
-    aw: &AxisWeights,
-    oy: usize,
-    drow: &mut [u8],
-) {
-    vertical_row(src, row0, row_len, aw, oy, drow)
+    use super::AxisWeights;
+
+    /// Taps of one output pixel (source bytes from `base` in each of the `R` rows at `offs`),
+    /// `groups` groups of 4 taps: 12 bytes (4 pixels) shuffled to
+    /// `[r0 r1 g0 g1 b0 b1 0 0 | r2 r3 g2 g3 b2 b3 0 0]`, widened to i16 and `pmaddwd`ed with
+    /// `[w0 w1]×4 | [w2 w3]×4`; each weight group is loaded once for all rows.
+    #[inline(always)]
+    unsafe fn pixel_acc<const R: usize>(
+        sp: *const u8,
+        offs: &[usize; R],
+        base: usize,
+        w: *const i16,
+        groups: usize,
+        shuf: __m128i,
+        idx: __m256i,
+    ) -> [__m256i; R] {
+        let mut acc = [_mm256_setzero_si256(); R];
+        for g in 0..groups {
+            let wq = _mm_loadl_epi64(w.add(4 * g) as *const __m128i);
+            let wv = _mm256_permutevar8x32_epi32(_mm256_castsi128_si256(wq), idx);
+            for r in 0..R {
+                let p = _mm_loadu_si128(sp.add(offs[r] + base + 12 * g) as *const __m128i);
+                let x = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(p, shuf));
+                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(x, wv));
+            }
+        }
+        acc
+    }
+
+    /// Four pixels' accumulators (two halves of `[R G B 0]` each) to 12 RGB bytes, as `finish`.
+    #[inline(always)]
+    unsafe fn finish_quad(q: [__m256i; 4], round: __m256i, shift: __m128i) -> [u8; 16] {
+        let lo = _mm256_permute2x128_si256::<0x20>(q[0], q[1]);
+        let hi = _mm256_permute2x128_si256::<0x31>(q[0], q[1]);
+        let ab = _mm256_sra_epi32(_mm256_add_epi32(_mm256_add_epi32(lo, hi), round), shift);
+        let lo = _mm256_permute2x128_si256::<0x20>(q[2], q[3]);
+        let hi = _mm256_permute2x128_si256::<0x31>(q[2], q[3]);
+        let cd = _mm256_sra_epi32(_mm256_add_epi32(_mm256_add_epi32(lo, hi), round), shift);
+        // i16 lanes [A C | B D], then bytes; clamp to 0..=255 by the two saturations.
+        let b = _mm256_packus_epi16(_mm256_packs_epi32(ab, cd), _mm256_setzero_si256());
+        let abcd = _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
+        let rgb = _mm_shuffle_epi8(
+            abcd,
+            _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1),
+        );
+        let mut out = [0u8; 16];
+        _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, rgb);
+        out
+    }
+
+    /// `R` RGB output rows of the horizontal pass; source row `r` starts at byte `offs[r]` of `src`.
+    /// `G` is the axis' group count when it is small (the loop unrolls), 0 to use `aw.groups`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; every `drows[r]` is `3·out_w` bytes; for every row
+    /// `offs[r] + reach(aw) ≤ src.len()` (see [`reach`]).
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn horizontal_rows_rgb<const R: usize, const G: usize>(
+        src: &[u8],
+        offs: [usize; R],
+        aw: &AxisWeights,
+        drows: [&mut [u8]; R],
+    ) {
+        let groups = if G == 0 { aw.groups } else { G };
+        let shuf = _mm_setr_epi8(0, 3, 1, 4, 2, 5, -1, -1, 6, 9, 7, 10, 8, 11, -1, -1);
+        let idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+        let round = _mm256_set1_epi32(1 << (aw.precision - 1));
+        let shift = _mm_cvtsi32_si128(aw.precision as i32);
+        let (sp, wp, stride) = (src.as_ptr(), aw.weights.as_ptr(), aw.stride);
+        let out_w = aw.start.len();
+        let mut drows = drows;
+        let mut ox = 0;
+        // SAFETY (loads): every pixel reads `groups` 16-byte loads from `offs[r] + 3·start` on,
+        // inside `src` by the caller's `reach` check; weight groups lie inside the pixel's stride
+        // (stride ≥ 4·groups), and taps past `len` weigh 0.
+        while ox + 4 <= out_w {
+            let mut q = [[_mm256_setzero_si256(); R]; 4];
+            for (j, qj) in q.iter_mut().enumerate() {
+                let x = ox + j;
+                *qj = pixel_acc::<R>(
+                    sp,
+                    &offs,
+                    3 * aw.start[x],
+                    wp.add(x * stride),
+                    groups,
+                    shuf,
+                    idx,
+                );
+            }
+            for (r, drow) in drows.iter_mut().enumerate() {
+                let b = finish_quad([q[0][r], q[1][r], q[2][r], q[3][r]], round, shift);
+                drow[3 * ox..3 * ox + 12].copy_from_slice(&b[..12]);
+            }
+            ox += 4;
+        }
+        while ox < out_w {
+            let acc = pixel_acc::<R>(
+                sp,
+                &offs,
+                3 * aw.start[ox],
+                wp.add(ox * stride),
+                groups,
+                shuf,
+                idx,
+            );
+            for (r, drow) in drows.iter_mut().enumerate() {
+                let b = finish_quad([acc[r]; 4], round, shift);
+                drow[3 * ox..3 * ox + 3].copy_from_slice(&b[..3]);
+            }
+            ox += 1;
+        }
+    }
+
+    /// Bytes past a row's start that [`horizontal_rows_rgb`] may read: the last pixel's loads.
+    pub(super) fn reach(aw: &AxisWeights) -> usize {
+        let last = aw.start.last().copied().unwrap_or(0);
+        3 * last + 12 * aw.groups.saturating_sub(1) + 16
+    }
+
+    /// One RGB output row by the portable arithmetic, for the image's last rows, where a 16-byte
+    /// load would leave `src`.
+    pub(super) fn row_tail(src: &[u8], off: usize, aw: &AxisWeights, drow: &mut [u8]) {
+        let round = 1i32 << (aw.precision - 1);
+        for (ox, out) in drow.chunks_exact_mut(3).enumerate() {
+            let s = aw.start[ox];
+            let mut acc = [round; 3];
+            for (k, &wk) in aw.taps(ox).iter().enumerate() {
+                for c in 0..3 {
+                    acc[c] += i32::from(src[off + (s + k) * 3 + c]) * i32::from(wk);
+                }
+            }
+            for c in 0..3 {
+                out[c] = super::finish(acc[c], aw.precision);
+            }
+        }
+    }
+
+    /// Narrow 16 i32 sums (two registers of 8, in column order, rounding term included) to 16
+    /// bytes as `finish` does, and store them.
+    #[inline(always)]
+    unsafe fn store16(lo: __m256i, hi: __m256i, shift: __m128i, dst: *mut u8) {
+        let lo = _mm256_sra_epi32(lo, shift);
+        let hi = _mm256_sra_epi32(hi, shift);
+        let a = _mm_packs_epi32(
+            _mm256_castsi256_si128(lo),
+            _mm256_extracti128_si256::<1>(lo),
+        );
+        let b = _mm_packs_epi32(
+            _mm256_castsi256_si128(hi),
+            _mm256_extracti128_si256::<1>(hi),
+        );
+        _mm_storeu_si128(dst as *mut __m128i, _mm_packus_epi16(a, b));
+    }
+
+    /// Accumulate `Σ_k w_k · row_k[x..x+16]` for two taps at a time into `lo` (columns 0..8) and
+    /// `hi` (8..16): bytes of the two rows interleaved, widened, `pmaddwd` with `[w_k w_k+1]`.
+    #[inline(always)]
+    unsafe fn taps16(
+        r0: *const u8,
+        r1: *const u8,
+        wpair: __m256i,
+        lo: &mut __m256i,
+        hi: &mut __m256i,
+    ) {
+        let a = _mm_loadu_si128(r0 as *const __m128i);
+        let b = _mm_loadu_si128(r1 as *const __m128i);
+        let l = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b));
+        let h = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a, b));
+        *lo = _mm256_add_epi32(*lo, _mm256_madd_epi16(l, wpair));
+        *hi = _mm256_add_epi32(*hi, _mm256_madd_epi16(h, wpair));
+    }
+
+    /// One output row of the vertical pass: `src` holds rows from `row0` on, `row_len` bytes each.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; rows `start[oy] − row0 .. + len[oy]` lie inside `src` and
+    /// `drow.len() == row_len`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn vertical_row(
+        src: &[u8],
+        row0: usize,
+        row_len: usize,
+        aw: &AxisWeights,
+        oy: usize,
+        drow: &mut [u8],
+    ) {
+        let s = aw.start[oy] - row0;
+        let w = aw.taps(oy);
+        let n = w.len();
+        let round = _mm256_set1_epi32(1 << (aw.precision - 1));
+        let shift = _mm_cvtsi32_si128(aw.precision as i32);
+        // Weight pairs broadcast once per row; an odd last tap pairs with weight 0 on itself.
+        let mut pairs = [(_mm256_setzero_si256(), 0usize, 0usize); 64];
+        let npairs = n.div_ceil(2);
+        if npairs > pairs.len() {
+            super::vertical_cols(src, s, row_len, w, aw.precision, 0, drow);
+            return;
+        }
+        for (j, p) in pairs.iter_mut().enumerate().take(npairs) {
+            let k = 2 * j;
+            let (w0, w1, k1) = if k + 1 < n {
+                (w[k], w[k + 1], k + 1)
+            } else {
+                (w[k], 0, k)
+            };
+            let packed = (u32::from(w0 as u16) | (u32::from(w1 as u16) << 16)) as i32;
+            *p = (
+                _mm256_set1_epi32(packed),
+                (s + k) * row_len,
+                (s + k1) * row_len,
+            );
+        }
+        let sp = src.as_ptr();
+        let dp = drow.as_mut_ptr();
+        let mut x = 0;
+        // SAFETY (loads/stores): x + 32 (or + 16) ≤ row_len, every row offset is a row inside `src`.
+        while x + 32 <= row_len {
+            let (mut a, mut b, mut c, mut d) = (round, round, round, round);
+            for &(wpair, o0, o1) in &pairs[..npairs] {
+                taps16(sp.add(o0 + x), sp.add(o1 + x), wpair, &mut a, &mut b);
+                taps16(
+                    sp.add(o0 + x + 16),
+                    sp.add(o1 + x + 16),
+                    wpair,
+                    &mut c,
+                    &mut d,
+                );
+            }
+            store16(a, b, shift, dp.add(x));
+            store16(c, d, shift, dp.add(x + 16));
+            x += 32;
+        }
+        while x + 16 <= row_len {
+            let (mut a, mut b) = (round, round);
+            for &(wpair, o0, o1) in &pairs[..npairs] {
+                taps16(sp.add(o0 + x), sp.add(o1 + x), wpair, &mut a, &mut b);
+            }
+            store16(a, b, shift, dp.add(x));
+            x += 16;
+        }
+        if x < row_len {
+            super::vertical_cols(src, s, row_len, w, aw.precision, x, drow);
+        }
+    }
 }
 
 fn has_avx2() -> bool {
@@ -294,39 +545,51 @@ fn has_avx2() -> bool {
     }
 }
 
-fn h_row<const C: usize>(avx2: bool, srow: &[u8], aw: &AxisWeights, drow: &mut [u8]) {
+/// Which row kernels a pass uses: AVX2 when the CPU has it (and the caller allows it), else portable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernels {
+    Portable,
     #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: `avx2` is true only when `is_x86_feature_detected!("avx2")` said the CPU has AVX2;
-        // the function body is safe code compiled with that feature enabled.
-        unsafe { horizontal_row_avx2::<C>(srow, aw, drow) };
-        return;
-    }
-    let _ = avx2;
-    horizontal_row::<C>(srow, aw, drow)
+    Avx2,
 }
 
-fn v_row(
-    avx2: bool,
-    src: &[u8],
-    row0: usize,
-    row_len: usize,
-    aw: &AxisWeights,
-    oy: usize,
-    drow: &mut [u8],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: as in `h_row`: AVX2 was detected at run time.
-        unsafe { vertical_row_avx2(src, row0, row_len, aw, oy, drow) };
-        return;
+impl Kernels {
+    fn detect() -> Kernels {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            return Kernels::Avx2;
+        }
+        Kernels::Portable
     }
-    let _ = avx2;
-    vertical_row(src, row0, row_len, aw, oy, drow)
+}
+
+/// [`avx2::horizontal_rows_rgb`] with the group count as a constant when it is small.
+///
+/// # Safety
+/// As [`avx2::horizontal_rows_rgb`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn h_rows_avx2<const R: usize>(
+    src: &[u8],
+    offs: [usize; R],
+    aw: &AxisWeights,
+    drows: [&mut [u8]; R],
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match aw.groups {
+            1 => avx2::horizontal_rows_rgb::<R, 1>(src, offs, aw, drows),
+            2 => avx2::horizontal_rows_rgb::<R, 2>(src, offs, aw, drows),
+            3 => avx2::horizontal_rows_rgb::<R, 3>(src, offs, aw, drows),
+            4 => avx2::horizontal_rows_rgb::<R, 4>(src, offs, aw, drows),
+            _ => avx2::horizontal_rows_rgb::<R, 0>(src, offs, aw, drows),
+        }
+    }
 }
 
 /// Horizontal pass over rows `rows` of an interleaved `C`-channel image.
+#[allow(clippy::too_many_arguments)]
 fn horizontal<const C: usize>(
+    kernels: Kernels,
     src: &[u8],
     src_w: usize,
     rows: std::ops::Range<usize>,
@@ -335,12 +598,45 @@ fn horizontal<const C: usize>(
     dst: &mut [u8],
     parallel: bool,
 ) {
-    let avx2 = has_avx2();
-    let srow_of = |r: usize| &src[(rows.start + r) * src_w * C..(rows.start + r + 1) * src_w * C];
+    let row_bytes = src_w * C;
+    #[cfg(target_arch = "x86_64")]
+    if C == 3 && kernels == Kernels::Avx2 {
+        let reach = avx2::reach(aw);
+        // Rows in pairs: each pixel's weights are loaded once for both.
+        let body = |(i, pair): (usize, &mut [u8])| {
+            let r0 = rows.start + 2 * i;
+            let (o0, o1) = (r0 * row_bytes, (r0 + 1) * row_bytes);
+            let two = pair.len() == 2 * out_w * C;
+            if two && o1 + reach <= src.len() {
+                let (a, b) = pair.split_at_mut(out_w * C);
+                // SAFETY: AVX2 was detected; both rows pass the reach check; each output row is
+                // `3·out_w` bytes.
+                unsafe { h_rows_avx2::<2>(src, [o0, o1], aw, [a, b]) };
+                return;
+            }
+            for (k, drow) in pair.chunks_mut(out_w * C).enumerate() {
+                let o = o0 + k * row_bytes;
+                if o + reach <= src.len() {
+                    // SAFETY: as above, for one row.
+                    unsafe { h_rows_avx2::<1>(src, [o], aw, [drow]) };
+                } else {
+                    avx2::row_tail(src, o, aw, drow);
+                }
+            }
+        };
+        if parallel {
+            dst.par_chunks_mut(2 * out_w * C).enumerate().for_each(body);
+        } else {
+            dst.chunks_mut(2 * out_w * C).enumerate().for_each(body);
+        }
+        return;
+    }
+    let _ = kernels;
+    let srow_of = |r: usize| &src[(rows.start + r) * row_bytes..(rows.start + r + 1) * row_bytes];
     if C == 3 {
         let body = |buf: &mut Vec<u8>, (r, drow): (usize, &mut [u8])| {
             expand_rgbx(srow_of(r), buf);
-            h_row_rgbx(avx2, buf, aw, drow);
+            horizontal_row_rgbx(buf, aw, drow);
         };
         if parallel {
             dst.par_chunks_mut(out_w * C)
@@ -354,7 +650,7 @@ fn horizontal<const C: usize>(
         }
         return;
     }
-    let body = |(r, drow): (usize, &mut [u8])| h_row::<C>(avx2, srow_of(r), aw, drow);
+    let body = |(r, drow): (usize, &mut [u8])| horizontal_row::<C>(srow_of(r), aw, drow);
     if parallel {
         dst.par_chunks_mut(out_w * C).enumerate().for_each(body);
     } else {
@@ -364,6 +660,7 @@ fn horizontal<const C: usize>(
 
 /// Vertical pass: `src` holds rows `[row0, row0 + src rows)` of width `row_len` bytes.
 fn vertical(
+    kernels: Kernels,
     src: &[u8],
     row0: usize,
     row_len: usize,
@@ -371,8 +668,13 @@ fn vertical(
     dst: &mut [u8],
     parallel: bool,
 ) {
-    let avx2 = has_avx2();
-    let body = |(oy, drow): (usize, &mut [u8])| v_row(avx2, src, row0, row_len, aw, oy, drow);
+    let body = |(oy, drow): (usize, &mut [u8])| match kernels {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 was detected; `AxisWeights::new` keeps each output's rows inside the
+        // source, and the caller passes exactly the rows from `row0` that the weights read.
+        Kernels::Avx2 => unsafe { avx2::vertical_row(src, row0, row_len, aw, oy, drow) },
+        Kernels::Portable => vertical_row(src, row0, row_len, aw, oy, drow),
+    };
     if parallel {
         dst.par_chunks_mut(row_len).enumerate().for_each(body);
     } else {
@@ -393,10 +695,22 @@ pub fn resize_rgb(
     filter: Filter,
     parallel: bool,
 ) -> Vec<u8> {
-    resize_c::<3>(src, src_w, src_h, out_w, out_h, filter, parallel)
+    resize_rgb_in(
+        src,
+        src_w,
+        src_h,
+        out_w,
+        out_h,
+        filter,
+        parallel,
+        Scratch::none(),
+    )
 }
 
-fn resize_c<const C: usize>(
+/// [`resize_rgb`] with the intermediate and the result taken from `scratch` (the intermediate
+/// goes back to it).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn resize_rgb_in(
     src: &[u8],
     src_w: usize,
     src_h: usize,
@@ -404,6 +718,119 @@ fn resize_c<const C: usize>(
     out_h: usize,
     filter: Filter,
     parallel: bool,
+    scratch: &Scratch,
+) -> Vec<u8> {
+    resize_c::<3>(
+        Kernels::detect(),
+        src,
+        src_w,
+        src_h,
+        out_w,
+        out_h,
+        filter,
+        parallel,
+        scratch,
+    )
+}
+
+/// Resize one RGB image to `out_w` wide and each of `heights` high, computing the horizontal pass
+/// once: the law's horizontal pass does not depend on the target height, so every result equals
+/// [`resize_rgb`] to that size. An unchanged size borrows `src`; buffers come from `scratch`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn resize_rgb_heights<'a>(
+    src: &'a [u8],
+    src_w: usize,
+    src_h: usize,
+    out_w: usize,
+    heights: &[usize],
+    filter: Filter,
+    parallel: bool,
+    scratch: &Scratch,
+) -> Vec<std::borrow::Cow<'a, [u8]>> {
+    use std::borrow::Cow;
+    let kernels = Kernels::detect();
+    let verticals: Vec<Option<AxisWeights>> = heights
+        .iter()
+        .map(|&h| (h != src_h).then(|| AxisWeights::new(src_h, h, filter)))
+        .collect();
+    let row_len = out_w * 3;
+    if out_w == src_w {
+        return heights
+            .iter()
+            .zip(&verticals)
+            .map(|(&h, av)| match av {
+                None => Cow::Borrowed(src),
+                Some(av) => {
+                    let mut dst = scratch.take(row_len * h);
+                    vertical(kernels, src, 0, row_len, av, &mut dst, parallel);
+                    Cow::Owned(dst)
+                }
+            })
+            .collect();
+    }
+    let aw = AxisWeights::new(src_w, out_w, filter);
+    // The union of the rows every vertical pass reads (all rows for an unchanged height).
+    let (mut row0, mut row1) = (src_h, 0);
+    for av in &verticals {
+        let (a, b) = match av {
+            None => (0, src_h),
+            Some(av) => vertical_rows(av, src_h),
+        };
+        row0 = row0.min(a);
+        row1 = row1.max(b);
+    }
+    let mut tmp = scratch.take(row_len * row1.saturating_sub(row0));
+    horizontal::<3>(
+        kernels,
+        src,
+        src_w,
+        row0..row1,
+        &aw,
+        out_w,
+        &mut tmp,
+        parallel,
+    );
+    let out = heights
+        .iter()
+        .zip(&verticals)
+        .map(|(&h, av)| {
+            let mut dst = scratch.take(row_len * h);
+            match av {
+                None => dst.copy_from_slice(&tmp),
+                Some(av) => vertical(kernels, &tmp, row0, row_len, av, &mut dst, parallel),
+            }
+            Cow::Owned(dst)
+        })
+        .collect();
+    scratch.give(tmp);
+    out
+}
+
+/// The source rows `[row0, row1)` a vertical pass reads.
+fn vertical_rows(av: &AxisWeights, src_h: usize) -> (usize, usize) {
+    let row0 = av.start.first().copied().unwrap_or(0);
+    let row1 = av
+        .start
+        .iter()
+        .zip(&av.len)
+        .map(|(s, l)| s + l)
+        .max()
+        .unwrap_or(src_h)
+        .min(src_h);
+    (row0, row1)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn resize_c<const C: usize>(
+    kernels: Kernels,
+    src: &[u8],
+    src_w: usize,
+    src_h: usize,
+    out_w: usize,
+    out_h: usize,
+    filter: Filter,
+    parallel: bool,
+    scratch: &Scratch,
 ) -> Vec<u8> {
     let need_h = out_w != src_w;
     let need_v = out_h != src_h;
@@ -411,33 +838,44 @@ fn resize_c<const C: usize>(
         (false, false) => src.to_vec(),
         (true, false) => {
             let aw = AxisWeights::new(src_w, out_w, filter);
-            let mut dst = vec![0u8; out_w * out_h * C];
-            horizontal::<C>(src, src_w, 0..src_h, &aw, out_w, &mut dst, parallel);
+            let mut dst = scratch.take(out_w * out_h * C);
+            horizontal::<C>(
+                kernels,
+                src,
+                src_w,
+                0..src_h,
+                &aw,
+                out_w,
+                &mut dst,
+                parallel,
+            );
             dst
         }
         (false, true) => {
             let av = AxisWeights::new(src_h, out_h, filter);
-            let mut dst = vec![0u8; out_w * out_h * C];
-            vertical(src, 0, src_w * C, &av, &mut dst, parallel);
+            let mut dst = scratch.take(out_w * out_h * C);
+            vertical(kernels, src, 0, src_w * C, &av, &mut dst, parallel);
             dst
         }
         (true, true) => {
             let aw = AxisWeights::new(src_w, out_w, filter);
             let av = AxisWeights::new(src_h, out_h, filter);
             // Only the source rows the vertical pass reads.
-            let row0 = av.start.first().copied().unwrap_or(0);
-            let row1 = av
-                .start
-                .iter()
-                .zip(&av.len)
-                .map(|(s, l)| s + l)
-                .max()
-                .unwrap_or(src_h)
-                .min(src_h);
-            let mut tmp = vec![0u8; out_w * (row1 - row0) * C];
-            horizontal::<C>(src, src_w, row0..row1, &aw, out_w, &mut tmp, parallel);
-            let mut dst = vec![0u8; out_w * out_h * C];
-            vertical(&tmp, row0, out_w * C, &av, &mut dst, parallel);
+            let (row0, row1) = vertical_rows(&av, src_h);
+            let mut tmp = scratch.take(out_w * (row1 - row0) * C);
+            horizontal::<C>(
+                kernels,
+                src,
+                src_w,
+                row0..row1,
+                &aw,
+                out_w,
+                &mut tmp,
+                parallel,
+            );
+            let mut dst = scratch.take(out_w * out_h * C);
+            vertical(kernels, &tmp, row0, out_w * C, &av, &mut dst, parallel);
+            scratch.give(tmp);
             dst
         }
     }
@@ -446,6 +884,88 @@ fn resize_c<const C: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every kernel set this CPU can run: the portable one, and AVX2 where detected.
+    fn all_kernels() -> Vec<Kernels> {
+        let mut k = vec![Kernels::Portable];
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            k.push(Kernels::Avx2);
+        }
+        k
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn resize_with(
+        k: Kernels,
+        src: &[u8],
+        sw: usize,
+        sh: usize,
+        w: usize,
+        h: usize,
+        f: Filter,
+        parallel: bool,
+    ) -> Vec<u8> {
+        resize_c::<3>(k, src, sw, sh, w, h, f, parallel, Scratch::none())
+    }
+
+    /// The AVX2 kernels equal the portable ones byte for byte on random images: sizes 1..400 up and
+    /// down (so every tap count mod 4, row tails, and pixels whose 16-byte load would leave the
+    /// buffer), extreme ratios, both filters. The portable kernels equal torchvision (fixtures below).
+    #[test]
+    fn kernels_agree_on_random_images() {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let kernels = all_kernels();
+        let mut cases = vec![
+            (1, 1, 3, 2),
+            (2, 1, 1, 1),
+            (600, 2, 3, 5),
+            (3, 700, 2, 9),
+            (997, 13, 31, 7),
+        ];
+        for _ in 0..120 {
+            let d = |n: &mut dyn FnMut() -> u64| 1 + (n() % 400) as usize;
+            cases.push((d(&mut next), d(&mut next), d(&mut next), d(&mut next)));
+        }
+        for (sw, sh, w, h) in cases {
+            let src: Vec<u8> = (0..sw * sh * 3).map(|_| next() as u8).collect();
+            for f in [Filter::Bicubic, Filter::Bilinear] {
+                let want = resize_with(Kernels::Portable, &src, sw, sh, w, h, f, false);
+                for &k in &kernels[1..] {
+                    let got = resize_with(k, &src, sw, sh, w, h, f, false);
+                    assert!(got == want, "{k:?} {sw}x{sh} -> {w}x{h} {f:?}");
+                }
+            }
+        }
+    }
+
+    /// The shared horizontal pass gives each height what a separate resize gives.
+    #[test]
+    fn shared_horizontal_pass_equals_separate_resizes() {
+        let (sw, sh) = (301, 203);
+        let src: Vec<u8> = (0..sw * sh * 3).map(|i| (i * 7919 % 251) as u8).collect();
+        for (w, hs) in [
+            (226, vec![150, 203, 57]),
+            (301, vec![203, 400]),
+            (640, vec![9, 203]),
+        ] {
+            for f in [Filter::Bicubic, Filter::Bilinear] {
+                let got = resize_rgb_heights(&src, sw, sh, w, &hs, f, false, Scratch::none());
+                for (&h, g) in hs.iter().zip(&got) {
+                    assert!(
+                        **g == *resize_rgb(&src, sw, sh, w, h, f, false),
+                        "{w}x{h} {f:?}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn identity_when_same_size() {
@@ -505,7 +1025,12 @@ mod tests {
             } else {
                 Filter::Bilinear
             };
-            let got = resize_rgb(&src, sw, sh, ew, eh, filter, false);
+            for &k in &all_kernels()[1..] {
+                if resize_with(k, &src, sw, sh, ew, eh, filter, false) != expected {
+                    bad.push(format!("{k:?} {} -> {ew}x{eh}: differs", case["src"]));
+                }
+            }
+            let got = resize_with(Kernels::Portable, &src, sw, sh, ew, eh, filter, false);
             let d = got
                 .iter()
                 .zip(&expected)
@@ -530,22 +1055,26 @@ mod tests {
             } else {
                 Filter::Bilinear
             };
-            let got = resize_rgb(
-                &src,
-                g("src_width"),
-                g("src_height"),
-                g("width"),
-                g("height"),
-                filter,
-                true,
-            );
             let want: u64 = case["checksum"]
                 .as_str()
                 .and_then(|s| s.parse().ok())
                 .expect("checksum");
-            if checksum(&got) != want {
+            for k in all_kernels() {
+                let got = resize_with(
+                    k,
+                    &src,
+                    g("src_width"),
+                    g("src_height"),
+                    g("width"),
+                    g("height"),
+                    filter,
+                    true,
+                );
+                if checksum(&got) == want {
+                    continue;
+                }
                 bad.push(format!(
-                    "formula {}x{} -> {}x{} {}: checksum differs",
+                    "{k:?} formula {}x{} -> {}x{} {}: checksum differs",
                     g("src_width"),
                     g("src_height"),
                     g("width"),
