@@ -175,6 +175,21 @@ pub enum HostTensor<'a> {
     Stack(Vec<HostTensor<'a>>),
 }
 
+impl<'a> HostTensor<'a> {
+    /// `bytes` read in place when `dtype` is a float type they hold whole elements of; else the
+    /// f32 values `decode` gives (a quantised tensor, or bytes that do not split into elements).
+    pub fn in_place<E>(
+        bytes: &'a [u8],
+        dtype: Option<LeDtype>,
+        decode: impl FnOnce() -> std::result::Result<Vec<f32>, E>,
+    ) -> std::result::Result<HostTensor<'a>, E> {
+        match dtype.and_then(|d| LeBytes::new(bytes, d).ok()) {
+            Some(b) => Ok(HostTensor::Bytes(b)),
+            None => Ok(HostTensor::F32(decode()?)),
+        }
+    }
+}
+
 impl HostTensor<'_> {
     /// Calls `f(part, offset in part, offset in out, n)` for the parts covering `start ..
     /// start + n` of a stack.

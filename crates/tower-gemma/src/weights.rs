@@ -6,7 +6,7 @@
 use crate::config::{GemmaConfig, GgufActivation};
 use crate::error::{GemmaError, Result};
 use gguf_reader::{GgmlType, GgufFile};
-use gpu_core::{Clamp, HostTensor, LeBytes, LeDtype, TensorStore};
+use gpu_core::{Clamp, HostTensor, LeDtype, TensorStore};
 use st_reader::{Checkpoint, Dtype};
 use std::collections::BTreeSet;
 
@@ -98,18 +98,6 @@ impl<'a> Fetch<'a> for HostTensor<'a> {
     }
 }
 
-/// `bytes` in place when they are whole elements of `dtype`, else `decode()`d.
-fn in_place<'a>(
-    bytes: &'a [u8],
-    dtype: Option<LeDtype>,
-    decode: impl FnOnce() -> Result<Vec<f32>>,
-) -> Result<HostTensor<'a>> {
-    match dtype.and_then(|d| LeBytes::new(bytes, d).ok()) {
-        Some(b) => Ok(HostTensor::Bytes(b)),
-        None => Ok(HostTensor::F32(decode()?)),
-    }
-}
-
 struct HfSource<'a>(&'a Checkpoint);
 
 impl<'a> Source<'a> for HfSource<'a> {
@@ -134,7 +122,7 @@ impl<'a> Source<'a> for HfSource<'a> {
             Dtype::BF16 => Some(LeDtype::Bf16),
             _ => None,
         };
-        in_place(view.bytes(), dtype, || Ok(view.to_f32()?))
+        HostTensor::in_place(view.bytes(), dtype, || Ok(view.to_f32()?))
     }
 }
 
@@ -167,7 +155,7 @@ impl<'a> Source<'a> for GgufSource<'a> {
             GgmlType::BF16 => Some(LeDtype::Bf16),
             _ => None,
         };
-        in_place(g.view(info)?.bytes(), dtype, || Ok(g.to_f32(info)?))
+        HostTensor::in_place(g.view(info)?.bytes(), dtype, || Ok(g.to_f32(info)?))
     }
 }
 

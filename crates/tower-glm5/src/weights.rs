@@ -6,7 +6,7 @@
 
 use crate::config::GlmConfig;
 use crate::error::{GlmError, Result};
-use gpu_core::{HostTensor, LeBytes, LeDtype, TensorStore};
+use gpu_core::{HostTensor, LeDtype, TensorStore};
 use st_reader::{Checkpoint, Dtype, StError, TensorView};
 use std::collections::BTreeSet;
 
@@ -97,16 +97,13 @@ type Read<'a, T> = dyn Fn(TensorView<'a>) -> Result<T> + 'a;
 /// A float tensor of the memory-mapped file, read in place at upload (F32, F16, BF16); any
 /// other dtype gives the reader's own refusal.
 fn mapped(v: TensorView<'_>) -> Result<HostTensor<'_>> {
-    let dt = match v.dtype() {
-        Dtype::F32 => LeDtype::F32,
-        Dtype::F16 => LeDtype::F16,
-        Dtype::BF16 => LeDtype::Bf16,
-        _ => return Ok(HostTensor::F32(v.to_f32()?)),
+    let dtype = match v.dtype() {
+        Dtype::F32 => Some(LeDtype::F32),
+        Dtype::F16 => Some(LeDtype::F16),
+        Dtype::BF16 => Some(LeDtype::Bf16),
+        _ => None,
     };
-    match LeBytes::new(v.bytes(), dt) {
-        Ok(b) => Ok(HostTensor::Bytes(b)),
-        Err(_) => Ok(HostTensor::F32(v.to_f32()?)),
-    }
+    HostTensor::in_place(v.bytes(), dtype, || Ok(v.to_f32()?))
 }
 
 /// Reads `suffix` (under `model.visual.`) with `read`, checking its shape first.
