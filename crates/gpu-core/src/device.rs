@@ -71,6 +71,8 @@ pub struct Device {
     pub(crate) lt: crate::gemm::Lt,
     /// Dynamic shared memory a block may use (the device's opt-in maximum, set on the large kernels).
     pub(crate) smem_optin: usize,
+    /// Streaming multiprocessors, read once (the attention launcher's wave model asks per launch).
+    sms: usize,
 }
 
 impl std::fmt::Debug for Device {
@@ -147,6 +149,11 @@ impl Device {
         let smem_optin = ctx.attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         )?;
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )?
+            .max(1) as usize;
         let mut funcs = Vec::with_capacity(Kernel::ALL.len());
         for k in Kernel::ALL {
             let Some((_, module)) = modules.iter().find(|(m, _)| *m == k.module()) else {
@@ -174,6 +181,7 @@ impl Device {
             stream,
             funcs,
             smem_optin: smem_optin.max(0) as usize,
+            sms,
             lt,
         })
     }
@@ -195,10 +203,7 @@ impl Device {
 
     /// Number of streaming multiprocessors.
     pub fn multiprocessors(&self) -> Result<usize> {
-        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
-        Ok(self
-            .ctx
-            .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize)
+        Ok(self.sms)
     }
 
     /// Blocks until all queued work is done; surfaces asynchronous kernel errors.

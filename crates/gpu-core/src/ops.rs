@@ -1053,7 +1053,7 @@ impl Device {
                 let segments = cu.len() - 1;
                 let ws = self.has_kernel(Kernel::FlashAttnWsHd64C3Bf16);
                 // Measured on the H200 (docs/notes/flash-attn-sm90a.md): the warp-specialised kernels are the
-                // fastest at every tower shape (334–537 TFLOP/s, 1.1–1.6× cuDNN); without sm_90a, 128-row
+                // fastest at every tower shape (336–537 TFLOP/s, 1.17–1.72× cuDNN); without sm_90a, 128-row
                 // mma.sync blocks (M2) win once the grid fills the 132 SMs several times over (≥ ~1000
                 // blocks), 64-row blocks (M1) below that.
                 let many = max_len.div_ceil(128) * a.heads * segments >= 1000;
