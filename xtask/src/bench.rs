@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::bench_towers::{self as bt, BenchTower, Host, Inputs};
-use gpu_core::{bf16, Device, Epilogue, GemmInputs, GemmOutput, GemmShape};
+use gpu_core::{bf16, Device, Epilogue, GemmInputs, GemmOutput, GemmShape, GemmTuned, GemmTuning};
 
 const USAGE: &str =
     "usage: cargo xtask bench [--cases LIST] [--no-compile] [--torch-out DIR] [--rerun-torch]
@@ -48,6 +48,8 @@ const USAGE: &str =
   --python PYTHON    the interpreter with torch + transformers 5.23 (default $PYTHON or python3)
   --tiny             tiny configs and grids (the PyTorch side on the CPU: a plumbing test)
   --host             our side on the host f32 reference instead of CUDA (with --tiny only)
+  --gemm-tuning M    heuristic (cuBLASLt's first answer) or measured (the fastest of its answers, timed
+                     once per shape; the default)
 
 cases: gemma4_b1 gemma4_b8 glm5_72_b1 glm5_96x128_b1 glm5_72_b8 step_728_b1 step_504_b6 step_728_b8
 ";
@@ -550,6 +552,51 @@ pub fn accuracy_table(lines: &[Line]) -> String {
     s
 }
 
+/// GEMM shapes tuned so far on `side`'s device (0 without one).
+fn tuned_len(side: &Side) -> usize {
+    match side {
+        Side::Cuda(d) => d.gemm_tuned().len(),
+        _ => 0,
+    }
+}
+
+/// The GEMM tuning table (markdown): every GEMM shape the towers ran, cuBLASLt's heuristic first
+/// answer against the fastest of the candidates it offered, timed on the towers' own buffers.
+pub fn tuning_table(tuned: &[(&str, GemmTuned)]) -> String {
+    let mut md = String::from(
+        "| tower | GEMM m×n×k | +C | candidates | heuristic ms | best ms | kept ms | kept TFLOP/s | heuristic vs best |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for (fam, g) in tuned {
+        let s = g.shape;
+        let flop = 2.0 * (s.m * s.n * s.k) as f64;
+        let tflops = if g.chosen_ms > 0.0 {
+            flop / g.chosen_ms as f64 / 1e9
+        } else {
+            0.0
+        };
+        let slower = if g.best_ms > 0.0 {
+            g.heuristic_ms / g.best_ms
+        } else {
+            1.0
+        };
+        let _ = writeln!(
+            md,
+            "| {fam} | {}×{}×{}{} | {} | {} | {:.4} | {:.4} | {:.4} | {tflops:.0} | {:+.1}% |",
+            s.m,
+            s.n,
+            s.k,
+            if g.bf16 { "" } else { " (f32)" },
+            if s.accumulate { "yes" } else { "" },
+            g.candidates,
+            g.heuristic_ms,
+            g.best_ms,
+            g.chosen_ms,
+            (slower - 1.0) * 100.0,
+        );
+    }
+    md
+}
+
 /// The graph table (markdown): our forward with CUDA graphs (the default) and without (every
 /// kernel launched eagerly), the time the graph saves, and the replays that were timed.
 pub fn graph_table(lines: &[Line]) -> String {
@@ -661,6 +708,8 @@ struct Opts {
     python: String,
     tiny: bool,
     host: bool,
+    /// How the device picks GEMM algorithms (`--gemm-tuning heuristic|measured`).
+    tuning: GemmTuning,
 }
 
 fn parse(args: &[String]) -> Result<Opts> {
@@ -678,6 +727,7 @@ fn parse(args: &[String]) -> Result<Opts> {
         python: std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()),
         tiny: false,
         host: false,
+        tuning: GemmTuning::default(),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -701,6 +751,13 @@ fn parse(args: &[String]) -> Result<Opts> {
             "--python" => o.python = val("an interpreter")?,
             "--tiny" => o.tiny = true,
             "--host" => o.host = true,
+            "--gemm-tuning" => {
+                o.tuning = match val("heuristic or measured")?.as_str() {
+                    "heuristic" => GemmTuning::Heuristic,
+                    "measured" => GemmTuning::Measured,
+                    other => bail!("--gemm-tuning: `{other}` is neither heuristic nor measured"),
+                }
+            }
             "-h" | "--help" => {
                 print!("{USAGE}");
                 std::process::exit(0);
@@ -1100,6 +1157,8 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut copy = None;
     match &side {
         Side::Cuda(d) => {
+            d.set_gemm_tuning(o.tuning);
+            say!("GEMM algorithms: {:?}", o.tuning);
             device_name = format!("{} ({} SMs)", d.name()?, d.multiprocessors()?);
             let (g, c) = ceilings(d, o.warmup, o.iters)?;
             say!("ceilings (gpu-core, this process): bf16 GEMM 8192³ {g:.0} TFLOP/s, device-to-device copy {c:.0} GB/s");
@@ -1147,6 +1206,7 @@ pub fn run(args: &[String]) -> Result<()> {
         })
         .collect();
     let mut families = serde_json::Map::new();
+    let mut tuned: Vec<(&'static str, GemmTuned)> = Vec::new();
     for fam in Family::ALL {
         let idx: Vec<usize> = (0..o.cases.len())
             .filter(|&i| o.cases[i].family == fam)
@@ -1157,7 +1217,16 @@ pub fn run(args: &[String]) -> Result<()> {
         let cases: Vec<&CaseDef> = idx.iter().map(|&i| o.cases[i]).collect();
         let mut fam_lines: Vec<Line> = idx.iter().map(|&i| lines[i].clone()).collect();
         let t = Instant::now();
+        let tuned_before = tuned_len(&side);
         let r = run_family(&o, &side, fam, &anchor, &cases, &mut fam_lines);
+        if let Side::Cuda(d) = &side {
+            tuned.extend(
+                d.gemm_tuned()
+                    .into_iter()
+                    .skip(tuned_before)
+                    .map(|g| (fam.key(), g)),
+            );
+        }
         match r {
             Ok(res) => {
                 for l in fam_lines.iter_mut().filter(|l| l.ours_ms.is_none()) {
@@ -1232,6 +1301,10 @@ pub fn run(args: &[String]) -> Result<()> {
     if anchor["tiny"].as_bool() != Some(true) {
         md.push('\n');
         md.push_str(&anchors_table(&lines));
+    }
+    if !tuned.is_empty() {
+        md.push('\n');
+        md.push_str(&tuning_table(&tuned));
     }
     let mut load = String::new();
     for (k, f) in &families {

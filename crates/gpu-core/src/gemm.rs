@@ -98,6 +98,46 @@ impl GemmShape {
     }
 }
 
+/// How a GEMM shape's cuBLASLt algorithm is chosen, once per shape per [`Device`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GemmTuning {
+    /// cuBLASLt's first heuristic answer, untimed (the same choice every run).
+    Heuristic,
+    /// The fastest of up to [`GEMM_CANDIDATES`] heuristic answers, timed on the call's own buffers
+    /// the first time a shape runs outside a graph capture (rows are reproducible within a process).
+    #[default]
+    Measured,
+}
+
+/// How many algorithms cuBLASLt's heuristic is asked for when a shape is tuned.
+pub const GEMM_CANDIDATES: usize = 16;
+
+/// Timed runs per candidate when a shape is tuned (after two untimed runs); the median counts.
+const TUNE_RUNS: usize = 5;
+
+/// A candidate replaces the heuristic's first answer only when it is this much faster (ratio of
+/// medians), so timing noise does not flip the choice between equal algorithms.
+const TUNE_MIN_GAIN: f32 = 0.98;
+
+/// What tuning one GEMM shape measured (see [`Device::gemm_tuned`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GemmTuned {
+    /// The shape (offsets zeroed).
+    pub shape: GemmShape,
+    /// bf16 operands (else f32).
+    pub bf16: bool,
+    /// Candidates cuBLASLt offered and that ran.
+    pub candidates: usize,
+    /// Median ms of the heuristic's first answer.
+    pub heuristic_ms: f32,
+    /// Median ms of the fastest candidate.
+    pub best_ms: f32,
+    /// Median ms of the candidate kept (the heuristic's unless another beat it by 2 %).
+    pub chosen_ms: f32,
+    /// Index of the kept candidate in the heuristic's order (0 = its first answer).
+    pub chosen: usize,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct PlanKey {
     shape: GemmShape,
@@ -114,6 +154,8 @@ struct Plan {
     b: sys::cublasLtMatrixLayout_t,
     c: sys::cublasLtMatrixLayout_t,
     algo: sys::cublasLtMatmulAlgo_t,
+    /// The heuristic's answers, best first (`algo` is one of them).
+    candidates: Vec<sys::cublasLtMatmulAlgo_t>,
 }
 
 impl Drop for Plan {
@@ -128,12 +170,20 @@ impl Drop for Plan {
     }
 }
 
+/// The per-shape plans, the tuning mode and what tuning measured.
+#[derive(Default)]
+struct Plans {
+    plans: HashMap<PlanKey, Plan>,
+    tuning: GemmTuning,
+    tuned: Vec<GemmTuned>,
+}
+
 /// The cuBLASLt handle, its workspace and the per-shape plan cache.
 pub(crate) struct Lt {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     stream: Arc<CudaStream>,
-    plans: Mutex<HashMap<PlanKey, Plan>>,
+    plans: Mutex<Plans>,
 }
 
 // SAFETY: the handle and descriptors are only used under the plan mutex or from &self calls that
@@ -143,7 +193,7 @@ unsafe impl Sync for Lt {}
 
 impl Drop for Lt {
     fn drop(&mut self) {
-        self.plans.lock().map(|mut p| p.clear()).ok();
+        self.plans.lock().map(|mut p| p.plans.clear()).ok();
         // SAFETY: created in Lt::new, destroyed once.
         unsafe {
             let _ = lt::destroy_handle(self.handle);
@@ -164,7 +214,7 @@ impl Lt {
             handle,
             workspace,
             stream: stream.clone(),
-            plans: Mutex::new(HashMap::new()),
+            plans: Mutex::new(Plans::default()),
         })
     }
 }
@@ -272,12 +322,28 @@ impl Device {
                 align_of(y_ptr),
             ],
         };
-        let mut plans = self.lt.plans.lock().expect("gemm plan cache poisoned");
-        if let std::collections::hash_map::Entry::Vacant(e) = plans.entry(key) {
-            let plan = self.lt.make_plan(&key)?;
-            e.insert(plan);
+        // a panic elsewhere while the lock was held cannot leave a plan half-inserted
+        let mut cache = self.lt.plans.lock().unwrap_or_else(|p| p.into_inner());
+        let cache = &mut *cache;
+        if !cache.plans.contains_key(&key) {
+            let mut plan = self.lt.make_plan(&key)?;
+            let capturing = self.stream.capture_status()?
+                != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+            if cache.tuning == GemmTuning::Measured && plan.candidates.len() > 1 && !capturing {
+                let ptrs = Ptrs {
+                    w: w_addr,
+                    x: x_ptr,
+                    y: y_ptr,
+                    bias: bias_addr,
+                };
+                let tuned = self.tune(&mut plan, &key, ptrs, y_len - s.y_offset, ysz)?;
+                cache.tuned.push(tuned);
+            }
+            cache.plans.insert(key, plan);
         }
-        let plan = &plans[&key];
+        let Some(plan) = cache.plans.get(&key) else {
+            return Err(GpuError::shape(OP, "plan cache lost a plan"));
+        };
         let (alpha, beta) = (1.0f32, if s.accumulate { 1.0f32 } else { 0.0f32 });
         // SAFETY: every matrix extent was checked against its buffer above; the plan's layouts
         // describe exactly those extents; the bias pointer is set on the cached descriptor under
@@ -314,6 +380,163 @@ impl Device {
     }
 }
 
+/// Device addresses of one call's operands (y already offset).
+#[derive(Clone, Copy)]
+struct Ptrs {
+    w: u64,
+    x: u64,
+    y: u64,
+    bias: u64,
+}
+
+impl Device {
+    /// Sets how GEMM algorithms are chosen and forgets every plan (the next call of each shape
+    /// plans, and with [`GemmTuning::Measured`] times, anew).
+    pub fn set_gemm_tuning(&self, tuning: GemmTuning) {
+        let mut cache = self.lt.plans.lock().unwrap_or_else(|p| p.into_inner());
+        cache.plans.clear();
+        cache.tuned.clear();
+        cache.tuning = tuning;
+    }
+
+    /// How GEMM algorithms are chosen now.
+    pub fn gemm_tuning(&self) -> GemmTuning {
+        self.lt
+            .plans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tuning
+    }
+
+    /// What tuning measured for every shape tuned since the device (or the last
+    /// [`Device::set_gemm_tuning`]) started, in first-use order.
+    pub fn gemm_tuned(&self) -> Vec<GemmTuned> {
+        self.lt
+            .plans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tuned
+            .clone()
+    }
+
+    /// Times every candidate of `plan` on the call's buffers and keeps the fastest. An
+    /// accumulating GEMM runs in place like the real call; y's extent is saved to a scratch
+    /// buffer first and copied back after, so the call that follows adds onto the untouched y.
+    fn tune(
+        &self,
+        plan: &mut Plan,
+        key: &PlanKey,
+        p: Ptrs,
+        y_extent: usize,
+        ysz: u64,
+    ) -> Result<GemmTuned> {
+        let s = key.shape;
+        let scratch = if s.accumulate {
+            let bytes = y_extent * ysz as usize;
+            // SAFETY: a byte buffer that receives a copy of y before it is read.
+            Some(
+                unsafe { self.stream.alloc::<u8>(bytes) }
+                    .map_err(|e| GpuError::from_alloc(e, bytes))?,
+            )
+        } else {
+            None
+        };
+        let y_bytes = y_extent * ysz as usize;
+        let copy = |dst: u64, src: u64| -> Result<()> {
+            // SAFETY: both ranges are y_bytes long: y's checked extent and the scratch of that size.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    dst,
+                    src,
+                    y_bytes,
+                    self.stream.cu_stream(),
+                )?;
+            }
+            Ok(())
+        };
+        let saved = match &scratch {
+            Some(buf) => {
+                let (a, _g) = buf.device_ptr(&self.stream);
+                copy(a, p.y)?;
+                Some(a)
+            }
+            None => None,
+        };
+        let d_ptr = p.y;
+        let (alpha, beta) = (1.0f32, if s.accumulate { 1.0f32 } else { 0.0f32 });
+        let mut times: Vec<(usize, f32)> = Vec::new();
+        for (i, algo) in plan.candidates.iter().enumerate() {
+            let run = || -> Result<()> {
+                // SAFETY: as in `gemm`: the extents were checked against the buffers, the scratch
+                // covers y's extent, and the bias pointer is set on the descriptor first.
+                unsafe {
+                    if key.bias.is_some() {
+                        set_desc(
+                            plan.desc,
+                            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                            &p.bias,
+                        )?;
+                    }
+                    let (ws, _g) = self.lt.workspace.device_ptr(&self.lt.stream);
+                    lt::matmul(
+                        self.lt.handle,
+                        plan.desc,
+                        &alpha as *const f32 as *const c_void,
+                        &beta as *const f32 as *const c_void,
+                        w_ptr_cast(p.w),
+                        plan.a,
+                        w_ptr_cast(p.x),
+                        plan.b,
+                        w_ptr_cast(p.y),
+                        plan.c,
+                        d_ptr as *mut c_void,
+                        plan.c,
+                        algo,
+                        ws as *mut c_void,
+                        WORKSPACE_BYTES,
+                        self.stream.cu_stream() as *mut _,
+                    )?;
+                }
+                Ok(())
+            };
+            // a candidate cuBLASLt offers but then refuses is skipped; the first must run
+            match self.time_ms(2, TUNE_RUNS, run) {
+                Ok(t) => times.push((i, t[t.len() / 2])),
+                Err(e) if i == 0 => return Err(e),
+                Err(_) => {}
+            }
+        }
+        let heuristic_ms = times.first().map_or(0.0, |t| t.1);
+        let (best, best_ms) = times
+            .iter()
+            .copied()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap_or((0, heuristic_ms));
+        let (chosen, chosen_ms) = if best_ms < heuristic_ms * TUNE_MIN_GAIN {
+            (best, best_ms)
+        } else {
+            (0, heuristic_ms)
+        };
+        if let Some(a) = plan.candidates.get(chosen) {
+            plan.algo = *a;
+        }
+        if let Some(a) = saved {
+            copy(p.y, a)?;
+        }
+        // the copy back is stream-ordered before the scratch is freed (stream-ordered free)
+        drop(scratch);
+        Ok(GemmTuned {
+            shape: s,
+            bf16: !key.in_f32,
+            candidates: times.len(),
+            heuristic_ms,
+            best_ms,
+            chosen_ms,
+            chosen,
+        })
+    }
+}
+
 fn w_ptr_cast(a: u64) -> *const c_void {
     a as *const c_void
 }
@@ -344,6 +567,7 @@ impl Lt {
             b,
             c,
             algo: unsafe { std::mem::zeroed() },
+            candidates: Vec::new(),
         };
         // SAFETY: fresh descriptors owned by `plan`; attribute values have the documented types.
         unsafe {
@@ -385,7 +609,7 @@ impl Lt {
                 Ok(())
             };
             use sys::cublasLtMatmulPreferenceAttributes_t as P;
-            let r = (|| -> Result<sys::cublasLtMatmulHeuristicResult_t> {
+            let r = (|| -> Result<Vec<sys::cublasLtMatmulAlgo_t>> {
                 set_pref(
                     P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                     WORKSPACE_BYTES as u64,
@@ -411,7 +635,10 @@ impl Lt {
                     key.align[3] as u64,
                     true,
                 )?;
-                Ok(lt::get_matmul_algo_heuristic(
+                let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> =
+                    vec![std::mem::zeroed(); GEMM_CANDIDATES];
+                let mut found: std::ffi::c_int = 0;
+                sys::cublasLtMatmulAlgoGetHeuristic(
                     self.handle,
                     desc,
                     a,
@@ -419,10 +646,26 @@ impl Lt {
                     c,
                     c,
                     pref,
-                )?)
+                    GEMM_CANDIDATES as std::ffi::c_int,
+                    results.as_mut_ptr(),
+                    &mut found,
+                )
+                .result()?;
+                results.truncate(found.max(0) as usize);
+                Ok(results
+                    .into_iter()
+                    .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+                    .map(|r| r.algo)
+                    .collect::<Vec<_>>())
             })();
             let _ = lt::destroy_matmul_pref(pref);
-            plan.algo = r?.algo;
+            plan.candidates = r?;
+            plan.algo = *plan
+                .candidates
+                .first()
+                .ok_or(GpuError::CublasLt(lt::CublasError(
+                    sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+                )))?;
         }
         Ok(plan)
     }

@@ -137,6 +137,63 @@ fn gemm_matches_host() {
     }
 }
 
+/// Tuning times every candidate on the call's own buffers: an accumulating GEMM must still add
+/// onto the untouched y exactly once, in both modes, and tuning reports what it measured.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gemm_tuning_keeps_accumulate_exact() {
+    let d = dev();
+    let mut r = Rng::new(11);
+    let (m, n, k) = (640usize, 768usize, 512usize);
+    let x = round_bf(&r.vec(m * k, 1.0));
+    let w = round_bf(&r.vec(n * k, 0.1));
+    let b = r.vec(n, 0.5);
+    let init = r.vec(m * n, 1.0);
+    let mut want = host::gemm(&x, &w, Some(&b), m, n, k);
+    for (v, i) in want.iter_mut().zip(&init) {
+        *v += i;
+    }
+    let (xd, wd, bd) = (
+        d.upload(&to_bf(&x)).unwrap(),
+        d.upload(&to_bf(&w)).unwrap(),
+        d.upload(&b).unwrap(),
+    );
+    for tuning in [GemmTuning::Measured, GemmTuning::Heuristic] {
+        d.set_gemm_tuning(tuning);
+        assert_eq!(d.gemm_tuning(), tuning);
+        let mut y = d.upload(&init).unwrap();
+        d.gemm(
+            GemmInputs::Bf16 { x: &xd, w: &wd },
+            Some(GemmBias::F32(&bd)),
+            GemmOutput::F32(&mut y),
+            GemmShape {
+                accumulate: true,
+                ..GemmShape::dense(m, n, k)
+            },
+            Epilogue::None,
+        )
+        .unwrap();
+        check(
+            &format!("gemm bf16 accumulate, first call under {tuning:?}"),
+            &d.download(&y).unwrap(),
+            &want,
+            1e-5,
+        );
+        let tuned = d.gemm_tuned();
+        match tuning {
+            GemmTuning::Measured => {
+                let t = tuned.first().expect("a tuned shape");
+                println!("GEMM-TUNED {t:?}");
+                assert!(t.candidates >= 1 && t.chosen < GEMM_CANDIDATES);
+                assert!(t.heuristic_ms > 0.0 && t.best_ms <= t.heuristic_ms);
+                assert!(t.chosen_ms <= t.heuristic_ms && t.shape.accumulate);
+            }
+            GemmTuning::Heuristic => assert!(tuned.is_empty(), "{tuned:?}"),
+        }
+    }
+    d.set_gemm_tuning(GemmTuning::default());
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gemm_rejects_bad_shapes() {

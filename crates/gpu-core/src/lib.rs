@@ -35,7 +35,9 @@ mod gpu_tests_graph;
 
 pub use device::{is_available, Device, DeviceBuffer, Elem};
 pub use error::{GpuError, Result};
-pub use gemm::{Epilogue, GemmBias, GemmInputs, GemmOutput, GemmShape};
+pub use gemm::{
+    Epilogue, GemmBias, GemmInputs, GemmOutput, GemmShape, GemmTuned, GemmTuning, GEMM_CANDIDATES,
+};
 pub use graph::{
     Capture, Graph, GraphCache, GraphKey, GraphStats, GraphStatus, Graphs, Ran, Replay,
     DEFAULT_GRAPHS_PER_TOWER, SEEN_PER_GRAPH,
