@@ -91,8 +91,8 @@ pub struct TowerOptions {
     /// The most patches one pass holds: a request over it runs in several passes (whole images
     /// each, in order), which bounds activation memory; one image over it is refused.
     pub max_patches_per_pass: usize,
-    /// On CUDA in bf16: replay CUDA graphs for batch layouts seen before. Off by default until the
-    /// graph GPU tests (`tests/graphs.rs`) have passed on a device (docs/notes/throughput.md).
+    /// On CUDA in bf16: replay CUDA graphs for batch layouts seen before (on by default; the graph
+    /// GPU tests, `tests/graphs.rs`, passed on an H200 on 2026-12-01: docs/notes/throughput.md).
     pub graphs: bool,
 }
 
@@ -102,7 +102,7 @@ impl Default for TowerOptions {
             device: Device::Auto,
             precision: None,
             max_patches_per_pass: DEFAULT_MAX_PATCHES_PER_PASS,
-            graphs: false,
+            graphs: true,
         }
     }
 }
