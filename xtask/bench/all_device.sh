@@ -7,7 +7,8 @@
 # release `cargo build -p xtask`) and .whl/transformers-5.23.0-*.whl. To stay under the 64 MiB a call carries:
 # `xz` the binaries (this script unpacks every .device/**/*.xz) and slim the wheel with
 # `python3 xtask/bench/slim_wheel.py FULL.whl .whl` (2.4 MB; ran the bench's PyTorch side on 2026-12-01).
-# Environment: STEPS (default "tests parity facade bench"; "fa" adds kernels/dev/fa_device.sh), BENCH_ARGS (e.g. --no-compile), LIMIT (bench s).
+# Environment: STEPS (default "tests parity facade bench"; "fa" adds kernels/dev/fa_device.sh, "pipeline" the
+# 256-image `xtask pipeline` run of throughput_device.sh, PIPE_S/PIPE_ARGS as there), BENCH_ARGS (e.g. --no-compile), LIMIT (bench s).
 set -u
 OUT=${OUT:-/tmp/all_out}
 LOGS=/tmp/all_logs
@@ -36,6 +37,11 @@ for step in $STEPS; do
         OUT=$LOGS/facade GPU_CORE_PTX_DIR=/tmp/gpu-core-ptx bash .device/facade/run.sh > "$LOGS/facade.txt" 2>&1
         stamp "facade GPU tests rc=$?"
         grep -E "test result|FAILED|panicked" "$LOGS/facade.txt" | head -8 ;;
+    pipeline)
+        VT_FIXTURES=$PWD/fixtures timeout "${PIPE_S:-330}" ./.device/bench/xtask pipeline --work /tmp/vt-pipeline \
+            --report "$LOGS/pipeline_report.md" ${PIPE_ARGS:-} > "$LOGS/pipeline.txt" 2>&1
+        stamp "xtask pipeline rc=$?"
+        grep -E "^\[" "$LOGS/pipeline.txt" | cut -c1-300 | tail -8 ;;
     bench)
         OUT=$LOGS/bench GPU_CORE_PTX_DIR=/tmp/gpu-core-ptx LIMIT=${LIMIT:-560} bash xtask/bench/bench_device.sh > "$LOGS/bench.txt" 2>&1
         stamp "bench done" ;;
@@ -44,4 +50,5 @@ done
 tar -C "$LOGS" -czf "$OUT/logs.tar.gz" .
 echo "=== kernel timings (gpu-core-bench) ==="
 sed -n '/^| case/,$p' "$LOGS/core/bench.log" 2>/dev/null | grep -E "attn|case|---" | head -40
+[ -s "$LOGS/pipeline_report.md" ] && { echo "=== pipeline ==="; cat "$LOGS/pipeline_report.md"; }
 [ -f "$LOGS/bench.txt" ] && { echo "=== towers ==="; sed -n '/^=== report/,$p' "$LOGS/bench.txt" | head -60; }
