@@ -193,6 +193,8 @@ pub(crate) struct Cx<'s> {
     pub parallel: bool,
     /// Buffers for intermediates (given back when done).
     pub scratch: &'s Scratch,
+    /// Buffers for the f32 output tensors (handed back by the caller, if ever).
+    pub outputs: &'s Scratch<f32>,
 }
 
 impl Cx<'_> {
@@ -201,6 +203,7 @@ impl Cx<'_> {
         Cx {
             parallel,
             scratch: Scratch::none(),
+            outputs: crate::pages::no_outputs(),
         }
     }
 
@@ -543,11 +546,11 @@ fn glm_rows(
     gh: usize,
     gw: usize,
     lut: &[[f32; 256]; 3],
-    parallel: bool,
+    cx: Cx<'_>,
 ) -> Vec<f32> {
     let pp = p * p;
     let row = 3 * t * pp;
-    let mut rows = crate::pages::zeroed::<f32>(gh * gw * row);
+    let mut rows = cx.outputs.take(gh * gw * row);
     // A block row (`merge` patch rows) is contiguous in block-major order: the unit of work.
     let band = merge * gw * row;
     let body = |(bh, out): (usize, &mut [f32])| {
@@ -568,7 +571,7 @@ fn glm_rows(
             }
         }
     };
-    if parallel {
+    if cx.parallel {
         rows.par_chunks_mut(band).enumerate().for_each(body);
     } else {
         rows.chunks_mut(band).enumerate().for_each(body);
@@ -598,15 +601,18 @@ pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> P
             let scale = l.rescale_factor as f32;
             let lut: Vec<f32> = (0..256).map(|x| x as f32 * scale).collect();
             let row = p * p * 3;
-            let mut pv = crate::pages::zeroed::<f32>(gh * gw * row);
+            // Written in order into an empty buffer: no zero fill of memory about to be overwritten.
+            let mut pv = cx.outputs.take_empty(gh * gw * row);
             let mut pos = Vec::with_capacity(gh * gw * 2);
-            for (i, out) in pv.chunks_exact_mut(row).enumerate() {
+            for i in 0..gh * gw {
                 let (py, px) = (i / gw, i % gw);
-                for (ky, o) in out.chunks_exact_mut(p * 3).enumerate() {
+                for ky in 0..p {
                     let src = ((py * p + ky) * v.width + px * p) * 3;
-                    for (d, &s) in o.iter_mut().zip(&v.data[src..src + p * 3]) {
-                        *d = lut[usize::from(s)];
-                    }
+                    pv.extend(
+                        v.data[src..src + p * 3]
+                            .iter()
+                            .map(|&s| lut[usize::from(s)]),
+                    );
                 }
                 pos.push(px as i64);
                 pos.push(py as i64);
@@ -669,7 +675,7 @@ pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> P
             let lut = norm_lut(m, s);
             let (p, t, mg) = (p as usize, t as usize, *merge as usize);
             let (gh, gw) = (*gh as usize, *gw as usize);
-            let rows = glm_rows(&v, p, t, mg, gh, gw, &lut, parallel);
+            let rows = glm_rows(&v, p, t, mg, gh, gw, &lut, cx);
             cx.scratch.give(v.data);
             vec![
                 NamedTensor {
@@ -700,7 +706,7 @@ pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> P
             let (gs, cs) = (*global_side as usize, *crop_side as usize);
             let v = step3p7_views(l, layout, gs, cs, &padded, cx);
             let k = v.tiles.len();
-            let mut global = crate::pages::with_capacity::<f32>(3 * gs * gs);
+            let mut global = cx.outputs.take_empty(3 * gs * gs);
             planar_push(&v.global.data, gs, 0, 0, gs, gs, &lut, &mut global);
             let mut out = vec![
                 NamedTensor {
@@ -715,7 +721,7 @@ pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> P
                 },
             ];
             if k > 0 && !parallel {
-                let mut local = crate::pages::with_capacity::<f32>(k * 3 * cs * cs);
+                let mut local = cx.outputs.take_empty(k * 3 * cs * cs);
                 for tile in &v.tiles {
                     match tile {
                         StepTile::Window { x, y } => {
@@ -732,7 +738,7 @@ pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> P
                     data: TensorData::F32(local),
                 });
             } else if k > 0 {
-                let mut local = crate::pages::zeroed::<f32>(k * 3 * cs * cs);
+                let mut local = cx.outputs.take(k * 3 * cs * cs);
                 let body = |(tile, o): (&StepTile, &mut [f32])| match tile {
                     StepTile::Window { x, y } => {
                         planar(&v.crop, v.crop_width, *x, *y, cs, cs, &lut, o)
