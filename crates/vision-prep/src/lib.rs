@@ -23,6 +23,7 @@ pub mod config;
 pub mod error;
 mod jpeg;
 pub mod law;
+mod norm;
 mod pages;
 pub mod plan;
 pub mod prepare;
