@@ -88,19 +88,26 @@ mod avx2 {
     /// Pixels per step.
     pub(super) const LANES: usize = 8;
 
-    /// `pshufb` masks taking channel `c` of 8 RGB pixels from bytes 0..16 (`lo`) and 16..24 (`hi`).
-    fn masks(c: usize) -> ([i8; 16], [i8; 16]) {
-        let (mut lo, mut hi) = ([-1i8; 16], [-1i8; 16]);
-        for i in 0..LANES {
-            let b = 3 * i + c;
-            if b < 16 {
-                lo[i] = b as i8;
-            } else {
-                hi[i] = (b - 16) as i8;
+    /// `pshufb` masks taking channel `c` of 8 RGB pixels from bytes 0..16 (`[c][0]`) and 16..24
+    /// (`[c][1]`).
+    const MASKS: [[[i8; 16]; 2]; 3] = {
+        let mut m = [[[-1i8; 16]; 2]; 3];
+        let mut c = 0;
+        while c < 3 {
+            let mut i = 0;
+            while i < LANES {
+                let b = 3 * i + c;
+                if b < 16 {
+                    m[c][0][i] = b as i8;
+                } else {
+                    m[c][1][i] = (b - 16) as i8;
+                }
+                i += 1;
             }
+            c += 1;
         }
-        (lo, hi)
-    }
+        m
+    };
 
     /// [`Normalize::window`] for `w ≥ LANES`.
     ///
@@ -118,17 +125,8 @@ mod avx2 {
         h: usize,
         out: [&mut [f32]; 3],
     ) {
-        let mut shuf = [[_mm_setzero_si128(); 2]; 3];
-        for (c, s) in shuf.iter_mut().enumerate() {
-            let (lo, hi) = masks(c);
-            // SAFETY: 16-byte reads of 16-byte arrays.
-            *s = unsafe {
-                [
-                    _mm_loadu_si128(lo.as_ptr().cast()),
-                    _mm_loadu_si128(hi.as_ptr().cast()),
-                ]
-            };
-        }
+        // SAFETY: 16-byte reads of 16-byte arrays.
+        let shuf = MASKS.map(|c| c.map(|m| unsafe { _mm_loadu_si128(m.as_ptr().cast()) }));
         let m = n.m.map(|v| _mm256_set1_ps(v));
         let s = n.s.map(|v| _mm256_set1_ps(v));
         let [r, g, b] = out;
@@ -144,10 +142,7 @@ mod avx2 {
                 // bytes): a 16-byte and an 8-byte read.
                 let (lo, hi) = unsafe {
                     let p = px.as_ptr().add(3 * i0);
-                    (
-                        _mm_loadu_si128(p.cast()),
-                        _mm_loadl_epi64(p.add(16).cast()),
-                    )
+                    (_mm_loadu_si128(p.cast()), _mm_loadl_epi64(p.add(16).cast()))
                 };
                 for c in 0..3 {
                     let bytes = _mm_or_si128(
@@ -174,7 +169,11 @@ mod tests {
 
     fn planes(n: &Normalize, src: &[u8], stride: usize, win: [usize; 4]) -> Vec<u32> {
         let [x, y, w, h] = win;
-        let (mut r, mut g, mut b) = (vec![f32::NAN; w * h], vec![f32::NAN; w * h], vec![f32::NAN; w * h]);
+        let (mut r, mut g, mut b) = (
+            vec![f32::NAN; w * h],
+            vec![f32::NAN; w * h],
+            vec![f32::NAN; w * h],
+        );
         n.window(src, stride, x, y, w, h, [&mut r, &mut g, &mut b]);
         [r, g, b].iter().flatten().map(|v| v.to_bits()).collect()
     }
