@@ -31,17 +31,16 @@ fn min_ms(reps: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// CPU time of this process in ms (utime + stime from /proc/self/stat, clock ticks of 10 ms):
-/// robust against other jobs on a shared machine; used over a batch of runs.
+/// CPU time of this process in ms (`CLOCK_PROCESS_CPUTIME_ID`, what Python's `time.process_time`
+/// reads on the upstream side): robust against other jobs on a shared machine.
 fn cpu_ms() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or("");
-    let f: Vec<f64> = after
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    // Fields after the command: state(skipped, not numeric) ... utime = 14th, stime = 15th overall.
-    f.get(10).copied().unwrap_or(0.0) * 10.0 + f.get(11).copied().unwrap_or(0.0) * 10.0
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the call only writes it.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 * 1e-6
 }
 
 /// Whether our f32 tensors equal the upstream ones saved in `file` (`None`: no file).
@@ -157,7 +156,7 @@ fn main() {
             let (ia, ib) = (yes(identical(&file, &a)), yes(identical(&file, &b)));
             single_rec.recycle(b);
             println!(
-                "| {fam} | {name} | {} | {t1:.1} ({c1:.0}; {td:.1}) | {t1r:.1} ({c1r:.0}) \
+                "| {fam} | {name} | {} | {t1:.1} ({c1:.1}; {td:.1}) | {t1r:.1} ({c1r:.1}) \
                  | {tn:.1} / {tnr:.1} | {} | {:.1}× / {:.1}× | {ia} / {ib} |",
                 up.map_or("-".into(), |u| format!("{u:.1} ({up_cpu:.0})")),
                 up.map_or("-".into(), |u| format!("{:.1}× / {:.1}×", u / t1, u / t1r)),
