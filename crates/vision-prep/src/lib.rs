@@ -4,7 +4,9 @@
 //! Pipeline: [`source::admit`] reads only the header (format from the magic bytes, dimensions,
 //! decode budget) → [`Plan`] follows from the header alone → [`source::decode`] decodes with the
 //! decoder capped to the admitted size → [`resize`] reproduces torchvision's antialiased uint8
-//! resize bit for bit → [`prepare`] patchifies into the upstream tensors.
+//! resize bit for bit → [`prepare`] patchifies into the upstream tensors. An engine preparing many
+//! images hands each finished [`Prepared`] back with [`Preprocessor::recycle`], so the next outputs
+//! are written into memory already mapped instead of fresh pages.
 //!
 //! ```no_run
 //! use vision_prep::{ImageSource, ModelConfigs, PrepSettings, Preprocessor};
