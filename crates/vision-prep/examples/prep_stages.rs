@@ -8,6 +8,8 @@
 //! ALL_ONLY=1 cargo run --release -p vision-prep --example prep_stages -- /tmp/prep_bench 10 glm
 //! ```
 //! FILTER keeps the `family:image` names containing it; `ALL_ONLY` times only the whole `prepare`.
+//! `all` is a `prepare` whose outputs are dropped (fresh memory each call), `recycled` one whose
+//! outputs go back to the preprocessor (`Preprocessor::recycle`) for the next call to write into.
 
 use std::path::Path;
 
@@ -74,8 +76,16 @@ fn main() {
             let all = || {
                 std::hint::black_box(pre.prepare(src()).expect("prepare"));
             };
+            let recycled = || {
+                let p = pre.prepare(src()).expect("prepare");
+                pre.recycle(std::hint::black_box(p));
+            };
             if all_only {
-                println!("{fam:10} {name:26} all {:7.1} ms", min_ms(reps, all));
+                println!(
+                    "{fam:10} {name:26} all {:7.1} ms  recycled {:7.1} ms",
+                    min_ms(reps, all),
+                    min_ms(reps, recycled)
+                );
                 continue;
             }
             let limits = Default::default();
@@ -91,8 +101,9 @@ fn main() {
             });
             println!(
                 "{fam:10} {name:26} decode {td:7.1}  views {tv:7.1}  prepare_rgb {tp:7.1}  \
-                 all {:7.1} ms",
-                min_ms(reps, all)
+                 all {:7.1}  recycled {:7.1} ms",
+                min_ms(reps, all),
+                min_ms(reps, recycled)
             );
         }
     }

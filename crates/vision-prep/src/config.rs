@@ -64,14 +64,19 @@ pub struct PrepSettings {
     pub max_output_bytes: u64,
     /// Bytes of intermediate buffers (decoded image, resize passes, views) a `Preprocessor` keeps
     /// between calls to reuse, instead of faulting in fresh pages per image (default 256 MiB;
-    /// 0 keeps none). The output tensors are always fresh.
+    /// 0 keeps none).
     pub scratch_bytes: usize,
+    /// Bytes of output tensors a `Preprocessor` keeps when the caller hands them back with
+    /// `Preprocessor::recycle`, to write the next outputs into (default 256 MiB; 0 keeps none).
+    pub output_pool_bytes: usize,
 }
 
 /// Default output budget: 2 GiB of tensors per image.
 pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 2 << 30;
 /// Default scratch kept by a preprocessor: 256 MiB (a 12 MP photo's intermediates are ~110 MB).
 pub const DEFAULT_SCRATCH_BYTES: usize = 256 << 20;
+/// Default output pool: 256 MiB (five glm tensors of a 1920×1080 image).
+pub const DEFAULT_OUTPUT_POOL_BYTES: usize = 256 << 20;
 
 impl Default for PrepSettings {
     fn default() -> Self {
@@ -82,6 +87,7 @@ impl Default for PrepSettings {
             parallel: true,
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
             scratch_bytes: DEFAULT_SCRATCH_BYTES,
+            output_pool_bytes: DEFAULT_OUTPUT_POOL_BYTES,
         }
     }
 }

@@ -4,7 +4,9 @@
 //! Pipeline: [`source::admit`] reads only the header (format from the magic bytes, dimensions,
 //! decode budget) → [`Plan`] follows from the header alone → [`source::decode`] decodes with the
 //! decoder capped to the admitted size → [`resize`] reproduces torchvision's antialiased uint8
-//! resize bit for bit → [`prepare`] patchifies into the upstream tensors.
+//! resize bit for bit → [`prepare`] patchifies into the upstream tensors. An engine preparing many
+//! images hands each finished [`Prepared`] back with [`Preprocessor::recycle`], so the next outputs
+//! are written into memory already mapped instead of fresh pages.
 //!
 //! ```no_run
 //! use vision_prep::{ImageSource, ModelConfigs, PrepSettings, Preprocessor};
@@ -23,6 +25,7 @@ pub mod config;
 pub mod error;
 mod jpeg;
 pub mod law;
+mod norm;
 mod pages;
 pub mod plan;
 pub mod prepare;
@@ -51,10 +54,16 @@ pub struct Preprocessor {
     settings: PrepSettings,
     /// Intermediate buffers kept between calls (shared by clones).
     scratch: std::sync::Arc<pages::Scratch>,
+    /// Output buffers handed back by [`Preprocessor::recycle`] (shared by clones).
+    outputs: std::sync::Arc<pages::Scratch<f32>>,
 }
 
 fn scratch_for(settings: &PrepSettings) -> std::sync::Arc<pages::Scratch> {
     std::sync::Arc::new(pages::Scratch::new(settings.scratch_bytes))
+}
+
+fn outputs_for(settings: &PrepSettings) -> std::sync::Arc<pages::Scratch<f32>> {
+    std::sync::Arc::new(pages::Scratch::new(settings.output_pool_bytes))
 }
 
 /// Explicit settings for a GGUF mmproj (gemma4), which carries no processor config.
@@ -91,6 +100,7 @@ impl Preprocessor {
             tokens,
             family,
             scratch: scratch_for(&settings),
+            outputs: outputs_for(&settings),
             settings,
         })
     }
@@ -107,6 +117,7 @@ impl Preprocessor {
             tokens,
             family,
             scratch: scratch_for(&settings),
+            outputs: outputs_for(&settings),
             settings,
         }
     }
@@ -157,6 +168,7 @@ impl Preprocessor {
             tokens,
             family: Family::Gemma4,
             scratch: scratch_for(&settings),
+            outputs: outputs_for(&settings),
             settings,
         })
     }
@@ -231,6 +243,18 @@ impl Preprocessor {
         prepare::Cx {
             parallel: self.settings.parallel,
             scratch: &self.scratch,
+            outputs: &self.outputs,
+        }
+    }
+
+    /// Hand back a finished [`Prepared`]: its f32 buffers are kept (up to
+    /// [`PrepSettings::output_pool_bytes`]) and the next preparations write into them instead of
+    /// fresh memory the kernel must zero. The outputs are the same either way.
+    pub fn recycle(&self, prepared: Prepared) {
+        for t in prepared.tensors {
+            if let TensorData::F32(v) = t.data {
+                self.outputs.give(v);
+            }
         }
     }
 
@@ -277,5 +301,119 @@ impl Preprocessor {
             rgb,
             self.settings.parallel,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deterministic `w × h` RGB image (xorshift pixels).
+    fn noise(w: usize, h: usize, seed: u64) -> RgbImage {
+        let mut x = seed | 1;
+        let data = (0..w * h * 3)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect();
+        RgbImage {
+            width: w,
+            height: h,
+            data,
+        }
+    }
+
+    fn laws() -> [(Law, Family); 4] {
+        [
+            (Law::Gemma4(law::Gemma4Law::default()), Family::Gemma4),
+            (Law::Glm5Next(law::Glm5NextLaw::default()), Family::Glm5Next),
+            (Law::Glm46V(law::Glm46VLaw::default()), Family::GlmOcr),
+            (Law::Step3p7(law::Step3p7Law::default()), Family::Step3p7),
+        ]
+    }
+
+    fn preprocessor(law: &Law, family: Family, settings: PrepSettings) -> Preprocessor {
+        let tokens = config::tokens_for(law, &ModelConfigs::default());
+        Preprocessor::from_law(law.clone(), tokens, family, settings)
+    }
+
+    /// Recycled outputs are the fresh ones, for every family, on one thread and on the pool, while
+    /// the buffers handed back are larger than the next image needs, smaller, or the same.
+    #[test]
+    fn recycled_outputs_equal_fresh_ones() {
+        // Sizes in an order that makes the kept buffers now too large, now too small; 1500×400
+        // gives step3p7 local crops, 300×200 none.
+        let sizes = [
+            (1500, 400),
+            (300, 200),
+            (641, 479),
+            (1500, 400),
+            (900, 900),
+            (64, 1200),
+            (641, 479),
+        ];
+        for (law, family) in laws() {
+            let fresh = preprocessor(
+                &law,
+                family,
+                PrepSettings {
+                    parallel: false,
+                    scratch_bytes: 0,
+                    output_pool_bytes: 0,
+                    ..Default::default()
+                },
+            );
+            for parallel in [false, true] {
+                let pre = preprocessor(
+                    &law,
+                    family,
+                    PrepSettings {
+                        parallel,
+                        ..Default::default()
+                    },
+                );
+                for (i, &(w, h)) in sizes.iter().enumerate() {
+                    let img = noise(w, h, i as u64 + 1);
+                    let want = fresh.prepare_rgb(&img).expect("fresh");
+                    let got = pre.prepare_rgb(&img).expect("recycled");
+                    assert!(got == want, "{family:?} {w}x{h} parallel={parallel}");
+                    pre.recycle(got);
+                }
+                assert!(pre.outputs.held_bytes() > 0, "{family:?}: nothing was kept");
+            }
+        }
+    }
+
+    /// The output pool never holds more than `output_pool_bytes`, and keeps nothing at 0.
+    #[test]
+    fn output_pool_stays_within_its_bound() {
+        let (law, family) = (Law::Glm46V(law::Glm46VLaw::default()), Family::GlmOcr);
+        let one = preprocessor(&law, family, PrepSettings::default())
+            .plan_size(900, 900)
+            .expect("plan")
+            .output_bytes() as usize;
+        // Room for two 900×900 tensors, never three.
+        for cap in [0, one * 5 / 2] {
+            let pre = preprocessor(
+                &law,
+                family,
+                PrepSettings {
+                    output_pool_bytes: cap,
+                    ..Default::default()
+                },
+            );
+            let kept: Vec<Prepared> = (0..4)
+                .map(|i| pre.prepare_rgb(&noise(900, 900, i)).expect("prepare"))
+                .collect();
+            for p in kept {
+                pre.recycle(p);
+                assert!(pre.outputs.held_bytes() <= cap, "{:?}", pre.outputs);
+            }
+            let held = pre.outputs.held_bytes();
+            assert_eq!(held > 0, cap > 0, "{:?}", pre.outputs);
+        }
     }
 }

@@ -4,7 +4,9 @@
 //! 4 KiB page: a 36 MB decoded photo or a 50 MB glm tensor takes 9 000–12 000 faults, which was a
 //! quarter of glm's prepare time on the development VM. On Linux the interior of such a buffer is
 //! marked for transparent huge pages before the first write (`madvise(MADV_HUGEPAGE)`); the advice
-//! is a hint, changes no contents, and is simply ignored where THP is off.
+//! is a hint, changes no contents, and is simply ignored where THP is off. Buffers kept between
+//! calls ([`Scratch`]) avoid the faults altogether: the intermediates always, the output tensors
+//! when the caller hands them back (`Preprocessor::recycle`).
 
 /// Buffers from this many bytes on get the advice (smaller ones hold no whole 2 MiB page anyway).
 const HUGE_PAGE: usize = 2 << 20;
@@ -45,61 +47,77 @@ fn advise_huge(addr: usize, bytes: usize) {
 #[cfg(not(target_os = "linux"))]
 fn advise_huge(_addr: usize, _bytes: usize) {}
 
-/// Byte buffers kept between calls for the intermediates of preprocessing (the decoded image,
-/// resize passes, views), so a steady stream of images stops paying fresh-page faults for them.
-/// Owned by a `Preprocessor` and shared by its clones and threads; holds at most `cap` bytes.
+/// Buffers kept between calls, so a steady stream of images stops paying fresh-page faults for
+/// them: byte buffers for the intermediates of preprocessing (the decoded image, resize passes,
+/// views), and f32 buffers for output tensors a caller handed back. Owned by a `Preprocessor` and
+/// shared by its clones and threads; holds at most `cap` bytes.
 ///
 /// A taken buffer's contents are unspecified (left from an earlier image): every user overwrites
-/// every byte before reading one.
-pub(crate) struct Scratch {
-    bufs: std::sync::Mutex<Vec<Vec<u8>>>,
+/// every value before reading one.
+pub(crate) struct Scratch<T = u8> {
+    bufs: std::sync::Mutex<Vec<Vec<T>>>,
     cap: usize,
 }
 
 /// The scratch of callers without one: takes allocate, gives drop.
 static NO_SCRATCH: Scratch = Scratch::new(0);
+/// The output pool of callers without one.
+static NO_OUTPUTS: Scratch<f32> = Scratch::new(0);
 
 impl Scratch {
+    /// The scratch that keeps nothing.
+    pub(crate) fn none() -> &'static Scratch {
+        &NO_SCRATCH
+    }
+}
+
+/// The output pool that keeps nothing.
+pub(crate) fn no_outputs() -> &'static Scratch<f32> {
+    &NO_OUTPUTS
+}
+
+impl<T: Copy + Default> Scratch<T> {
     /// A scratch that keeps at most `cap` bytes (0: keeps nothing).
-    pub(crate) const fn new(cap: usize) -> Scratch {
+    pub(crate) const fn new(cap: usize) -> Scratch<T> {
         Scratch {
             bufs: std::sync::Mutex::new(Vec::new()),
             cap,
         }
     }
 
-    /// The scratch that keeps nothing.
-    pub(crate) fn none() -> &'static Scratch {
-        &NO_SCRATCH
-    }
-
-    fn bufs(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+    fn bufs(&self) -> std::sync::MutexGuard<'_, Vec<Vec<T>>> {
         // A panic elsewhere while holding the lock leaves only whole buffers behind: keep using it.
         self.bufs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A buffer of `n` bytes with unspecified contents: the smallest kept one that fits, else a
-    /// fresh [`zeroed`] one.
-    pub(crate) fn take(&self, n: usize) -> Vec<u8> {
+    fn bytes_of(v: &Vec<T>) -> usize {
+        v.capacity().saturating_mul(std::mem::size_of::<T>())
+    }
+
+    /// The smallest kept buffer with room for `n` values, if any.
+    fn find(&self, n: usize) -> Option<Vec<T>> {
         if self.cap == 0 {
-            return zeroed(n);
+            return None;
         }
-        let found = {
-            let mut bufs = self.bufs();
-            let best = bufs
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| b.capacity() >= n)
-                .min_by_key(|(_, b)| b.capacity())
-                .map(|(i, _)| i);
-            best.map(|i| bufs.swap_remove(i))
-        };
-        match found {
+        let mut bufs = self.bufs();
+        let best = bufs
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= n)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        best.map(|i| bufs.swap_remove(i))
+    }
+
+    /// A buffer of `n` values with unspecified contents: the smallest kept one that fits, else a
+    /// fresh [`zeroed`] one.
+    pub(crate) fn take(&self, n: usize) -> Vec<T> {
+        match self.find(n) {
             Some(mut v) => {
                 if v.len() >= n {
                     v.truncate(n);
                 } else {
-                    v.resize(n, 0);
+                    v.resize(n, T::default());
                 }
                 v
             }
@@ -107,26 +125,45 @@ impl Scratch {
         }
     }
 
-    /// Keep `v` for a later [`Scratch::take`]; the oldest buffers go when over the cap.
-    pub(crate) fn give(&self, v: Vec<u8>) {
-        if self.cap == 0 || v.capacity() == 0 || v.capacity() > self.cap {
+    /// An empty buffer with room for `n` values, for writing in order with `extend`: the smallest
+    /// kept one that fits, else a fresh [`with_capacity`] one.
+    pub(crate) fn take_empty(&self, n: usize) -> Vec<T> {
+        match self.find(n) {
+            Some(mut v) => {
+                v.clear();
+                v
+            }
+            None => with_capacity(n),
+        }
+    }
+
+    /// Keep `v` for a later take; the oldest buffers go when over the cap.
+    pub(crate) fn give(&self, v: Vec<T>) {
+        let bytes = Self::bytes_of(&v);
+        if self.cap == 0 || bytes == 0 || bytes > self.cap {
             return;
         }
         let mut bufs = self.bufs();
         bufs.push(v);
-        let mut total: usize = bufs.iter().map(Vec::capacity).sum();
+        let mut total: usize = bufs.iter().map(Self::bytes_of).sum();
         while total > self.cap {
-            total -= bufs.remove(0).capacity();
+            total -= Self::bytes_of(&bufs.remove(0));
         }
+    }
+
+    /// Bytes held now (capacities).
+    #[cfg(test)]
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.bufs().iter().map(Self::bytes_of).sum()
     }
 }
 
-impl std::fmt::Debug for Scratch {
+impl<T: Copy + Default> std::fmt::Debug for Scratch<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let bufs = self.bufs();
         f.debug_struct("Scratch")
             .field("buffers", &bufs.len())
-            .field("bytes", &bufs.iter().map(Vec::capacity).sum::<usize>())
+            .field("bytes", &bufs.iter().map(Self::bytes_of).sum::<usize>())
             .field("cap", &self.cap)
             .finish()
     }
@@ -156,6 +193,28 @@ mod tests {
         let none = Scratch::none();
         none.give(vec![1u8; 16]);
         assert_eq!(none.take(16), vec![0u8; 16]);
+    }
+
+    #[test]
+    fn output_buffers_come_back_empty_or_sized() {
+        let s = Scratch::<f32>::new(16 << 20);
+        let a = s.take_empty(1 << 20);
+        assert!(a.is_empty() && a.capacity() >= 1 << 20);
+        let ptr = a.as_ptr();
+        s.give(a);
+        // Larger than needed: reused, sized to the request.
+        let b = s.take(1000);
+        assert_eq!((b.as_ptr(), b.len()), (ptr, 1000));
+        s.give(b);
+        // Smaller than needed: not reused, and still kept.
+        let c = s.take_empty(2 << 20);
+        assert!(c.as_ptr() != ptr && c.is_empty());
+        assert_eq!(s.held_bytes(), 4 << 20);
+        // The bound counts bytes, not values: two 4 MiB buffers and a 12 MiB one do not fit in 16.
+        s.give(c);
+        s.give(vec![0f32; 3 << 20]);
+        assert!(s.held_bytes() <= 16 << 20, "{s:?}");
+        assert_eq!(s.held_bytes(), 12 << 20, "{s:?}");
     }
 
     #[test]

@@ -346,9 +346,10 @@ fn processor_fixtures() {
 }
 
 /// Kept buffers and threads change nothing: every fixture image in turn through one preprocessor
-/// per model (so each reuses buffers holding the previous images' pixels, on the rayon pool) gives
-/// the tensors of a one-thread preprocessor that keeps nothing, for all four laws and the
-/// real-size step3p7 law.
+/// per model (so each reuses buffers holding the previous images' pixels, on the rayon pool, and
+/// writes into the outputs of the previous images, handed back with `recycle`) gives the tensors
+/// of a one-thread preprocessor that keeps nothing, for all four laws and the real-size step3p7
+/// law.
 #[test]
 fn scratch_and_threads_change_nothing() {
     let mut images: Vec<PathBuf> = std::fs::read_dir(fixtures().join("images"))
@@ -359,6 +360,7 @@ fn scratch_and_threads_change_nothing() {
     images.sort();
     let fresh = PrepSettings {
         scratch_bytes: 0,
+        output_pool_bytes: 0,
         parallel: false,
         ..Default::default()
     };
@@ -387,6 +389,7 @@ fn scratch_and_threads_change_nothing() {
                 let a = kept.prepare(ImageSource::Bytes(&bytes)).expect("prepare");
                 let b = none.prepare(ImageSource::Bytes(&bytes)).expect("prepare");
                 assert!(a == b, "{:?} {}", kept.family(), path.display());
+                kept.recycle(a);
             }
         }
     }
