@@ -192,8 +192,11 @@ impl Model {
                         planned: p.plan.rows as usize,
                     });
                 }
+                let plan = p.plan.clone();
+                // the tower is done with the pixels: the next call writes into these buffers
+                self.pre.recycle(p);
                 Ok(Encoded {
-                    plan: p.plan,
+                    plan,
                     rows: r,
                     width: rows.width,
                 })

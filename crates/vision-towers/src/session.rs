@@ -49,8 +49,13 @@ pub(crate) struct Session<'a> {
 
 impl Tower {
     /// A pass's input from its prepared images; on CUDA the tower's host half of `prepare`
-    /// (validation, patch rows in the GEMM precision), which needs no device.
-    pub(crate) fn pass_input(&self, prepared: Vec<Prepared>) -> Result<PassInput, InputError> {
+    /// (validation, patch rows in the GEMM precision), which needs no device. Also returns the
+    /// prepared images the input no longer needs (all of them on CUDA, for the preprocessor to
+    /// recycle; none on the host, whose input owns them).
+    pub(crate) fn pass_input(
+        &self,
+        prepared: Vec<Prepared>,
+    ) -> Result<(PassInput, Vec<Prepared>), InputError> {
         let p = match self.precision() {
             crate::Precision::F32 => gpu_core::CudaPrecision::F32,
             crate::Precision::Bf16 => gpu_core::CudaPrecision::Bf16,
@@ -72,10 +77,11 @@ impl Tower {
             ),
             _ => {
                 drop(images);
-                PassInput::Host(prepared)
+                return Ok((PassInput::Host(prepared), Vec::new()));
             }
         };
-        Ok(input)
+        drop(images);
+        Ok((input, prepared))
     }
 
     /// Holds the tower for a stream of passes (CUDA: its device lock, until the session drops).

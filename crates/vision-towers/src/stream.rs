@@ -259,12 +259,18 @@ impl Model {
         let last = first + prepared.len() - 1;
         let plans: Vec<Plan> = prepared.iter().map(|p| p.plan.clone()).collect();
         match self.tower().pass_input(prepared) {
-            Ok(input) => send(Unit::Pass {
-                first,
-                plans,
-                patches,
-                input,
-            }),
+            Ok((input, done)) => {
+                // their rows now live in the pass input: the next images write into their buffers
+                for p in done {
+                    self.preprocessor().recycle(p);
+                }
+                send(Unit::Pass {
+                    first,
+                    plans,
+                    patches,
+                    input,
+                })
+            }
             Err(error) => {
                 send(Unit::Broken { first, last, error });
                 false
