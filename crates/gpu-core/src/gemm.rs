@@ -322,6 +322,12 @@ impl Device {
                 align_of(y_ptr),
             ],
         };
+        let ptrs = Ptrs {
+            w: w_addr,
+            x: x_ptr,
+            y: y_ptr,
+            bias: bias_addr,
+        };
         // a panic elsewhere while the lock was held cannot leave a plan half-inserted
         let mut cache = self.lt.plans.lock().unwrap_or_else(|p| p.into_inner());
         let cache = &mut *cache;
@@ -330,12 +336,6 @@ impl Device {
             let capturing = self.stream.capture_status()?
                 != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
             if cache.tuning == GemmTuning::Measured && plan.candidates.len() > 1 && !capturing {
-                let ptrs = Ptrs {
-                    w: w_addr,
-                    x: x_ptr,
-                    y: y_ptr,
-                    bias: bias_addr,
-                };
                 let tuned = self.tune(&mut plan, &key, ptrs, y_len - s.y_offset, ysz)?;
                 cache.tuned.push(tuned);
             }
@@ -344,38 +344,9 @@ impl Device {
         let Some(plan) = cache.plans.get(&key) else {
             return Err(GpuError::shape(OP, "plan cache lost a plan"));
         };
-        let (alpha, beta) = (1.0f32, if s.accumulate { 1.0f32 } else { 0.0f32 });
-        // SAFETY: every matrix extent was checked against its buffer above; the plan's layouts
-        // describe exactly those extents; the bias pointer is set on the cached descriptor under
-        // the plan lock, right before the call that uses it; all buffers outlive the stream-ordered call.
-        unsafe {
-            if bias_f32.is_some() {
-                set_desc(
-                    plan.desc,
-                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                    &bias_addr,
-                )?;
-            }
-            let (ws, _g) = self.lt.workspace.device_ptr(&self.lt.stream);
-            lt::matmul(
-                self.lt.handle,
-                plan.desc,
-                &alpha as *const f32 as *const c_void,
-                &beta as *const f32 as *const c_void,
-                w_ptr_cast(w_addr),
-                plan.a,
-                w_ptr_cast(x_ptr),
-                plan.b,
-                w_ptr_cast(y_ptr),
-                plan.c,
-                y_ptr as *mut c_void,
-                plan.c,
-                &plan.algo,
-                ws as *mut c_void,
-                WORKSPACE_BYTES,
-                self.stream.cu_stream() as *mut _,
-            )?;
-        }
+        // SAFETY: every matrix extent was checked against its buffer above and the plan's layouts
+        // describe exactly those extents.
+        unsafe { self.matmul(plan, &plan.algo, s.accumulate, bias_f32.is_some(), ptrs) }?;
         Ok(())
     }
 }
@@ -462,43 +433,11 @@ impl Device {
             }
             None => None,
         };
-        let d_ptr = p.y;
-        let (alpha, beta) = (1.0f32, if s.accumulate { 1.0f32 } else { 0.0f32 });
         let mut times: Vec<(usize, f32)> = Vec::new();
         for (i, algo) in plan.candidates.iter().enumerate() {
-            let run = || -> Result<()> {
-                // SAFETY: as in `gemm`: the extents were checked against the buffers, the scratch
-                // covers y's extent, and the bias pointer is set on the descriptor first.
-                unsafe {
-                    if key.bias.is_some() {
-                        set_desc(
-                            plan.desc,
-                            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                            &p.bias,
-                        )?;
-                    }
-                    let (ws, _g) = self.lt.workspace.device_ptr(&self.lt.stream);
-                    lt::matmul(
-                        self.lt.handle,
-                        plan.desc,
-                        &alpha as *const f32 as *const c_void,
-                        &beta as *const f32 as *const c_void,
-                        w_ptr_cast(p.w),
-                        plan.a,
-                        w_ptr_cast(p.x),
-                        plan.b,
-                        w_ptr_cast(p.y),
-                        plan.c,
-                        d_ptr as *mut c_void,
-                        plan.c,
-                        algo,
-                        ws as *mut c_void,
-                        WORKSPACE_BYTES,
-                        self.stream.cu_stream() as *mut _,
-                    )?;
-                }
-                Ok(())
-            };
+            // SAFETY: as in `gemm`: the extents were checked against the buffers, and y keeps its
+            // extent (the real call's in-place C = D).
+            let run = || unsafe { self.matmul(plan, algo, s.accumulate, key.bias.is_some(), p) };
             // a candidate cuBLASLt offers but then refuses is skipped; the first must run
             match self.time_ms(2, TUNE_RUNS, run) {
                 Ok(t) => times.push((i, t[t.len() / 2])),
@@ -534,6 +473,52 @@ impl Device {
             chosen_ms,
             chosen,
         })
+    }
+}
+
+impl Device {
+    /// One cuBLASLt call of `plan` with `algo`: `y (+)= W·x (+ bias)` in place (C = D = y); the bias
+    /// pointer is set on the plan's descriptor first.
+    ///
+    /// # Safety
+    /// `p`'s addresses must cover the extents `plan`'s layouts describe, and the buffers must
+    /// outlive the stream-ordered call; the caller holds the plan-cache lock (the descriptor is shared).
+    unsafe fn matmul(
+        &self,
+        plan: &Plan,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        accumulate: bool,
+        bias: bool,
+        p: Ptrs,
+    ) -> Result<()> {
+        let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0f32 });
+        if bias {
+            set_desc(
+                plan.desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                &p.bias,
+            )?;
+        }
+        let (ws, _g) = self.lt.workspace.device_ptr(&self.lt.stream);
+        lt::matmul(
+            self.lt.handle,
+            plan.desc,
+            &alpha as *const f32 as *const c_void,
+            &beta as *const f32 as *const c_void,
+            w_ptr_cast(p.w),
+            plan.a,
+            w_ptr_cast(p.x),
+            plan.b,
+            w_ptr_cast(p.y),
+            plan.c,
+            p.y as *mut c_void,
+            plan.c,
+            algo,
+            ws as *mut c_void,
+            WORKSPACE_BYTES,
+            self.stream.cu_stream() as *mut _,
+        )?;
+        Ok(())
     }
 }
 

@@ -23,6 +23,20 @@ fn open(model: &str, max_patches_per_pass: usize) -> Result<Model, ModelError> {
     Model::open_with(&fixtures().join(model), &options, PrepSettings::default())
 }
 
+/// Three fixture images of different sizes and formats: their names and bytes.
+fn three_images() -> ([&'static str; 3], Vec<Vec<u8>>) {
+    let images = [
+        "coffee_144x96.jpg",
+        "camera_gray_96x96.png",
+        "logo_rgba_112x84.png",
+    ];
+    let bytes = images
+        .iter()
+        .map(|i| std::fs::read(fixtures().join("images").join(i)).unwrap())
+        .collect();
+    (images, bytes)
+}
+
 /// Each image's patches, from the ceiling's own refusal at a ceiling of one patch.
 fn patches_of(model: &str, sources: &[ImageSource<'_>]) -> Vec<usize> {
     let tiny = open(model, 1).unwrap();
@@ -42,15 +56,7 @@ fn patches_of(model: &str, sources: &[ImageSource<'_>]) -> Vec<usize> {
 
 #[test]
 fn a_batch_split_by_a_small_ceiling_gives_the_rows_of_one_pass_bitwise() {
-    let images = [
-        "coffee_144x96.jpg",
-        "camera_gray_96x96.png",
-        "logo_rgba_112x84.png",
-    ];
-    let bytes: Vec<Vec<u8>> = images
-        .iter()
-        .map(|i| std::fs::read(fixtures().join("images").join(i)).unwrap())
-        .collect();
+    let (images, bytes) = three_images();
     let sources: Vec<ImageSource<'_>> = bytes.iter().map(|b| ImageSource::Bytes(b)).collect();
     for model in ["models/gemma4", "models/glm5_next", "models/step3p7"] {
         let patches = patches_of(model, &sources);
@@ -124,15 +130,7 @@ fn a_ceiling_of_zero_is_refused_at_open() {
 /// for bit as a fresh model does.
 #[test]
 fn calls_after_recycled_outputs_give_the_first_rows_bitwise() {
-    let images = [
-        "coffee_144x96.jpg",
-        "camera_gray_96x96.png",
-        "logo_rgba_112x84.png",
-    ];
-    let bytes: Vec<Vec<u8>> = images
-        .iter()
-        .map(|i| std::fs::read(fixtures().join("images").join(i)).unwrap())
-        .collect();
+    let (images, bytes) = three_images();
     for model in ["models/gemma4", "models/glm5_next", "models/step3p7"] {
         let fresh: Vec<Vec<f32>> = bytes
             .iter()
