@@ -66,6 +66,42 @@ trait GraphTower {
     fn status(&self) -> GraphStatus;
 }
 
+/// The [`GraphTower`] of one CUDA tower wrapper (a `cuda` field and an `images(Which)` method);
+/// `$rows` flattens what its `rows` returns into one vector.
+macro_rules! graph_tower {
+    ($tower:ident, $cuda:ident, $batch:ty, $rows:expr) => {
+        impl GraphTower for $tower {
+            type Batch = $batch;
+            fn batch(&mut self, w: Which, staged: bool) -> Self::Batch {
+                let images = self.images(w);
+                let host = $cuda::prepare_host(self.cuda.config(), self.cuda.precision(), &images)
+                    .expect("host batch");
+                let b = if staged {
+                    self.cuda.stage(host)
+                } else {
+                    self.cuda.prepare(&images)
+                };
+                b.expect("batch")
+            }
+            fn run(&mut self, b: &Self::Batch) -> Ran {
+                self.cuda.run_graphed(b, false).expect("run").1
+            }
+            fn rows(&mut self, b: &Self::Batch) -> Vec<f32> {
+                $rows(self.cuda.rows(b).expect("rows"))
+            }
+            fn set_graphs(&mut self, on: bool) {
+                self.cuda.set_graphs(on)
+            }
+            fn stats(&self) -> GraphStats {
+                self.cuda.graph_stats()
+            }
+            fn status(&self) -> GraphStatus {
+                self.cuda.graph_status().clone()
+            }
+        }
+    };
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Which {
     A,
@@ -142,35 +178,12 @@ impl Gemma {
     }
 }
 
-impl GraphTower for Gemma {
-    type Batch = vision_towers::tower_gemma::GemmaBatch;
-    fn batch(&mut self, w: Which, staged: bool) -> Self::Batch {
-        let images = self.images(w);
-        let host = GemmaCuda::prepare_host(self.cuda.config(), self.cuda.precision(), &images)
-            .expect("host batch");
-        let b = if staged {
-            self.cuda.stage(host)
-        } else {
-            self.cuda.prepare(&images)
-        };
-        b.expect("batch")
-    }
-    fn run(&mut self, b: &Self::Batch) -> Ran {
-        self.cuda.run_graphed(b, false).expect("run").1
-    }
-    fn rows(&mut self, b: &Self::Batch) -> Vec<f32> {
-        self.cuda.rows(b).expect("rows").concat()
-    }
-    fn set_graphs(&mut self, on: bool) {
-        self.cuda.set_graphs(on)
-    }
-    fn stats(&self) -> GraphStats {
-        self.cuda.graph_stats()
-    }
-    fn status(&self) -> GraphStatus {
-        self.cuda.graph_status().clone()
-    }
-}
+graph_tower!(
+    Gemma,
+    GemmaCuda,
+    vision_towers::tower_gemma::GemmaBatch,
+    |r: Vec<Vec<f32>>| r.concat()
+);
 
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -221,35 +234,12 @@ impl Glm {
     }
 }
 
-impl GraphTower for Glm {
-    type Batch = vision_towers::tower_glm5::GlmBatch;
-    fn batch(&mut self, w: Which, staged: bool) -> Self::Batch {
-        let images = self.images(w);
-        let host = GlmCuda::prepare_host(self.cuda.config(), self.cuda.precision(), &images)
-            .expect("host batch");
-        let b = if staged {
-            self.cuda.stage(host)
-        } else {
-            self.cuda.prepare(&images)
-        };
-        b.expect("batch")
-    }
-    fn run(&mut self, b: &Self::Batch) -> Ran {
-        self.cuda.run_graphed(b, false).expect("run").1
-    }
-    fn rows(&mut self, b: &Self::Batch) -> Vec<f32> {
-        self.cuda.rows(b).expect("rows").concat()
-    }
-    fn set_graphs(&mut self, on: bool) {
-        self.cuda.set_graphs(on)
-    }
-    fn stats(&self) -> GraphStats {
-        self.cuda.graph_stats()
-    }
-    fn status(&self) -> GraphStatus {
-        self.cuda.graph_status().clone()
-    }
-}
+graph_tower!(
+    Glm,
+    GlmCuda,
+    vision_towers::tower_glm5::GlmBatch,
+    |r: Vec<Vec<f32>>| r.concat()
+);
 
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -330,40 +320,12 @@ impl Step {
     }
 }
 
-impl GraphTower for Step {
-    type Batch = vision_towers::tower_step::StepBatch;
-    fn batch(&mut self, w: Which, staged: bool) -> Self::Batch {
-        let images = self.images(w);
-        let host = StepCuda::prepare_host(self.cuda.config(), self.cuda.precision(), &images)
-            .expect("host batch");
-        let b = if staged {
-            self.cuda.stage(host)
-        } else {
-            self.cuda.prepare(&images)
-        };
-        b.expect("batch")
-    }
-    fn run(&mut self, b: &Self::Batch) -> Ran {
-        self.cuda.run_graphed(b, false).expect("run").1
-    }
-    fn rows(&mut self, b: &Self::Batch) -> Vec<f32> {
-        self.cuda
-            .rows(b)
-            .expect("rows")
-            .into_iter()
-            .flat_map(|r| r.rows)
-            .collect()
-    }
-    fn set_graphs(&mut self, on: bool) {
-        self.cuda.set_graphs(on)
-    }
-    fn stats(&self) -> GraphStats {
-        self.cuda.graph_stats()
-    }
-    fn status(&self) -> GraphStatus {
-        self.cuda.graph_status().clone()
-    }
-}
+graph_tower!(
+    Step,
+    StepCuda,
+    vision_towers::tower_step::StepBatch,
+    |r: Vec<vision_towers::tower_step::StepRows>| r.into_iter().flat_map(|r| r.rows).collect()
+);
 
 #[test]
 #[ignore = "needs a CUDA device"]
