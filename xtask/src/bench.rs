@@ -54,16 +54,11 @@ const USAGE: &str =
 cases: gemma4_b1 gemma4_b8 glm5_72_b1 glm5_96x128_b1 glm5_72_b8 step_728_b1 step_504_b6 step_728_b8
 ";
 
-/// Progress on stdout, stamped with the seconds since the command started.
+/// Progress on stdout (`crate::progress`), tagged `bench`.
 macro_rules! say {
     ($($arg:tt)*) => {
-        println!("[{:7.1} s] bench: {}", started().elapsed().as_secs_f64(), format!($($arg)*))
+        crate::progress::say("bench", format_args!($($arg)*))
     };
-}
-
-fn started() -> &'static Instant {
-    static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    T0.get_or_init(Instant::now)
 }
 
 /// The project's bound for CUDA bf16 rows against an f32/f64 reference (README, parity).
@@ -1138,7 +1133,7 @@ fn nvidia_smi() -> Option<String> {
 /// `cargo xtask bench`.
 pub fn run(args: &[String]) -> Result<()> {
     let o = parse(args)?;
-    let t0 = *started();
+    let t0 = *crate::progress::started();
     std::fs::create_dir_all(&o.torch_out)
         .with_context(|| format!("creating {}", o.torch_out.display()))?;
     let anchor = run_torch(&o)?;

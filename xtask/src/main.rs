@@ -6,6 +6,7 @@ mod fixtures;
 mod gpu;
 mod parity;
 mod pipeline;
+mod progress;
 mod towers;
 mod towers_glm;
 mod towers_step;

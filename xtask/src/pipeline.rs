@@ -57,16 +57,11 @@ const USAGE: &str = "usage: cargo xtask pipeline [--model DIR] [--work DIR] [--i
   --host             our side on the host f32 reference (with --tiny only)
 ";
 
-/// Progress on stdout, stamped with the seconds since the command started.
+/// Progress on stdout (`crate::progress`), tagged `pipeline`.
 macro_rules! say {
     ($($arg:tt)*) => {
-        println!("[{:7.1} s] pipeline: {}", started().elapsed().as_secs_f64(), format!($($arg)*))
+        crate::progress::say("pipeline", format_args!($($arg)*))
     };
-}
-
-fn started() -> &'static Instant {
-    static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    T0.get_or_init(Instant::now)
 }
 
 /// The issue's goal: end-to-end images/s within 15% of the tower-only rate.
@@ -675,7 +670,7 @@ fn tower_only(
     }
     let tower_s = t[0] as f64 / 1e3;
     drop(batches);
-    if started().elapsed().as_secs_f64() > deadline {
+    if crate::progress::started().elapsed().as_secs_f64() > deadline {
         say!("past the {deadline:.0} s deadline: the staged measurement is skipped");
         return Ok((tower_s, None, prints));
     }
@@ -770,7 +765,7 @@ fn today() -> String {
 /// `cargo xtask pipeline`.
 pub fn run(args: &[String]) -> Result<()> {
     let o = parse(args)?;
-    let _ = started();
+    let _ = crate::progress::started();
     std::fs::create_dir_all(&o.work).with_context(|| format!("creating {}", o.work.display()))?;
     let s = size(o.tiny);
     let mut md = String::new();
