@@ -78,6 +78,16 @@ pub enum LeDtype {
 }
 
 impl LeDtype {
+    /// The float type a safetensors header spells `F32`, `F16` or `BF16`; `None` for any other.
+    pub fn from_safetensors(spelling: &str) -> Option<LeDtype> {
+        match spelling {
+            "F32" => Some(LeDtype::F32),
+            "F16" => Some(LeDtype::F16),
+            "BF16" => Some(LeDtype::Bf16),
+            _ => None,
+        }
+    }
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
@@ -435,6 +445,16 @@ impl Stager {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn safetensors_float_spellings_map_to_their_types() {
+        assert_eq!(LeDtype::from_safetensors("F32"), Some(LeDtype::F32));
+        assert_eq!(LeDtype::from_safetensors("F16"), Some(LeDtype::F16));
+        assert_eq!(LeDtype::from_safetensors("BF16"), Some(LeDtype::Bf16));
+        for other in ["I64", "U8", "F64", "bf16", ""] {
+            assert_eq!(LeDtype::from_safetensors(other), None, "{other}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -7,7 +7,7 @@ use crate::config::{GemmaConfig, GgufActivation};
 use crate::error::{GemmaError, Result};
 use gguf_reader::{GgmlType, GgufFile};
 use gpu_core::{Clamp, HostTensor, LeDtype, TensorStore};
-use st_reader::{Checkpoint, Dtype};
+use st_reader::Checkpoint;
 use std::collections::BTreeSet;
 
 /// One ClippableLinear: `clamp_out(W·clamp_in(x))`, no bias.
@@ -116,12 +116,7 @@ impl<'a> Source<'a> for HfSource<'a> {
             .0
             .find(name)
             .map_err(|_| GemmaError::MissingTensor(name.to_string()))?;
-        let dtype = match view.dtype() {
-            Dtype::F32 => Some(LeDtype::F32),
-            Dtype::F16 => Some(LeDtype::F16),
-            Dtype::BF16 => Some(LeDtype::Bf16),
-            _ => None,
-        };
+        let dtype = LeDtype::from_safetensors(view.dtype().as_str());
         HostTensor::in_place(view.bytes(), dtype, || Ok(view.to_f32()?))
     }
 }

@@ -7,7 +7,7 @@
 use crate::config::GlmConfig;
 use crate::error::{GlmError, Result};
 use gpu_core::{HostTensor, LeDtype, TensorStore};
-use st_reader::{Checkpoint, Dtype, StError, TensorView};
+use st_reader::{Checkpoint, StError, TensorView};
 use std::collections::BTreeSet;
 
 /// The canonical prefix of every vision tensor in a whole-model checkpoint.
@@ -97,12 +97,7 @@ type Read<'a, T> = dyn Fn(TensorView<'a>) -> Result<T> + 'a;
 /// A float tensor of the memory-mapped file, read in place at upload (F32, F16, BF16); any
 /// other dtype gives the reader's own refusal.
 fn mapped(v: TensorView<'_>) -> Result<HostTensor<'_>> {
-    let dtype = match v.dtype() {
-        Dtype::F32 => Some(LeDtype::F32),
-        Dtype::F16 => Some(LeDtype::F16),
-        Dtype::BF16 => Some(LeDtype::Bf16),
-        _ => None,
-    };
+    let dtype = LeDtype::from_safetensors(v.dtype().as_str());
     HostTensor::in_place(v.bytes(), dtype, || Ok(v.to_f32()?))
 }
 

@@ -18,7 +18,7 @@
 use crate::config::{StepConfig, NUM_CHANNELS};
 use crate::error::{Result, StepError};
 use gpu_core::{HostTensor, LeDtype, RopeLayout, TensorStore};
-use st_reader::{Checkpoint, Dtype, TensorView};
+use st_reader::{Checkpoint, TensorView};
 use std::collections::BTreeSet;
 
 /// Prefixes the vision tower lives under: `save_pretrained` writes `vision_model.`, HF's
@@ -260,12 +260,7 @@ fn get<'a, T>(ck: &'a Checkpoint, name: &str, expected: &[usize], read: &Read<'a
 /// A float tensor of the memory-mapped file, read in place at upload (F32, F16, BF16); any
 /// other dtype gives the reader's own refusal.
 fn mapped(v: TensorView<'_>) -> Result<HostTensor<'_>> {
-    let dtype = match v.dtype() {
-        Dtype::F32 => Some(LeDtype::F32),
-        Dtype::F16 => Some(LeDtype::F16),
-        Dtype::BF16 => Some(LeDtype::Bf16),
-        _ => None,
-    };
+    let dtype = LeDtype::from_safetensors(v.dtype().as_str());
     HostTensor::in_place(v.bytes(), dtype, || Ok(v.to_f32()?))
 }
 
