@@ -401,6 +401,142 @@ mod avx2 {
         }
     }
 
+    /// The horizontal pass of an axis whose outputs each take at most 2 taps and whose every 4
+    /// consecutive outputs read at most 5 source pixels (the triangle filter upscaling: starts
+    /// step by 0 or 1), planned per quad of outputs: one 16-byte load of the quad's 5 pixels,
+    /// two `pshufb` to the 12 (tap 0, tap 1) byte pairs of its 4 RGB pixels in output order, and
+    /// two `pmaddwd` with their weight pairs give the 12 channel sums at once (the per-pixel
+    /// kernel spends a 4-tap group, half of it zero weights, on each pixel).
+    pub(crate) struct QuadPlan {
+        /// First source pixel read by each quad.
+        base: Vec<usize>,
+        /// Per quad: `pshufb` masks for channel sums 0..8 (bytes 0..16) and 8..12 (16..24).
+        masks: Vec<[i8; 32]>,
+        /// Per quad: the weight pairs of channel sums 0..8 (lanes 0..16) and 8..12 (16..24).
+        weights: Vec<[i16; 24]>,
+        /// Outputs covered by whole quads (`4·quads`); the rest go through the scalar tail.
+        pub(super) covered: usize,
+    }
+
+    impl QuadPlan {
+        /// The plan for `aw`, or `None` when some output takes more than 2 taps or a quad spans
+        /// more than 5 source pixels.
+        pub(crate) fn new(aw: &AxisWeights) -> Option<QuadPlan> {
+            let quads = aw.start.len() / 4;
+            if aw.len.iter().any(|&l| l > 2) || quads == 0 {
+                return None;
+            }
+            let mut plan = QuadPlan {
+                base: Vec::with_capacity(quads),
+                masks: Vec::with_capacity(quads),
+                weights: Vec::with_capacity(quads),
+                covered: 4 * quads,
+            };
+            for q in 0..quads {
+                let base = aw.start[4 * q];
+                let (mut mask, mut w) = ([-1i8; 32], [0i16; 24]);
+                for j in 0..4 {
+                    let x = 4 * q + j;
+                    let rel = aw.start[x].checked_sub(base)?;
+                    if rel + 1 > 4 {
+                        return None;
+                    }
+                    let taps = aw.taps(x);
+                    for c in 0..3 {
+                        let lane = 3 * j + c;
+                        // Byte slot of this pair: sums 0..8 in mask bytes 0..16, 8..12 in 16..24.
+                        let slot = if lane < 8 {
+                            2 * lane
+                        } else {
+                            16 + 2 * (lane - 8)
+                        };
+                        let b0 = (3 * rel + c) as i8;
+                        // A missing second tap reads the first byte again, with weight 0.
+                        let b1 = if taps.len() == 2 { b0 + 3 } else { b0 };
+                        mask[slot] = b0;
+                        mask[slot + 1] = b1;
+                        w[2 * lane] = taps.first().copied().unwrap_or(0);
+                        w[2 * lane + 1] = taps.get(1).copied().unwrap_or(0);
+                    }
+                }
+                plan.base.push(base);
+                plan.masks.push(mask);
+                plan.weights.push(w);
+            }
+            Some(plan)
+        }
+
+        /// Bytes past a row's start that [`horizontal_rows_quads`] may read.
+        pub(super) fn reach(&self) -> usize {
+            3 * self.base.last().copied().unwrap_or(0) + 16
+        }
+    }
+
+    /// `R` RGB output rows of the horizontal pass by the quad plan `plan` of `aw`: the whole quads,
+    /// then the scalar tail; source row `r` starts at byte `offs[r]` of `src`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; every `drows[r]` is `3·out_w` bytes; for every row
+    /// `offs[r] + plan.reach() ≤ src.len()`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn horizontal_rows_quads<const R: usize>(
+        src: &[u8],
+        offs: [usize; R],
+        aw: &AxisWeights,
+        plan: &QuadPlan,
+        drows: [&mut [u8]; R],
+    ) {
+        let round = _mm256_set1_epi32(1 << (aw.precision - 1));
+        let shift = _mm_cvtsi32_si128(aw.precision as i32);
+        let sp = src.as_ptr();
+        let mut drows = drows;
+        for (q, ((&base, mask), w)) in plan
+            .base
+            .iter()
+            .zip(&plan.masks)
+            .zip(&plan.weights)
+            .enumerate()
+        {
+            // SAFETY: 16-byte reads inside the 32-byte mask and the 48-byte weight arrays.
+            let (m0, m1, w0, w1) = unsafe {
+                (
+                    _mm_loadu_si128(mask.as_ptr().cast()),
+                    _mm_loadu_si128(mask.as_ptr().add(16).cast()),
+                    _mm256_loadu_si256(w.as_ptr().cast()),
+                    _mm_loadu_si128(w.as_ptr().add(16).cast()),
+                )
+            };
+            for (r, drow) in drows.iter_mut().enumerate() {
+                // SAFETY: `offs[r] + 3·base + 16 ≤ offs[r] + reach ≤ src.len()` (the caller's check).
+                let p = unsafe { _mm_loadu_si128(sp.add(offs[r] + 3 * base).cast()) };
+                let lo = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_shuffle_epi8(p, m0)), w0);
+                let hi = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_shuffle_epi8(p, m1)), w1);
+                let lo = _mm256_sra_epi32(_mm256_add_epi32(lo, round), shift);
+                let hi = _mm_sra_epi32(_mm_add_epi32(hi, _mm256_castsi256_si128(round)), shift);
+                let a = _mm_packs_epi32(
+                    _mm256_castsi256_si128(lo),
+                    _mm256_extracti128_si256::<1>(lo),
+                );
+                let b = _mm_packs_epi32(hi, _mm_setzero_si128());
+                let bytes = _mm_packus_epi16(a, b);
+                let o = 12 * q;
+                if o + 16 <= drow.len() {
+                    // SAFETY: 16 bytes from `o` lie inside `drow`; the 4 past the quad's 12 are
+                    // written again by the next quad or the tail.
+                    unsafe { _mm_storeu_si128(drow.as_mut_ptr().add(o).cast(), bytes) };
+                } else {
+                    let mut t = [0u8; 16];
+                    // SAFETY: a 16-byte store into a 16-byte array.
+                    unsafe { _mm_storeu_si128(t.as_mut_ptr().cast(), bytes) };
+                    drow[o..o + 12].copy_from_slice(&t[..12]);
+                }
+            }
+        }
+        for (r, drow) in drows.iter_mut().enumerate() {
+            pixels_tail(src, offs[r], aw, plan.covered, drow);
+        }
+    }
+
     /// Bytes past a row's start that [`horizontal_rows_rgb`] may read: the last pixel's loads.
     pub(super) fn reach(aw: &AxisWeights) -> usize {
         let last = aw.start.last().copied().unwrap_or(0);
@@ -410,8 +546,13 @@ mod avx2 {
     /// One RGB output row by the portable arithmetic, for the image's last rows, where a 16-byte
     /// load would leave `src`.
     pub(super) fn row_tail(src: &[u8], off: usize, aw: &AxisWeights, drow: &mut [u8]) {
+        pixels_tail(src, off, aw, 0, drow);
+    }
+
+    /// Output pixels `from..` of one RGB row by the portable arithmetic.
+    fn pixels_tail(src: &[u8], off: usize, aw: &AxisWeights, from: usize, drow: &mut [u8]) {
         let round = 1i32 << (aw.precision - 1);
-        for (ox, out) in drow.chunks_exact_mut(3).enumerate() {
+        for (ox, out) in drow.chunks_exact_mut(3).enumerate().skip(from) {
             let s = aw.start[ox];
             let mut acc = [round; 3];
             for (k, &wk) in aw.taps(ox).iter().enumerate() {
@@ -586,6 +727,47 @@ unsafe fn h_rows_avx2<const R: usize>(
     }
 }
 
+/// The AVX2 horizontal pass of RGB rows `rows` by a quad plan, rows in pairs.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn horizontal_quads(
+    src: &[u8],
+    row_bytes: usize,
+    rows: std::ops::Range<usize>,
+    aw: &AxisWeights,
+    plan: &avx2::QuadPlan,
+    out_w: usize,
+    dst: &mut [u8],
+    parallel: bool,
+) {
+    let reach = plan.reach();
+    let body = |(i, pair): (usize, &mut [u8])| {
+        let r0 = rows.start + 2 * i;
+        let (o0, o1) = (r0 * row_bytes, (r0 + 1) * row_bytes);
+        if pair.len() == 6 * out_w && o1 + reach <= src.len() {
+            let (a, b) = pair.split_at_mut(3 * out_w);
+            // SAFETY: AVX2 was detected (the caller's kernel choice); both rows pass the reach
+            // check; each output row is `3·out_w` bytes.
+            unsafe { avx2::horizontal_rows_quads::<2>(src, [o0, o1], aw, plan, [a, b]) };
+            return;
+        }
+        for (k, drow) in pair.chunks_mut(3 * out_w).enumerate() {
+            let o = o0 + k * row_bytes;
+            if o + reach <= src.len() {
+                // SAFETY: as above, for one row.
+                unsafe { avx2::horizontal_rows_quads::<1>(src, [o], aw, plan, [drow]) };
+            } else {
+                avx2::row_tail(src, o, aw, drow);
+            }
+        }
+    };
+    if parallel {
+        dst.par_chunks_mut(6 * out_w).enumerate().for_each(body);
+    } else {
+        dst.chunks_mut(6 * out_w).enumerate().for_each(body);
+    }
+}
+
 /// Horizontal pass over rows `rows` of an interleaved `C`-channel image.
 #[allow(clippy::too_many_arguments)]
 fn horizontal<const C: usize>(
@@ -601,6 +783,10 @@ fn horizontal<const C: usize>(
     let row_bytes = src_w * C;
     #[cfg(target_arch = "x86_64")]
     if C == 3 && kernels == Kernels::Avx2 {
+        if let Some(plan) = avx2::QuadPlan::new(aw) {
+            horizontal_quads(src, row_bytes, rows, aw, &plan, out_w, dst, parallel);
+            return;
+        }
         let reach = avx2::reach(aw);
         // Rows in pairs: each pixel's weights are loaded once for both.
         let body = |(i, pair): (usize, &mut [u8])| {
@@ -942,6 +1128,48 @@ mod tests {
                     assert!(got == want, "{k:?} {sw}x{sh} -> {w}x{h} {f:?}");
                 }
             }
+        }
+    }
+
+    /// The quad kernel takes the triangle filter's upscaling (step3p7's crop image, 1920 → 2016
+    /// wide) and nothing with more than 2 taps; where it runs, its bytes equal the portable ones,
+    /// rows in pairs and alone, widths off a multiple of 4 and loads near the buffer's end included.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn quad_kernel_takes_two_tap_axes() {
+        let plan = |i, o, f| avx2::QuadPlan::new(&AxisWeights::new(i, o, f)).is_some();
+        assert!(plan(1920, 2016, Filter::Bilinear));
+        assert!(plan(3, 7, Filter::Bilinear));
+        assert!(!plan(1920, 728, Filter::Bilinear), "downscale: 7 taps");
+        assert!(!plan(640, 728, Filter::Bicubic), "bicubic: 4 taps");
+        assert!(
+            !plan(5, 3, Filter::Bilinear),
+            "fewer than 4 outputs: no quad"
+        );
+        if !has_avx2() {
+            return;
+        }
+        for (sw, sh, w, h) in [
+            (1920, 9, 2016, 8),
+            (5, 3, 7, 3),
+            (37, 4, 38, 4),
+            (64, 2, 130, 5),
+            (9, 1, 16, 1),
+        ] {
+            assert!(plan(sw, w, Filter::Bilinear), "{sw} -> {w}");
+            let src: Vec<u8> = (0..sw * sh * 3).map(|i| (i * 7919 % 253) as u8).collect();
+            let want = resize_with(
+                Kernels::Portable,
+                &src,
+                sw,
+                sh,
+                w,
+                h,
+                Filter::Bilinear,
+                false,
+            );
+            let got = resize_with(Kernels::Avx2, &src, sw, sh, w, h, Filter::Bilinear, false);
+            assert!(got == want, "{sw}x{sh} -> {w}x{h}");
         }
     }
 
