@@ -2,7 +2,11 @@
 //!
 //! The portable path looks the 256 values up in a table; the AVX2 path computes them 8 at a time
 //! with the same two IEEE operations (`vsubps`, `vdivps`, correctly rounded like the scalar ones),
-//! so both give the table's bits, which are upstream's (tests: every value, every length).
+//! so both give the table's bits, which are upstream's (tests: every value, every length). Where
+//! the CPU has FMA and, for this mean and std, the corrected reciprocal product
+//! `q = d·r; q + (d − q·s)·r` (`r = 1/s`) equals the quotient for all 256 values of every channel
+//! (checked against the table when the normalisation is built), that replaces the division: one
+//! multiply and two FMAs instead of a `vdivps`, whose throughput bounds the kernel.
 
 /// Per-channel normalisation `(v − m[c]) / s[c]` of u8 pixels, and the kernel that applies it.
 pub(crate) struct Normalize {
@@ -10,23 +14,38 @@ pub(crate) struct Normalize {
     s: [f32; 3],
     lut: [[f32; 256]; 3],
     avx2: bool,
+    /// `1/s[c]`, and whether the corrected product by it equals the table everywhere (FMA CPUs).
+    recip: Option<[f32; 3]>,
 }
 
 impl Normalize {
     /// The normalisation by mean `m` and std `s` (the fused constants, in 0..=255 units), with the
     /// AVX2 kernel where the CPU has it.
     pub(crate) fn new(m: [f32; 3], s: [f32; 3]) -> Normalize {
-        Self::with_kernel(m, s, has_avx2())
+        Self::with_kernel(m, s, has_avx2(), has_fma())
     }
 
-    fn with_kernel(m: [f32; 3], s: [f32; 3], avx2: bool) -> Normalize {
+    fn with_kernel(m: [f32; 3], s: [f32; 3], avx2: bool, fma: bool) -> Normalize {
         let mut lut = [[0f32; 256]; 3];
         for (c, row) in lut.iter_mut().enumerate() {
             for (v, x) in row.iter_mut().enumerate() {
                 *x = (v as f32 - m[c]) / s[c];
             }
         }
-        Normalize { m, s, lut, avx2 }
+        let r = s.map(|s| 1.0 / s);
+        let exact = (0..3).all(|c| {
+            lut[c].iter().enumerate().all(|(v, x)| {
+                corrected_quotient(v as f32 - m[c], s[c], r[c]).to_bits() == x.to_bits()
+            })
+        });
+        let recip = (fma && exact).then_some(r);
+        Normalize {
+            m,
+            s,
+            lut,
+            avx2,
+            recip,
+        }
     }
 
     /// The `w × h` window at `(x, y)` of an RGB image `stride` pixels wide, as three planes
@@ -48,7 +67,13 @@ impl Normalize {
         if self.avx2 && w >= avx2::LANES {
             // SAFETY: `avx2` is only set when the CPU reports AVX2 (`has_avx2`); the slices are
             // bounds-checked here and `window` takes no raw pointer beyond them.
-            unsafe { avx2::window(self, src, stride, x, y, w, h, [r, g, b]) };
+            match self.recip {
+                // SAFETY: as above, and `recip` is only set when the CPU reports FMA.
+                Some(rc) => unsafe {
+                    avx2::window_fma(self, rc, src, stride, x, y, w, h, [r, g, b])
+                },
+                None => unsafe { avx2::window(self, src, stride, x, y, w, h, [r, g, b]) },
+            }
             return;
         }
         for row in 0..h {
@@ -62,6 +87,24 @@ impl Normalize {
                 *b = self.lut[2][usize::from(p[2])];
             }
         }
+    }
+}
+
+/// `d / s` from the reciprocal `r = 1/s`: the product, corrected by its residual (two FMAs, as the
+/// AVX2 kernel computes it lane by lane). Not always the correctly rounded quotient, hence the check.
+fn corrected_quotient(d: f32, s: f32, r: f32) -> f32 {
+    let q = d * r;
+    (-q).mul_add(s, d).mul_add(r, q)
+}
+
+fn has_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -109,7 +152,7 @@ mod avx2 {
         m
     };
 
-    /// [`Normalize::window`] for `w ≥ LANES`.
+    /// [`Normalize::window`] for `w ≥ LANES`: `(v − m) / s` by `vdivps`.
     ///
     /// # Safety
     /// The CPU must support AVX2.
@@ -125,10 +168,64 @@ mod avx2 {
         h: usize,
         out: [&mut [f32]; 3],
     ) {
-        // SAFETY: 16-byte reads of 16-byte arrays.
-        let shuf = MASKS.map(|c| c.map(|m| unsafe { _mm_loadu_si128(m.as_ptr().cast()) }));
         let m = n.m.map(|v| _mm256_set1_ps(v));
         let s = n.s.map(|v| _mm256_set1_ps(v));
+        // The closure inherits this function's target features.
+        let op = |v: __m256, c: usize| _mm256_div_ps(_mm256_sub_ps(v, m[c]), s[c]);
+        // SAFETY: forwarded contract (AVX2).
+        unsafe { each_step(src, stride, x, y, w, h, out, op) }
+    }
+
+    /// [`window`] with the division replaced by the corrected product by `r = 1/s`
+    /// ([`super::corrected_quotient`], which the caller checked equals the quotient).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn window_fma(
+        n: &Normalize,
+        r: [f32; 3],
+        src: &[u8],
+        stride: usize,
+        x: usize,
+        y: usize,
+        w: usize,
+        h: usize,
+        out: [&mut [f32]; 3],
+    ) {
+        let m = n.m.map(|v| _mm256_set1_ps(v));
+        let s = n.s.map(|v| _mm256_set1_ps(v));
+        let r = r.map(|v| _mm256_set1_ps(v));
+        // The closure inherits this function's target features.
+        let op = |v: __m256, c: usize| {
+            let d = _mm256_sub_ps(v, m[c]);
+            let q = _mm256_mul_ps(d, r[c]);
+            _mm256_fmadd_ps(_mm256_fnmadd_ps(q, s[c], d), r[c], q)
+        };
+        // SAFETY: forwarded contract (AVX2).
+        unsafe { each_step(src, stride, x, y, w, h, out, op) }
+    }
+
+    /// The loop both kernels share: 8 pixels of each row a step, channel `c`'s values converted
+    /// to f32 and mapped by `op(v, c)`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `w ≥ LANES`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn each_step(
+        src: &[u8],
+        stride: usize,
+        x: usize,
+        y: usize,
+        w: usize,
+        h: usize,
+        out: [&mut [f32]; 3],
+        op: impl Fn(__m256, usize) -> __m256,
+    ) {
+        // SAFETY: 16-byte reads of 16-byte arrays.
+        let shuf = MASKS.map(|c| c.map(|m| unsafe { _mm_loadu_si128(m.as_ptr().cast()) }));
         let [r, g, b] = out;
         for row in 0..h {
             let o = ((y + row) * stride + x) * 3;
@@ -145,14 +242,16 @@ mod avx2 {
                     (_mm_loadu_si128(p.cast()), _mm_loadl_epi64(p.add(16).cast()))
                 };
                 for c in 0..3 {
-                    let bytes = _mm_or_si128(
-                        _mm_shuffle_epi8(lo, shuf[c][0]),
-                        _mm_shuffle_epi8(hi, shuf[c][1]),
-                    );
-                    let v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
-                    let v = _mm256_div_ps(_mm256_sub_ps(v, m[c]), s[c]);
+                    // SAFETY: AVX2 (the caller's contract).
+                    let v = unsafe {
+                        let bytes = _mm_or_si128(
+                            _mm_shuffle_epi8(lo, shuf[c][0]),
+                            _mm_shuffle_epi8(hi, shuf[c][1]),
+                        );
+                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes))
+                    };
                     // SAFETY: `i0 + LANES ≤ w = dst[c].len()`.
-                    unsafe { _mm256_storeu_ps(dst[c].as_mut_ptr().add(i0), v) };
+                    unsafe { _mm256_storeu_ps(dst[c].as_mut_ptr().add(i0), op(v, c)) };
                 }
                 if i0 + LANES == w {
                     break;
@@ -190,14 +289,18 @@ mod tests {
         let half = crate::prepare::fused(&[0.5; 3], &[0.5; 3], 1.0 / 255.0);
         let nan = f32::NAN.to_bits();
         for (m, s) in [clip, half] {
-            let table = Normalize::with_kernel(m, s, false);
+            let table = Normalize::with_kernel(m, s, false, false);
             let fast = Normalize::new(m, s);
+            // The laws' constants take the FMA kernel where the CPU has FMA.
+            assert_eq!(fast.recip.is_some(), super::has_fma(), "m={m:?} s={s:?}");
+            let div = Normalize::with_kernel(m, s, super::has_avx2(), false);
             // Every value in every channel: pixel i is (i, i + 85, i + 170).
             let all: Vec<u8> = (0..256usize)
                 .flat_map(|i| [i as u8, (i + 85) as u8, (i + 170) as u8])
                 .collect();
             let a = planes(&table, &all, 256, [0, 0, 256, 1]);
             assert_eq!(a, planes(&fast, &all, 256, [0, 0, 256, 1]));
+            assert_eq!(a, planes(&div, &all, 256, [0, 0, 256, 1]));
             assert!(!a.contains(&nan));
             // Every width and several offsets of a larger image.
             let (sw, sh) = (97, 9);
@@ -207,6 +310,7 @@ mod tests {
                     let win = [x, 2, w, 5];
                     let a = planes(&table, &src, sw, win);
                     assert_eq!(a, planes(&fast, &src, sw, win), "w={w} x={x}");
+                    assert_eq!(a, planes(&div, &src, sw, win), "w={w} x={x}");
                     assert!(!a.contains(&nan), "w={w} x={x}");
                 }
             }

@@ -94,25 +94,31 @@ impl<T: Copy + Default> Scratch<T> {
         v.capacity().saturating_mul(std::mem::size_of::<T>())
     }
 
-    /// The smallest kept buffer with room for `n` values, if any.
-    fn find(&self, n: usize) -> Option<Vec<T>> {
+    /// The smallest kept buffer with room for `n` values, if any; with `filled`, one already
+    /// holding `n` values is preferred (no fill to lengthen it).
+    fn find(&self, n: usize, filled: bool) -> Option<Vec<T>> {
         if self.cap == 0 {
             return None;
         }
         let mut bufs = self.bufs();
-        let best = bufs
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.capacity() >= n)
-            .min_by_key(|(_, b)| b.capacity())
-            .map(|(i, _)| i);
+        let smallest = |room: &dyn Fn(&Vec<T>) -> bool| {
+            bufs.iter()
+                .enumerate()
+                .filter(|(_, b)| room(b))
+                .min_by_key(|(_, b)| b.capacity())
+                .map(|(i, _)| i)
+        };
+        let best = filled
+            .then(|| smallest(&|b| b.len() >= n))
+            .flatten()
+            .or_else(|| smallest(&|b| b.capacity() >= n));
         best.map(|i| bufs.swap_remove(i))
     }
 
     /// A buffer of `n` values with unspecified contents: the smallest kept one that fits, else a
     /// fresh [`zeroed`] one.
     pub(crate) fn take(&self, n: usize) -> Vec<T> {
-        match self.find(n) {
+        match self.find(n, true) {
             Some(mut v) => {
                 if v.len() >= n {
                     v.truncate(n);
@@ -128,7 +134,7 @@ impl<T: Copy + Default> Scratch<T> {
     /// An empty buffer with room for `n` values, for writing in order with `extend`: the smallest
     /// kept one that fits, else a fresh [`with_capacity`] one.
     pub(crate) fn take_empty(&self, n: usize) -> Vec<T> {
-        match self.find(n) {
+        match self.find(n, false) {
             Some(mut v) => {
                 v.clear();
                 v
@@ -193,6 +199,29 @@ mod tests {
         let none = Scratch::none();
         none.give(vec![1u8; 16]);
         assert_eq!(none.take(16), vec![0u8; 16]);
+    }
+
+    /// `take` prefers a kept buffer already holding the values it asks for over a smaller-capacity
+    /// one it would have to fill out; `take_empty` goes by capacity alone.
+    #[test]
+    fn take_prefers_a_filled_buffer() {
+        let s = Scratch::new(64 << 20);
+        let mut big = Vec::with_capacity(8 << 20);
+        big.resize(6 << 20, 1u8);
+        let mut short = Vec::with_capacity(5 << 20);
+        short.resize(1 << 20, 2u8);
+        let (pb, ps) = (big.as_ptr(), short.as_ptr());
+        s.give(big);
+        s.give(short);
+        let a = s.take(4 << 20);
+        assert_eq!((a.as_ptr(), a.len()), (pb, 4 << 20));
+        assert!(a.iter().all(|&x| x == 1), "the filled buffer, truncated");
+        s.give(a);
+        let b = s.take_empty(4 << 20);
+        assert_eq!(b.as_ptr(), ps, "smallest capacity");
+        // None filled far enough: the smallest with room, lengthened.
+        let c = s.take(5 << 20);
+        assert_eq!((c.as_ptr(), c.len()), (pb, 5 << 20));
     }
 
     #[test]
