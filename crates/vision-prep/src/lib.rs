@@ -28,6 +28,7 @@ pub mod law;
 mod norm;
 mod pages;
 pub mod plan;
+mod pngfast;
 pub mod prepare;
 pub mod resize;
 pub mod source;

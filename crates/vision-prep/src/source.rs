@@ -218,7 +218,8 @@ pub struct RgbImage {
 /// (`transformers.image_transforms.convert_to_rgb`): alpha is composited onto white with PIL's
 /// integer `alpha_composite`; PIL's mode conversions for 16-bit data are reproduced (see [`to_rgb`]).
 /// The EXIF orientation is not applied (upstream leaves PIL images as opened). JPEG goes through
-/// libjpeg-turbo exactly as Pillow decodes it (`jpeg` module); the other formats through `image`.
+/// libjpeg-turbo exactly as Pillow decodes it (`jpeg` module); 8-bit RGB PNG through the
+/// `pngfast` module where it takes the file whole; the rest through `image`.
 pub fn decode(bytes: &[u8], header: &Header) -> Result<RgbImage> {
     decode_in(bytes, header, crate::pages::Scratch::none())
 }
@@ -235,6 +236,12 @@ pub(crate) fn decode_in(
     let max_alloc = pixels.saturating_mul(16).saturating_add(64 << 20);
     if header.format == SourceFormat::Jpeg {
         return crate::jpeg::decode(bytes, header.width, header.height, max_alloc, scratch);
+    }
+    if header.format == SourceFormat::Png {
+        if let Some(img) = crate::pngfast::decode_rgb8(bytes, header.width, header.height, scratch)
+        {
+            return Ok(img);
+        }
     }
     let mut reader = ImageReader::with_format(Cursor::new(bytes), header.format.image_format());
     let mut lim = Limits::default();
