@@ -20,6 +20,9 @@ use rayon::prelude::*;
 
 use crate::{CudaPrecision, Device, DeviceBuffer, Elem, GemmBuffer, GpuError, Result};
 
+/// Values per task when converting host values to bf16 in parallel.
+const CONVERT_CHUNK: usize = 1 << 14;
+
 /// Host values in one GEMM precision: what a [`GemmBuffer`] is uploaded from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum HostGemm {
@@ -37,6 +40,35 @@ impl HostGemm {
                 HostGemm::Bf16(v.par_iter().map(|&x| bf16::from_f32(x)).collect())
             }
             CudaPrecision::F32 => HostGemm::F32(v),
+        }
+    }
+
+    /// `parts` stacked in order, in precision `p`: bf16 converted straight from the parts in
+    /// parallel (no f32 copy of the batch first); f32 concatenated.
+    pub fn from_f32_parts(p: CudaPrecision, parts: &[&[f32]]) -> HostGemm {
+        let n = parts.iter().map(|s| s.len()).sum();
+        match p {
+            CudaPrecision::Bf16 => {
+                let mut out = vec![bf16::ZERO; n];
+                let mut rest = &mut out[..];
+                let mut pairs = Vec::with_capacity(parts.len());
+                for s in parts {
+                    let (dst, tail) = rest.split_at_mut(s.len());
+                    pairs.push((dst, *s));
+                    rest = tail;
+                }
+                pairs.into_par_iter().for_each(|(dst, src)| {
+                    dst.par_chunks_mut(CONVERT_CHUNK)
+                        .zip(src.par_chunks(CONVERT_CHUNK))
+                        .for_each(|(d, s)| {
+                            for (d, &x) in d.iter_mut().zip(s) {
+                                *d = bf16::from_f32(x);
+                            }
+                        })
+                });
+                HostGemm::Bf16(out)
+            }
+            CudaPrecision::F32 => HostGemm::F32(parts.concat()),
         }
     }
 
@@ -491,6 +523,24 @@ mod tests {
         assert_eq!(f, HostGemm::F32(v));
         assert_eq!(f.len(), 3);
         assert_eq!(f.precision(), CudaPrecision::F32);
+    }
+
+    /// Stacked parts (empty ones and parts longer than a conversion chunk included) equal the
+    /// conversion of their concatenation, in both precisions.
+    #[test]
+    fn parts_equal_the_concatenation() {
+        let a: Vec<f32> = (0..40_000).map(|i| (i as f32).sin() * 3.0).collect();
+        let b = vec![1.0 + 1.0 / 512.0; 7];
+        let c: Vec<f32> = (0..CONVERT_CHUNK + 3).map(|i| i as f32 / 7.0).collect();
+        let parts: [&[f32]; 4] = [&a, &[], &b, &c];
+        let all = parts.concat();
+        for p in [CudaPrecision::Bf16, CudaPrecision::F32] {
+            assert_eq!(
+                HostGemm::from_f32_parts(p, &parts),
+                HostGemm::from_f32(p, all.clone()),
+                "{p:?}"
+            );
+        }
     }
 
     #[test]

@@ -438,7 +438,7 @@ impl GemmaCuda {
         precision: CudaPrecision,
         images: &[GemmaImage<'_>],
     ) -> CudaResult<GemmaHostBatch> {
-        let mut pixels = Vec::new();
+        let mut pixels = Vec::with_capacity(images.len());
         let mut pos = Vec::new();
         let mut cu = vec![0i32];
         let mut grids = Vec::with_capacity(images.len());

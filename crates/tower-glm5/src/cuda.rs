@@ -455,12 +455,11 @@ impl GlmCuda {
             .collect::<Result<Vec<_>, GlmError>>()?;
         let grids: Vec<[usize; 3]> = images.iter().map(|i| i.grid_thw).collect();
         let cu = vision_cu_seqlens(&grids)?;
-        let mut pixels = Vec::with_capacity(images.iter().map(|i| i.patches.len()).sum());
         let mut pos = Vec::new();
         for img in images {
-            pixels.extend_from_slice(img.patches);
             pos.extend(vision_positions(img.grid_thw, cfg.merge));
         }
+        let parts: Vec<&[f32]> = images.iter().map(|i| i.patches).collect();
         let unit = cfg.merge_unit();
         let mut layout: Vec<usize> = cu.iter().map(|&c| c as usize).collect();
         layout.extend(grids.iter().flatten());
@@ -472,7 +471,7 @@ impl GlmCuda {
                 key: GraphKey { precision, layout },
             },
             inputs: HostInputs {
-                rows: HostGemm::from_f32(precision, pixels),
+                rows: HostGemm::from_f32_parts(precision, &parts),
                 pos,
                 cu,
             },

@@ -30,18 +30,19 @@
 use std::sync::Arc;
 
 use gpu_core::{
-    conv3x3s2_out, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation,
-    AttnArgs, Clamp, DeviceBuffer, DeviceInputs, Epilogue, GemmBias, GemmBuffer, GemmOutput,
-    GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs, HostSource,
-    InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, Stager, TensorStore, Uploader,
+    bf16, conv3x3s2_out, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem,
+    Activation, AttnArgs, Clamp, DeviceBuffer, DeviceInputs, Epilogue, GemmBias, GemmBuffer,
+    GemmOutput, GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs,
+    HostSource, InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, Stager, TensorStore,
+    Uploader,
 };
 use rayon::prelude::*;
 
-use crate::config::StepConfig;
+use crate::config::{StepConfig, NUM_CHANNELS};
 use crate::error::StepError;
 use crate::forward::{
-    attention_scale, grid_positions, patchify, validate_images, Grid, StepImage, StepRows,
-    StepStages, ViewStages,
+    attention_scale, grid_positions, validate_images, Grid, StepImage, StepRows, StepStages,
+    ViewStages,
 };
 use crate::weights::{Layer, StepWeights};
 
@@ -452,6 +453,47 @@ fn pad_cols(w: &[f32], cols: usize) -> Vec<f32> {
     out
 }
 
+/// The patch rows of the views `order` picks from `grids`, each `k ≥ 3·p²` values wide (zero past
+/// the patch) and converted by `conv`: patchify ([`patchify`]'s (c, ky, kx) order), the GEMM's
+/// column padding and its precision in one pass, parallel over rows (it was three passes over the
+/// batch, two of them serial).
+fn patch_rows<T: Copy + Default + Send + Sync>(
+    grids: &[Grid<'_>],
+    order: &[usize],
+    p: usize,
+    k: usize,
+    conv: impl Fn(f32) -> T + Sync,
+) -> Vec<T> {
+    // Each view of `order` with its first row.
+    let mut starts = Vec::with_capacity(order.len());
+    let mut rows = 0;
+    for &i in order {
+        starts.push((i, rows));
+        rows += grids[i].gh * grids[i].gw;
+    }
+    let mut out = vec![T::default(); rows * k];
+    out.par_chunks_mut(k).enumerate().for_each(|(row, dst)| {
+        let (gi, first) = starts[starts.partition_point(|&(_, s)| s <= row) - 1];
+        let g = &grids[gi];
+        let (r, col) = ((row - first) / g.gw, (row - first) % g.gw);
+        let (h, w) = (g.view.height, g.view.width);
+        let mut at = 0;
+        for c in 0..NUM_CHANNELS {
+            for ky in 0..p {
+                let start = c * h * w + (r * p + ky) * w + col * p;
+                for (d, &x) in dst[at..at + p]
+                    .iter_mut()
+                    .zip(&g.view.pixels[start..start + p])
+                {
+                    *d = conv(x);
+                }
+                at += p;
+            }
+        }
+    });
+    out
+}
+
 /// `[rows, cols]` with row `r` scaled by `s[r]` (a LayerScale folded into the linear before it).
 fn scale_rows(w: &[f32], s: &[f32], cols: usize) -> Vec<f32> {
     let mut out = w.to_vec();
@@ -719,13 +761,23 @@ impl StepCuda {
             return Err(StepError::Input("no images".into()).into());
         }
         let plan = ViewPlan::new(&grids)?;
-        let (mut pixels, mut pos) = (Vec::new(), Vec::new());
+        let mut pos = Vec::new();
         for &i in &plan.order {
-            let g = &grids[i];
-            patchify(g, cfg.patch, &mut pixels);
-            pos.extend(grid_positions(g.gh, g.gw));
+            pos.extend(grid_positions(grids[i].gh, grids[i].gw));
         }
-        let pixels = pad_cols(&pixels, cfg.patch_dim());
+        let k = cfg.patch_dim().next_multiple_of(8);
+        let rows = match precision {
+            CudaPrecision::Bf16 => HostGemm::Bf16(patch_rows(
+                &grids,
+                &plan.order,
+                cfg.patch,
+                k,
+                bf16::from_f32,
+            )),
+            CudaPrecision::F32 => {
+                HostGemm::F32(patch_rows(&grids, &plan.order, cfg.patch, k, |x| x))
+            }
+        };
         let cu = plan.cu_seqlens();
         let key = GraphKey {
             precision,
@@ -733,7 +785,7 @@ impl StepCuda {
         };
         Ok(StepHostBatch {
             inputs: HostInputs {
-                rows: HostGemm::from_f32(precision, pixels),
+                rows,
                 pos,
                 cu: cu.clone(),
             },
@@ -1265,6 +1317,7 @@ impl HostStages {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::forward::{patchify, StepView};
     use gpu_core::host;
     use std::borrow::Cow;
 
@@ -1284,6 +1337,46 @@ mod tests {
                 ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0
             })
             .collect()
+    }
+
+    /// The one-pass patch rows equal patchify, then the column padding, then the precision, for
+    /// views of several grids in a permuted order, in both precisions.
+    #[test]
+    fn patch_rows_equal_patchify_then_pad() {
+        let p = 3;
+        let sizes = [(4, 5), (2, 2), (6, 3), (4, 5)];
+        let planes: Vec<Vec<f32>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &(gh, gw))| vals(NUM_CHANNELS * gh * p * gw * p, 7 + i as u32))
+            .collect();
+        let grids: Vec<Grid<'_>> = sizes
+            .iter()
+            .zip(&planes)
+            .map(|(&(gh, gw), px)| Grid {
+                view: StepView {
+                    pixels: px,
+                    height: gh * p,
+                    width: gw * p,
+                },
+                image: 0,
+                local: true,
+                gh,
+                gw,
+            })
+            .collect();
+        let order = [2, 0, 3, 1];
+        let mut flat = Vec::new();
+        for &i in &order {
+            patchify(&grids[i], p, &mut flat);
+        }
+        let pd = NUM_CHANNELS * p * p;
+        let want = pad_cols(&flat, pd);
+        let k = pd.next_multiple_of(8);
+        assert!(k > pd, "the case pads");
+        assert_eq!(patch_rows(&grids, &order, p, k, |x| x), want);
+        let want_bf16: Vec<bf16> = want.iter().map(|&x| bf16::from_f32(x)).collect();
+        assert_eq!(patch_rows(&grids, &order, p, k, bf16::from_f32), want_bf16);
     }
 
     /// The f32 im2col plan with the (ky, kx, c) weight gives the host twin's im2col with the
