@@ -8,6 +8,34 @@
 //! (checked against the table when the normalisation is built), that replaces the division: one
 //! multiply and two FMAs instead of a `vdivps`, whose throughput bounds the kernel.
 
+/// A `w × h` window at `(x, y)` of an RGB image `stride` pixels wide.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Window {
+    /// Pixels per row of the image.
+    pub stride: usize,
+    /// Left column of the window.
+    pub x: usize,
+    /// Top row of the window.
+    pub y: usize,
+    /// Width of the window.
+    pub w: usize,
+    /// Height of the window.
+    pub h: usize,
+}
+
+impl Window {
+    /// The `side × side` window at `(x, y)` of an image `stride` pixels wide.
+    pub(crate) fn square(stride: usize, x: usize, y: usize, side: usize) -> Window {
+        Window {
+            stride,
+            x,
+            y,
+            w: side,
+            h: side,
+        }
+    }
+}
+
 /// Per-channel normalisation `(v − m[c]) / s[c]` of u8 pixels, and the kernel that applies it.
 pub(crate) struct Normalize {
     m: [f32; 3],
@@ -48,19 +76,10 @@ impl Normalize {
         }
     }
 
-    /// The `w × h` window at `(x, y)` of an RGB image `stride` pixels wide, as three planes
-    /// (`out[c]` holds `w·h` values, row-major). The window must lie inside `src`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn window(
-        &self,
-        src: &[u8],
-        stride: usize,
-        x: usize,
-        y: usize,
-        w: usize,
-        h: usize,
-        out: [&mut [f32]; 3],
-    ) {
+    /// The window `win` of an RGB image as three planes (`out[c]` holds `w·h` values, row-major).
+    /// The window must lie inside `src`.
+    pub(crate) fn window(&self, src: &[u8], win: Window, out: [&mut [f32]; 3]) {
+        let Window { stride, x, y, w, h } = win;
         let [r, g, b] = out;
         let (r, g, b) = (&mut r[..w * h], &mut g[..w * h], &mut b[..w * h]);
         #[cfg(target_arch = "x86_64")]
@@ -69,10 +88,8 @@ impl Normalize {
             // bounds-checked here and `window` takes no raw pointer beyond them.
             match self.recip {
                 // SAFETY: as above, and `recip` is only set when the CPU reports FMA.
-                Some(rc) => unsafe {
-                    avx2::window_fma(self, rc, src, stride, x, y, w, h, [r, g, b])
-                },
-                None => unsafe { avx2::window(self, src, stride, x, y, w, h, [r, g, b]) },
+                Some(rc) => unsafe { avx2::window_fma(self, rc, src, win, [r, g, b]) },
+                None => unsafe { avx2::window(self, src, win, [r, g, b]) },
             }
             return;
         }
@@ -126,7 +143,7 @@ fn has_avx2() -> bool {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::Normalize;
+    use super::{Normalize, Window};
 
     /// Pixels per step.
     pub(super) const LANES: usize = 8;
@@ -157,23 +174,13 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn window(
-        n: &Normalize,
-        src: &[u8],
-        stride: usize,
-        x: usize,
-        y: usize,
-        w: usize,
-        h: usize,
-        out: [&mut [f32]; 3],
-    ) {
+    pub(super) unsafe fn window(n: &Normalize, src: &[u8], win: Window, out: [&mut [f32]; 3]) {
         let m = n.m.map(|v| _mm256_set1_ps(v));
         let s = n.s.map(|v| _mm256_set1_ps(v));
         // The closure inherits this function's target features.
         let op = |v: __m256, c: usize| _mm256_div_ps(_mm256_sub_ps(v, m[c]), s[c]);
         // SAFETY: forwarded contract (AVX2).
-        unsafe { each_step(src, stride, x, y, w, h, out, op) }
+        unsafe { each_step(src, win, out, op) }
     }
 
     /// [`window`] with the division replaced by the corrected product by `r = 1/s`
@@ -182,16 +189,11 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn window_fma(
         n: &Normalize,
         r: [f32; 3],
         src: &[u8],
-        stride: usize,
-        x: usize,
-        y: usize,
-        w: usize,
-        h: usize,
+        win: Window,
         out: [&mut [f32]; 3],
     ) {
         let m = n.m.map(|v| _mm256_set1_ps(v));
@@ -204,7 +206,7 @@ mod avx2 {
             _mm256_fmadd_ps(_mm256_fnmadd_ps(q, s[c], d), r[c], q)
         };
         // SAFETY: forwarded contract (AVX2).
-        unsafe { each_step(src, stride, x, y, w, h, out, op) }
+        unsafe { each_step(src, win, out, op) }
     }
 
     /// The loop both kernels share: 8 pixels of each row a step, channel `c`'s values converted
@@ -213,17 +215,13 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2; `w ≥ LANES`.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     unsafe fn each_step(
         src: &[u8],
-        stride: usize,
-        x: usize,
-        y: usize,
-        w: usize,
-        h: usize,
+        win: Window,
         out: [&mut [f32]; 3],
         op: impl Fn(__m256, usize) -> __m256,
     ) {
+        let Window { stride, x, y, w, h } = win;
         // SAFETY: 16-byte reads of 16-byte arrays.
         let shuf = MASKS.map(|c| c.map(|m| unsafe { _mm_loadu_si128(m.as_ptr().cast()) }));
         let [r, g, b] = out;
@@ -273,7 +271,8 @@ mod tests {
             vec![f32::NAN; w * h],
             vec![f32::NAN; w * h],
         );
-        n.window(src, stride, x, y, w, h, [&mut r, &mut g, &mut b]);
+        let win = super::Window { stride, x, y, w, h };
+        n.window(src, win, [&mut r, &mut g, &mut b]);
         [r, g, b].iter().flatten().map(|v| v.to_bits()).collect()
     }
 

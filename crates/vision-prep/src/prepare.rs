@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use rayon::prelude::*;
 
 use crate::law::{Glm5NextLaw as Glm5, Law};
-use crate::norm::Normalize;
+use crate::norm::{Normalize, Window};
 use crate::pages::Scratch;
 use crate::plan::{Geometry, Plan};
 use crate::resize::{resize_rgb_in, Filter};
@@ -473,22 +473,11 @@ fn glm5_canvas(
     }
 }
 
-/// CHW planes of a `w × h` window at `(x, y)` of an RGB image `stride` pixels wide, normalised,
-/// into `out` (`3·w·h` values).
-#[allow(clippy::too_many_arguments)]
-fn planar(
-    src: &[u8],
-    stride: usize,
-    x: usize,
-    y: usize,
-    w: usize,
-    h: usize,
-    norm: &Normalize,
-    out: &mut [f32],
-) {
-    let (r, rest) = out.split_at_mut(w * h);
-    let (g, b) = rest.split_at_mut(w * h);
-    norm.window(src, stride, x, y, w, h, [r, g, b]);
+/// CHW planes of the window `win` of an RGB image, normalised, into `out` (`3·w·h` values).
+fn planar(src: &[u8], win: Window, norm: &Normalize, out: &mut [f32]) {
+    let (r, rest) = out.split_at_mut(win.w * win.h);
+    let (g, b) = rest.split_at_mut(win.w * win.h);
+    norm.window(src, win, [r, g, b]);
 }
 
 /// glm rows: block-major patches (`merge²` blocks), each row `(c, t, ky, kx)` with the frame
@@ -518,7 +507,7 @@ fn glm_rows(
             let (b0, rest) = dst.split_at_mut(t * pp);
             let (b1, b2) = rest.split_at_mut(t * pp);
             let first = [&mut b0[..pp], &mut b1[..pp], &mut b2[..pp]];
-            norm.window(&v.data, v.width, px * p, py * p, p, p, first);
+            norm.window(&v.data, Window::square(v.width, px * p, py * p, p), first);
             for block in [b0, b1, b2] {
                 let (first, rest) = block.split_at_mut(pp);
                 for f in rest.chunks_exact_mut(pp) {
@@ -664,7 +653,12 @@ pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> P
             let v = step3p7_views(l, layout, gs, cs, &padded, cx);
             let k = v.tiles.len();
             let mut global = cx.outputs.take(3 * gs * gs);
-            planar(&v.global.data, gs, 0, 0, gs, gs, &norm, &mut global);
+            planar(
+                &v.global.data,
+                Window::square(gs, 0, 0, gs),
+                &norm,
+                &mut global,
+            );
             let mut out = vec![
                 NamedTensor {
                     name: "pixel_values",
@@ -681,9 +675,9 @@ pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> P
                 let mut local = cx.outputs.take(k * 3 * cs * cs);
                 let body = |(tile, o): (&StepTile, &mut [f32])| match tile {
                     StepTile::Window { x, y } => {
-                        planar(&v.crop, v.crop_width, *x, *y, cs, cs, &norm, o)
+                        planar(&v.crop, Window::square(v.crop_width, *x, *y, cs), &norm, o)
                     }
-                    StepTile::Resized(r) => planar(&r.data, cs, 0, 0, cs, cs, &norm, o),
+                    StepTile::Resized(r) => planar(&r.data, Window::square(cs, 0, 0, cs), &norm, o),
                 };
                 if parallel {
                     v.tiles
