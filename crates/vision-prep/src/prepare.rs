@@ -474,6 +474,8 @@ fn glm5_canvas(
 }
 
 /// CHW planes of the window `win` of an RGB image, normalised, into `out` (`3·w·h` values).
+/// Not streamed: non-temporal stores gained nothing on step3p7's 31 MB of planes (2026-12-02,
+/// 1920×1080 JPEG, handed-back buffers: 13.4 → 13.9 ms), unlike glm's rows (`glm_rows`).
 fn planar(src: &[u8], win: Window, norm: &Normalize, out: &mut [f32]) {
     let (r, rest) = out.split_at_mut(win.w * win.h);
     let (g, b) = rest.split_at_mut(win.w * win.h);
@@ -497,14 +499,20 @@ fn glm_rows(
 ) -> Vec<f32> {
     let pp = p * p;
     let row = 3 * t * pp;
-    let mut rows = cx.outputs.take(gh * gw * row);
+    // Streamed stores pay off only into memory already mapped (a handed-back buffer): on fresh
+    // pages the kernel's zeroing has just put the lines in the cache (2026-12-02, one thread,
+    // glm5_next 1920×1080 JPEG: handed back 12.7–13.5 → 11.0–11.1 ms; fresh 16.2 → 20.5 ms if
+    // streamed too).
+    let (mut rows, kept) = cx.outputs.take_kept(gh * gw * row);
     // A block row (`merge` patch rows) is contiguous in block-major order: the unit of work.
     let band = merge * gw * row;
     let body = |(bh, out): (usize, &mut [f32])| {
+        // Each row is built in a cache-resident staging row, then copied (streamed) out.
+        let mut stage = vec![0f32; row];
         for (j, dst) in out.chunks_exact_mut(row).enumerate() {
             let (bw, k) = (j / (merge * merge), j % (merge * merge));
             let (py, px) = (bh * merge + k / merge, bw * merge + k % merge);
-            let (b0, rest) = dst.split_at_mut(t * pp);
+            let (b0, rest) = stage.split_at_mut(t * pp);
             let (b1, b2) = rest.split_at_mut(t * pp);
             let first = [&mut b0[..pp], &mut b1[..pp], &mut b2[..pp]];
             norm.window(&v.data, Window::square(v.width, px * p, py * p, p), first);
@@ -514,7 +522,13 @@ fn glm_rows(
                     f.copy_from_slice(first);
                 }
             }
+            if kept {
+                crate::pages::stream_copy(dst, &stage);
+            } else {
+                dst.copy_from_slice(&stage);
+            }
         }
+        crate::pages::stream_fence();
     };
     if cx.parallel {
         rows.par_chunks_mut(band).enumerate().for_each(body);
