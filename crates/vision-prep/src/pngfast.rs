@@ -101,9 +101,9 @@ pub(crate) fn decode_rgb8(
     let row = w.checked_mul(BPP)?;
     let filtered_len = row.checked_add(1)?.checked_mul(hh)?;
     // One byte past each buffer's end, so the kernels' 4-byte loads and stores stay inside.
-    let mut filtered = scratch.take(filtered_len + 1);
+    let mut filtered = scratch.take(filtered_len.checked_add(1)?);
     let inflated = inflate_exact(&zlib, &mut filtered[..filtered_len]);
-    let mut data = scratch.take(row.checked_mul(hh)? + 1);
+    let mut data = scratch.take(row.checked_mul(hh)?.checked_add(1)?);
     let ok = inflated && unfilter_rows(Kernels::detect(), &filtered, row, &mut data);
     scratch.give(filtered);
     if !ok {
