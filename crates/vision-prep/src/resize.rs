@@ -727,44 +727,48 @@ unsafe fn h_rows_avx2<const R: usize>(
     }
 }
 
-/// The AVX2 horizontal pass of RGB rows `rows` by a quad plan, rows in pairs.
+/// The AVX2 row kernel of an RGB axis: the quad plan where it applies, else the per-pixel one.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-fn horizontal_quads(
-    src: &[u8],
-    row_bytes: usize,
-    rows: std::ops::Range<usize>,
-    aw: &AxisWeights,
-    plan: &avx2::QuadPlan,
-    out_w: usize,
-    dst: &mut [u8],
-    parallel: bool,
-) {
-    let reach = plan.reach();
-    let body = |(i, pair): (usize, &mut [u8])| {
-        let r0 = rows.start + 2 * i;
-        let (o0, o1) = (r0 * row_bytes, (r0 + 1) * row_bytes);
-        if pair.len() == 6 * out_w && o1 + reach <= src.len() {
-            let (a, b) = pair.split_at_mut(3 * out_w);
-            // SAFETY: AVX2 was detected (the caller's kernel choice); both rows pass the reach
-            // check; each output row is `3·out_w` bytes.
-            unsafe { avx2::horizontal_rows_quads::<2>(src, [o0, o1], aw, plan, [a, b]) };
-            return;
+enum RgbRows {
+    Quads(avx2::QuadPlan),
+    Pixels,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl RgbRows {
+    fn for_axis(aw: &AxisWeights) -> RgbRows {
+        avx2::QuadPlan::new(aw).map_or(RgbRows::Pixels, RgbRows::Quads)
+    }
+
+    /// Bytes past a row's start the kernel may read.
+    fn reach(&self, aw: &AxisWeights) -> usize {
+        match self {
+            RgbRows::Quads(plan) => plan.reach(),
+            RgbRows::Pixels => avx2::reach(aw),
         }
-        for (k, drow) in pair.chunks_mut(3 * out_w).enumerate() {
-            let o = o0 + k * row_bytes;
-            if o + reach <= src.len() {
-                // SAFETY: as above, for one row.
-                unsafe { avx2::horizontal_rows_quads::<1>(src, [o], aw, plan, [drow]) };
-            } else {
-                avx2::row_tail(src, o, aw, drow);
+    }
+
+    /// `R` output rows from the source rows at `offs`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; every `drows[r]` is `3·out_w` bytes; for every row
+    /// `offs[r] + self.reach(aw) ≤ src.len()`.
+    unsafe fn run<const R: usize>(
+        &self,
+        src: &[u8],
+        offs: [usize; R],
+        aw: &AxisWeights,
+        drows: [&mut [u8]; R],
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            match self {
+                RgbRows::Quads(plan) => {
+                    avx2::horizontal_rows_quads::<R>(src, offs, aw, plan, drows)
+                }
+                RgbRows::Pixels => h_rows_avx2::<R>(src, offs, aw, drows),
             }
         }
-    };
-    if parallel {
-        dst.par_chunks_mut(6 * out_w).enumerate().for_each(body);
-    } else {
-        dst.chunks_mut(6 * out_w).enumerate().for_each(body);
     }
 }
 
@@ -783,12 +787,9 @@ fn horizontal<const C: usize>(
     let row_bytes = src_w * C;
     #[cfg(target_arch = "x86_64")]
     if C == 3 && kernels == Kernels::Avx2 {
-        if let Some(plan) = avx2::QuadPlan::new(aw) {
-            horizontal_quads(src, row_bytes, rows, aw, &plan, out_w, dst, parallel);
-            return;
-        }
-        let reach = avx2::reach(aw);
-        // Rows in pairs: each pixel's weights are loaded once for both.
+        let kernel = RgbRows::for_axis(aw);
+        let reach = kernel.reach(aw);
+        // Rows in pairs: each pixel's (or quad's) weights are loaded once for both.
         let body = |(i, pair): (usize, &mut [u8])| {
             let r0 = rows.start + 2 * i;
             let (o0, o1) = (r0 * row_bytes, (r0 + 1) * row_bytes);
@@ -797,14 +798,14 @@ fn horizontal<const C: usize>(
                 let (a, b) = pair.split_at_mut(out_w * C);
                 // SAFETY: AVX2 was detected; both rows pass the reach check; each output row is
                 // `3·out_w` bytes.
-                unsafe { h_rows_avx2::<2>(src, [o0, o1], aw, [a, b]) };
+                unsafe { kernel.run::<2>(src, [o0, o1], aw, [a, b]) };
                 return;
             }
             for (k, drow) in pair.chunks_mut(out_w * C).enumerate() {
                 let o = o0 + k * row_bytes;
                 if o + reach <= src.len() {
                     // SAFETY: as above, for one row.
-                    unsafe { h_rows_avx2::<1>(src, [o], aw, [drow]) };
+                    unsafe { kernel.run::<1>(src, [o], aw, [drow]) };
                 } else {
                     avx2::row_tail(src, o, aw, drow);
                 }
