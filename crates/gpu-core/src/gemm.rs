@@ -402,17 +402,16 @@ impl Device {
         ysz: u64,
     ) -> Result<GemmTuned> {
         let s = key.shape;
+        let y_bytes = y_extent * ysz as usize;
         let scratch = if s.accumulate {
-            let bytes = y_extent * ysz as usize;
             // SAFETY: a byte buffer that receives a copy of y before it is read.
             Some(
-                unsafe { self.stream.alloc::<u8>(bytes) }
-                    .map_err(|e| GpuError::from_alloc(e, bytes))?,
+                unsafe { self.stream.alloc::<u8>(y_bytes) }
+                    .map_err(|e| GpuError::from_alloc(e, y_bytes))?,
             )
         } else {
             None
         };
-        let y_bytes = y_extent * ysz as usize;
         let copy = |dst: u64, src: u64| -> Result<()> {
             // SAFETY: both ranges are y_bytes long: y's checked extent and the scratch of that size.
             unsafe {

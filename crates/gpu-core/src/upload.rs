@@ -445,6 +445,8 @@ impl Stager {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn safetensors_float_spellings_map_to_their_types() {
         assert_eq!(LeDtype::from_safetensors("F32"), Some(LeDtype::F32));
@@ -454,8 +456,6 @@ mod tests {
             assert_eq!(LeDtype::from_safetensors(other), None, "{other}");
         }
     }
-
-    use super::*;
 
     #[test]
     fn le_bytes_read_every_dtype_in_ranges() {
