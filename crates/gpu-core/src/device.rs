@@ -66,6 +66,9 @@ pub(crate) fn opt_addr<T: Elem>(b: Option<&DeviceBuffer<T>>) -> u64 {
 pub struct Device {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
+    /// Where rows handed to callers are allocated and freed ([`crate::OwnedRows`]): never the
+    /// compute stream, which may be capturing a graph when a caller drops its rows.
+    pub(crate) release: Arc<CudaStream>,
     /// Indexed like [`Kernel::ALL`]; `None` for kernels of a module this device cannot load (sm_90a).
     funcs: Vec<Option<CudaFunction>>,
     pub(crate) lt: crate::gemm::Lt,
@@ -129,6 +132,7 @@ impl Device {
         // events cudarc records for cross-stream ordering are unnecessary.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
+        let release = ctx.new_stream()?;
         let hopper = ctx.compute_capability()? == (9, 0);
         let mut modules = Vec::new();
         for m in Module::ALL {
@@ -179,6 +183,7 @@ impl Device {
         Ok(Device {
             ctx,
             stream,
+            release,
             funcs,
             smem_optin: smem_optin.max(0) as usize,
             sms,

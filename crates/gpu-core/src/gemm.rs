@@ -40,6 +40,8 @@ pub enum GemmOutput<'a> {
     Bf16(&'a mut DeviceBuffer<bf16>),
     /// f32 output.
     F32(&'a mut DeviceBuffer<f32>),
+    /// Rows handed to a caller, in the target's dtype (a tower's final projection).
+    Rows(crate::RowsTarget<'a>),
 }
 
 /// Optional bias `[n]`.
@@ -287,6 +289,11 @@ impl Device {
         let (y_len, y_addr, out_f32, ysz) = match &out {
             GemmOutput::Bf16(y) => (y.len(), y.addr(), false, 2u64),
             GemmOutput::F32(y) => (y.len(), y.addr(), true, 4u64),
+            GemmOutput::Rows(t) => {
+                self.check_target(t)?;
+                let f32 = t.dtype == crate::RowsDtype::F32;
+                (t.len, t.addr, f32, t.dtype.size() as u64)
+            }
         };
         check_len(OP, "y", y_len, s.y_offset, s.m, s.n, s.ldy)?;
         let (bias_addr, bias_f32) = match bias {

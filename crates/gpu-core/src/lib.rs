@@ -24,8 +24,10 @@ pub mod host;
 pub mod kernels;
 mod mixed;
 mod ops;
+mod rows_out;
 mod staging;
 mod tma;
+mod tower;
 mod upload;
 
 #[cfg(test)]
@@ -51,7 +53,9 @@ pub use ops::{
     conv3x3s2_out, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp, FlashVariant, Gate, Mat,
     NormOut, QkvSpec, RopeLayout, RopeSpec, MAX_F32_ATTN_HEAD_DIM, MAX_NORM_WIDTH,
 };
+pub use rows_out::{OwnedRows, RowsDtype, RowsTarget, PER_THREAD_DEFAULT_STREAM};
 pub use staging::{DeviceInputs, HostGemm, HostInputs, InputBuffers, Uploader, UPLOAD_SLOTS};
+pub use tower::DeviceTower;
 pub use upload::{
     HostSource, HostTensor, LeBytes, LeDtype, StageElem, Stager, TensorStore, STAGING_BYTES,
 };

@@ -27,7 +27,8 @@ use gpu_core::{
     head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp,
     DeviceBuffer, DeviceInputs, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs, GemmOutput,
     GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs, HostTensor,
-    InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, Stager, TensorStore, Uploader,
+    InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, RowsTarget, Stager, TensorStore,
+    Uploader,
 };
 
 use crate::config::GemmaConfig;
@@ -111,6 +112,8 @@ struct BatchMeta {
     cu: Vec<i32>,
     /// `(gw, gh)` per image.
     grids: Vec<(usize, usize)>,
+    /// Soft tokens (pooled rows) of each image.
+    rows_per: Vec<usize>,
     pooled_rows: usize,
     key: GraphKey,
 }
@@ -442,7 +445,7 @@ impl GemmaCuda {
         let mut pos = Vec::new();
         let mut cu = vec![0i32];
         let mut grids = Vec::with_capacity(images.len());
-        let mut pooled_rows = 0;
+        let mut rows_per = Vec::with_capacity(images.len());
         if images.is_empty() {
             return Err(GemmaError::Input("no images".into()).into());
         }
@@ -462,7 +465,7 @@ impl GemmaCuda {
                 .map_err(|_| bad("more than 2³¹ tokens in one batch".into()))?;
             cu.push(next);
             grids.push((gw, gh));
-            pooled_rows += (gw / cfg.pool) * (gh / cfg.pool);
+            rows_per.push((gw / cfg.pool) * (gh / cfg.pool));
         }
         let mut layout: Vec<usize> = cu.iter().map(|&c| c as usize).collect();
         layout.extend(grids.iter().flat_map(|&(gw, gh)| [gw, gh]));
@@ -471,7 +474,8 @@ impl GemmaCuda {
                 n: pos.len() / 2,
                 cu: cu.clone(),
                 grids,
-                pooled_rows,
+                pooled_rows: rows_per.iter().sum(),
+                rows_per,
                 key: GraphKey { precision, layout },
             },
             inputs: HostInputs {
@@ -568,34 +572,96 @@ impl GemmaCuda {
         batch: &GemmaBatch,
         keep_stages: bool,
     ) -> CudaResult<(Option<GemmaStages>, Ran)> {
+        self.with_workspace(batch, |t, ws| t.run_ws(ws, batch, keep_stages, None))
+    }
+
+    /// Runs the forward on `batch` and writes its rows, `[pooled_rows, text_hidden]` image after
+    /// image, into `out` (a caller's or library-owned buffer, f32 or bf16) instead of the
+    /// workspace: the projection to the LM width writes there directly, after the (graphed)
+    /// encoder. Queued on the device's stream; returns how the encoder ran.
+    pub fn run_into(&mut self, batch: &GemmaBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
+        let need = batch.meta.pooled_rows * self.cfg.text_hidden;
+        if out.len() != need {
+            return Err(CudaError::Unsupported(format!(
+                "a rows target of {} elements for {} rows of {}",
+                out.len(),
+                batch.meta.pooled_rows,
+                self.cfg.text_hidden
+            )));
+        }
+        self.with_workspace(batch, |t, ws| t.run_ws(ws, batch, false, Some(out)))
+            .map(|(_, ran)| ran)
+    }
+
+    /// Calls `f` with the workspace, grown for `batch` first.
+    fn with_workspace<R>(
+        &mut self,
+        batch: &GemmaBatch,
+        f: impl FnOnce(&mut Self, &mut Workspace) -> CudaResult<R>,
+    ) -> CudaResult<R> {
         self.ensure_workspace(batch.meta.n, batch.meta.pooled_rows)?;
         let mut ws = self
             .ws
             .take()
             .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
-        let r = self.run_ws(&mut ws, batch, keep_stages);
+        let r = f(self, &mut ws);
         self.ws = Some(ws);
         r
     }
 
+    /// The forward on `ws`: the encoder (graphed in bf16 without stages), then the projection
+    /// into `out` (the workspace's rows when `None`), outside any graph since `out` changes from
+    /// call to call.
     fn run_ws(
         &mut self,
         ws: &mut Workspace,
         batch: &GemmaBatch,
         keep: bool,
+        out: Option<RowsTarget<'_>>,
     ) -> CudaResult<(Option<GemmaStages>, Ran)> {
         self.dev
             .load_inputs(&batch.inputs, self.uploader.as_ref(), &mut ws.inp)?;
-        if keep || self.precision != CudaPrecision::Bf16 {
-            return Ok((self.run_in(ws, &batch.meta, keep)?, Ran::Eager));
+        let (mut stages, ran) = if keep || self.precision != CudaPrecision::Bf16 {
+            (self.run_in(ws, &batch.meta, keep)?, Ran::Eager)
+        } else {
+            let mut graphs = std::mem::take(&mut self.graphs);
+            let dev = self.dev.clone();
+            let r = graphs.run(&*dev, &batch.meta.key, || {
+                self.run_in(ws, &batch.meta, false).map(|_| ())
+            });
+            self.graphs = graphs;
+            (None, r?)
+        };
+        self.project(ws, &batch.meta, out)?;
+        if let Some(s) = stages.as_mut() {
+            s.rows = self
+                .dev
+                .download_prefix(&ws.rows, batch.meta.pooled_rows * self.cfg.text_hidden)?;
         }
-        let mut graphs = std::mem::take(&mut self.graphs);
-        let dev = self.dev.clone();
-        let r = graphs.run(&*dev, &batch.meta.key, || {
-            self.run_in(ws, &batch.meta, false).map(|_| ())
-        });
-        self.graphs = graphs;
-        Ok((None, r?))
+        Ok((stages, ran))
+    }
+
+    /// Gemma4MultimodalEmbedder's projection of the normed soft tokens to the LM width, into
+    /// `out` or the workspace's rows.
+    fn project(
+        &self,
+        ws: &mut Workspace,
+        batch: &BatchMeta,
+        out: Option<RowsTarget<'_>>,
+    ) -> CudaResult<()> {
+        let c = &self.cfg;
+        let y = match out {
+            Some(t) => GemmOutput::Rows(t),
+            None => GemmOutput::F32(&mut ws.rows),
+        };
+        self.dev.gemm(
+            GemmBuffer::inputs(&ws.normed, &self.proj)?,
+            None,
+            y,
+            GemmShape::dense(batch.pooled_rows, c.text_hidden, c.hidden),
+            Epilogue::None,
+        )?;
+        Ok(())
     }
 
     /// Downloads the rows of the last [`GemmaCuda::run`] on `batch`, one `[n_i, text_hidden]` per image.
@@ -608,10 +674,9 @@ impl GemmaCuda {
         let all = self
             .dev
             .download_prefix(&ws.rows, batch.meta.pooled_rows * t)?;
-        let mut out = Vec::with_capacity(batch.meta.grids.len());
+        let mut out = Vec::with_capacity(batch.meta.rows_per.len());
         let mut start = 0;
-        for &(gw, gh) in &batch.meta.grids {
-            let np = (gw / self.cfg.pool) * (gh / self.cfg.pool);
+        for &np in &batch.meta.rows_per {
             out.push(all[start * t..(start + np) * t].to_vec());
             start += np;
         }
@@ -845,19 +910,10 @@ impl GemmaCuda {
         if let Some(s) = stages.as_mut() {
             s.standardized = self.dev.download_prefix(std_buf, np * h)?;
         }
-        // Gemma4MultimodalEmbedder: weightless RMSNorm, then the projection to the LM width.
+        // Gemma4MultimodalEmbedder: weightless RMSNorm; its projection to the LM width follows
+        // in `project`.
         let m = Mat::dense(np, h);
         d.rms_norm_mixed(std_buf, m, None, &mut ws.normed, m, eps, Clamp::NONE)?;
-        d.gemm(
-            GemmBuffer::inputs(&ws.normed, &self.proj)?,
-            None,
-            GemmOutput::F32(&mut ws.rows),
-            GemmShape::dense(np, c.text_hidden, h),
-            Epilogue::None,
-        )?;
-        if let Some(s) = stages.as_mut() {
-            s.rows = self.dev.download_prefix(&ws.rows, np * c.text_hidden)?;
-        }
         Ok(stages)
     }
 
@@ -959,6 +1015,42 @@ impl GemmaCuda {
             i = j;
         }
         Ok(())
+    }
+}
+
+impl gpu_core::DeviceTower for GemmaCuda {
+    type Config = GemmaConfig;
+    type Image<'a> = GemmaImage<'a>;
+    type HostBatch = GemmaHostBatch;
+    type Batch = GemmaBatch;
+    type Error = CudaError;
+
+    fn prepare_host(
+        config: &GemmaConfig,
+        precision: CudaPrecision,
+        images: &[GemmaImage<'_>],
+    ) -> CudaResult<GemmaHostBatch> {
+        GemmaCuda::prepare_host(config, precision, images)
+    }
+
+    fn rows_per_image(batch: &GemmaHostBatch) -> Vec<usize> {
+        batch.meta.rows_per.clone()
+    }
+
+    fn stage(&mut self, host: GemmaHostBatch) -> CudaResult<GemmaBatch> {
+        GemmaCuda::stage(self, host)
+    }
+
+    fn run_into(&mut self, batch: &GemmaBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
+        GemmaCuda::run_into(self, batch, out)
+    }
+
+    fn width(&self) -> usize {
+        self.cfg.text_hidden
+    }
+
+    fn device(&self) -> &Arc<Device> {
+        &self.dev
     }
 }
 

@@ -29,8 +29,8 @@ use gpu_core::{
     bf16, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation, AttnArgs,
     Clamp, DeviceBuffer, DeviceInputs, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs,
     GemmOutput, GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs,
-    HostTensor, InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, Stager, TensorStore,
-    Uploader,
+    HostTensor, InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, RowsTarget, Stager,
+    TensorStore, Uploader,
 };
 use rayon::prelude::*;
 
@@ -576,34 +576,99 @@ impl GlmCuda {
         batch: &GlmBatch,
         keep_stages: bool,
     ) -> CudaResult<(Option<GlmStages>, Ran)> {
-        self.ensure_workspace(batch.meta.n, batch.merged_rows(), keep_stages)?;
+        self.with_workspace(batch, keep_stages, |t, ws| {
+            t.run_ws(ws, batch, keep_stages, None)
+        })
+    }
+
+    /// Runs the forward on `batch` and writes its rows, `[merged_rows, out_hidden]` image after
+    /// image, into `out` (a caller's or library-owned buffer, f32 or bf16) instead of the
+    /// workspace: the merger's last GEMM writes there directly, after the (graphed) rest of the
+    /// tower. Queued on the device's stream; returns how the tower ran.
+    pub fn run_into(&mut self, batch: &GlmBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
+        let need = batch.merged_rows() * self.cfg.out_hidden;
+        if out.len() != need {
+            return Err(CudaError::Unsupported(format!(
+                "a rows target of {} elements for {} rows of {}",
+                out.len(),
+                batch.merged_rows(),
+                self.cfg.out_hidden
+            )));
+        }
+        self.with_workspace(batch, false, |t, ws| t.run_ws(ws, batch, false, Some(out)))
+            .map(|(_, ran)| ran)
+    }
+
+    /// Calls `f` with the workspace, grown for `batch` first.
+    fn with_workspace<R>(
+        &mut self,
+        batch: &GlmBatch,
+        keep: bool,
+        f: impl FnOnce(&mut Self, &mut Workspace) -> CudaResult<R>,
+    ) -> CudaResult<R> {
+        self.ensure_workspace(batch.meta.n, batch.merged_rows(), keep)?;
         let mut ws = self
             .ws
             .take()
             .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
-        let r = self.run_ws(&mut ws, batch, keep_stages);
+        let r = f(self, &mut ws);
         self.ws = Some(ws);
         r
     }
 
+    /// The forward on `ws`: everything up to the merger's down projection (graphed in bf16
+    /// without stages), then that projection into `out` (the workspace's rows when `None`),
+    /// outside any graph since `out` changes from call to call.
     fn run_ws(
         &mut self,
         ws: &mut Workspace,
         batch: &GlmBatch,
         keep: bool,
+        out: Option<RowsTarget<'_>>,
     ) -> CudaResult<(Option<GlmStages>, Ran)> {
         self.dev
             .load_inputs(&batch.inputs, self.uploader.as_ref(), &mut ws.inp)?;
-        if keep || self.precision != CudaPrecision::Bf16 {
-            return Ok((self.run_in(ws, &batch.meta, keep)?, Ran::Eager));
+        let (mut stages, ran) = if keep || self.precision != CudaPrecision::Bf16 {
+            (self.run_in(ws, &batch.meta, keep)?, Ran::Eager)
+        } else {
+            let mut graphs = std::mem::take(&mut self.graphs);
+            let dev = self.dev.clone();
+            let r = graphs.run(&*dev, &batch.meta.key, || {
+                self.run_in(ws, &batch.meta, false).map(|_| ())
+            });
+            self.graphs = graphs;
+            (None, r?)
+        };
+        self.project(ws, &batch.meta, out)?;
+        if let Some(s) = stages.as_mut() {
+            s.rows = self
+                .dev
+                .download_prefix(&ws.rows, batch.meta.merged_rows() * self.cfg.out_hidden)?;
         }
-        let mut graphs = std::mem::take(&mut self.graphs);
-        let dev = self.dev.clone();
-        let r = graphs.run(&*dev, &batch.meta.key, || {
-            self.run_in(ws, &batch.meta, false).map(|_| ())
-        });
-        self.graphs = graphs;
-        Ok((None, r?))
+        Ok((stages, ran))
+    }
+
+    /// The merger's down projection (SwiGLU output → LM width), into `out` or the workspace's
+    /// rows.
+    fn project(
+        &self,
+        ws: &mut Workspace,
+        batch: &BatchMeta,
+        out: Option<RowsTarget<'_>>,
+    ) -> CudaResult<()> {
+        let c = &self.cfg;
+        let y = match out {
+            Some(t) => GemmOutput::Rows(t),
+            None => GemmOutput::F32(&mut ws.rows),
+        };
+        self.dev.gemm(
+            GemmBuffer::inputs(&ws.mact, &self.m_down)?,
+            bias(&self.m_down_b),
+            y,
+            GemmShape::dense(batch.merged_rows(), c.out_hidden, c.merger_inner),
+            Epilogue::None,
+        )?;
+        Ok(())
     }
 
     /// Downloads the rows of the last [`GlmCuda::run`] on `batch`, one `[n_i/m², out_hidden]` per image.
@@ -806,16 +871,7 @@ impl GlmCuda {
             Epilogue::None,
         )?;
         self.swiglu_into(&ws.mgu, &mut ws.mact, np, pi)?;
-        d.gemm(
-            GemmBuffer::inputs(&ws.mact, &self.m_down)?,
-            bias(&self.m_down_b),
-            GemmOutput::F32(&mut ws.rows),
-            GemmShape::dense(np, o, pi),
-            Epilogue::None,
-        )?;
-        if let Some(s) = stages.as_mut() {
-            s.rows = self.dev.download_prefix(&ws.rows, np * o)?;
-        }
+        // The down projection to the LM width follows in `project`.
         Ok(stages)
     }
 
@@ -861,6 +917,42 @@ impl GlmCuda {
         };
         d.flash_attn(&args, attn, Mat::dense(n, wp))?;
         Ok(())
+    }
+}
+
+impl gpu_core::DeviceTower for GlmCuda {
+    type Config = GlmConfig;
+    type Image<'a> = GlmImage<'a>;
+    type HostBatch = GlmHostBatch;
+    type Batch = GlmBatch;
+    type Error = CudaError;
+
+    fn prepare_host(
+        config: &GlmConfig,
+        precision: CudaPrecision,
+        images: &[GlmImage<'_>],
+    ) -> CudaResult<GlmHostBatch> {
+        GlmCuda::prepare_host(config, precision, images)
+    }
+
+    fn rows_per_image(batch: &GlmHostBatch) -> Vec<usize> {
+        batch.meta.rows_per.clone()
+    }
+
+    fn stage(&mut self, host: GlmHostBatch) -> CudaResult<GlmBatch> {
+        GlmCuda::stage(self, host)
+    }
+
+    fn run_into(&mut self, batch: &GlmBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
+        GlmCuda::run_into(self, batch, out)
+    }
+
+    fn width(&self) -> usize {
+        self.cfg.out_hidden
+    }
+
+    fn device(&self) -> &Arc<Device> {
+        &self.dev
     }
 }
 

@@ -33,8 +33,8 @@ use gpu_core::{
     bf16, conv3x3s2_out, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem,
     Activation, AttnArgs, Clamp, DeviceBuffer, DeviceInputs, Epilogue, GemmBias, GemmBuffer,
     GemmOutput, GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs,
-    HostSource, InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, Stager, TensorStore,
-    Uploader,
+    HostSource, InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, RowsTarget, Stager,
+    TensorStore, Uploader,
 };
 use rayon::prelude::*;
 
@@ -209,7 +209,8 @@ impl ViewPlan {
         cu
     }
 
-    /// Rows `[n2, t]` in device order split per image in upstream order (crops, then global).
+    /// Rows `[n2, t]` in upstream order (as the projection writes them) split per image: its
+    /// crops' rows, then the global view's.
     fn split_rows(&self, all: &[f32], t: usize, masks: &[Vec<bool>]) -> Vec<StepRows> {
         let mut out: Vec<StepRows> = masks
             .iter()
@@ -220,6 +221,7 @@ impl ViewPlan {
                 newline_mask: m.clone(),
             })
             .collect();
+        let mut start = 0;
         for &slot in &self.upstream {
             let v = &self.views[slot];
             let n2 = v.n2();
@@ -229,10 +231,41 @@ impl ViewPlan {
                 } else {
                     o.global_rows = n2;
                 }
-                o.rows.extend_from_slice(&all[v.r2 * t..(v.r2 + n2) * t]);
+                o.rows.extend_from_slice(&all[start * t..(start + n2) * t]);
             }
+            start += n2;
         }
         out
+    }
+
+    /// The projection's pieces in upstream order: `(first row in device order, rows, first row
+    /// in the output)`, views that follow each other on both sides merged into one piece.
+    fn out_pieces(&self) -> Vec<(usize, usize, usize)> {
+        let mut pieces: Vec<(usize, usize, usize)> = Vec::new();
+        let mut dst = 0;
+        for &slot in &self.upstream {
+            let v = &self.views[slot];
+            let n2 = v.n2();
+            match pieces.last_mut() {
+                Some((src, rows, out)) if *src + *rows == v.r2 && *out + *rows == dst => {
+                    *rows += n2
+                }
+                _ => pieces.push((v.r2, n2, dst)),
+            }
+            dst += n2;
+        }
+        pieces
+    }
+
+    /// Output rows of each of `images` images (crops and global view).
+    fn rows_per_image(&self, images: usize) -> Vec<usize> {
+        let mut rows = vec![0; images];
+        for v in &self.views {
+            if let Some(r) = rows.get_mut(v.image) {
+                *r += v.n2();
+            }
+        }
+        rows
     }
 }
 
@@ -925,35 +958,108 @@ impl StepCuda {
         batch: &StepBatch,
         keep_stages: bool,
     ) -> CudaResult<(Option<StepStages>, Ran)> {
+        self.with_workspace(batch, |t, ws| t.run_ws(ws, batch, keep_stages, None))
+    }
+
+    /// Runs the forward on `batch` and writes its rows, `[n2, text_hidden]` image after image
+    /// (each image's crops, then its global view: upstream order), into `out` (a caller's or
+    /// library-owned buffer, f32 or bf16) instead of the workspace: the projector writes there
+    /// directly, after the (graphed) rest of the tower. Queued on the device's stream; returns
+    /// how the tower ran.
+    pub fn run_into(&mut self, batch: &StepBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
+        let need = batch.meta.plan.n2 * self.cfg.text_hidden;
+        if out.len() != need {
+            return Err(CudaError::Unsupported(format!(
+                "a rows target of {} elements for {} rows of {}",
+                out.len(),
+                batch.meta.plan.n2,
+                self.cfg.text_hidden
+            )));
+        }
+        self.with_workspace(batch, |t, ws| t.run_ws(ws, batch, false, Some(out)))
+            .map(|(_, ran)| ran)
+    }
+
+    /// Calls `f` with the position tables and the workspace grown for `batch` first.
+    fn with_workspace<R>(
+        &mut self,
+        batch: &StepBatch,
+        f: impl FnOnce(&mut Self, &mut Workspace) -> CudaResult<R>,
+    ) -> CudaResult<R> {
         self.ensure_tables(batch)?;
         self.ensure_workspace(&batch.meta.plan)?;
         let mut ws = self
             .ws
             .take()
             .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
-        let r = self.run_ws(&mut ws, batch, keep_stages);
+        let r = f(self, &mut ws);
         self.ws = Some(ws);
         r
     }
 
+    /// The forward on `ws`: everything up to the projector (graphed in bf16 without stages),
+    /// then the projector into `out` (the workspace's rows when `None`), outside any graph since
+    /// `out` changes from call to call.
     fn run_ws(
         &mut self,
         ws: &mut Workspace,
         batch: &StepBatch,
         keep: bool,
+        out: Option<RowsTarget<'_>>,
     ) -> CudaResult<(Option<StepStages>, Ran)> {
         self.dev
             .load_inputs(&batch.inputs, self.uploader.as_ref(), &mut ws.inp)?;
-        if keep || self.precision != CudaPrecision::Bf16 {
-            return Ok((self.run_in(ws, batch, keep)?, Ran::Eager));
+        let (host, ran) = if keep || self.precision != CudaPrecision::Bf16 {
+            (self.run_in(ws, batch, keep)?, Ran::Eager)
+        } else {
+            let mut graphs = std::mem::take(&mut self.graphs);
+            let dev = self.dev.clone();
+            let r = graphs.run(&*dev, &batch.meta.key, || {
+                self.run_in(ws, batch, false).map(|_| ())
+            });
+            self.graphs = graphs;
+            (None, r?)
+        };
+        self.project(ws, &batch.meta.plan, out)?;
+        let Some(s) = host else {
+            return Ok((None, ran));
+        };
+        let rows = self
+            .dev
+            .download_prefix(&ws.rows, batch.meta.plan.n2 * self.cfg.text_hidden)?;
+        let h = self.cfg.hidden;
+        Ok((Some(s.assemble(&batch.meta.plan, h, rows)), ran))
+    }
+
+    /// The projector (modeling_step3p7.py:958-960) from the device-order downsampler rows to
+    /// the LM width, written in upstream order (per image: crops, then global) into `out` or
+    /// the workspace's rows: one GEMM per piece of views contiguous on both sides.
+    fn project(
+        &self,
+        ws: &mut Workspace,
+        plan: &ViewPlan,
+        mut out: Option<RowsTarget<'_>>,
+    ) -> CudaResult<()> {
+        let c = &self.cfg;
+        let (t, w) = (c.text_hidden, c.out_width());
+        for (src, rows, dst) in plan.out_pieces() {
+            let y = match out.as_mut() {
+                Some(target) => GemmOutput::Rows(target.reborrow()),
+                None => GemmOutput::F32(&mut ws.rows),
+            };
+            self.dev.gemm(
+                GemmBuffer::inputs(&ws.d2, &self.proj)?,
+                self.proj_b.as_ref().map(GemmBias::F32),
+                y,
+                GemmShape {
+                    x_offset: src * w,
+                    y_offset: dst * t,
+                    ..GemmShape::dense(rows, t, w)
+                },
+                Epilogue::None,
+            )?;
         }
-        let mut graphs = std::mem::take(&mut self.graphs);
-        let dev = self.dev.clone();
-        let r = graphs.run(&*dev, &batch.meta.key, || {
-            self.run_in(ws, batch, false).map(|_| ())
-        });
-        self.graphs = graphs;
-        Ok((None, r?))
+        Ok(())
     }
 
     /// Downloads the rows of the last [`StepCuda::run`] on `batch`: per image its crops' rows in
@@ -984,7 +1090,7 @@ impl StepCuda {
         ws: &mut Workspace,
         batch: &StepBatch,
         keep: bool,
-    ) -> CudaResult<Option<StepStages>> {
+    ) -> CudaResult<Option<HostStages>> {
         let (c, b) = (&self.cfg, &batch.meta.plan);
         let d = &*self.dev;
         let (n, h, wp, inner) = (b.n, c.hidden, c.heads * self.kd, c.intermediate);
@@ -1179,24 +1285,12 @@ impl StepCuda {
                 Epilogue::None,
             )?;
         }
-        d.gemm(
-            GemmBuffer::inputs(&ws.d2, &self.proj)?,
-            self.proj_b.as_ref().map(GemmBias::F32),
-            GemmOutput::F32(&mut ws.rows),
-            GemmShape::dense(b.n2, c.text_hidden, c.out_width()),
-            Epilogue::None,
-        )?;
+        // The projector follows in `project`.
         let Some(mut s) = host else {
             return Ok(None);
         };
         s.d2 = ws.d2.download_f32(d, b.n2 * c.out_width())?;
-        let all = self.dev.download_prefix(&ws.rows, b.n2 * c.text_hidden)?;
-        let rows = b
-            .split_rows(&all, c.text_hidden, &batch.meta.masks)
-            .into_iter()
-            .flat_map(|r| r.rows)
-            .collect();
-        Ok(Some(s.assemble(b, h, rows)))
+        Ok(Some(s))
     }
 
     /// The f32 im2col of `plan` from `src` into `col` (strided copies; padding from `zeros`).
@@ -1311,6 +1405,42 @@ impl HostStages {
                 .extend_from_slice(&self.d2[v.r2 * 4 * h..(v.r2 + v.n2()) * 4 * h]);
         }
         out
+    }
+}
+
+impl gpu_core::DeviceTower for StepCuda {
+    type Config = StepConfig;
+    type Image<'a> = StepImage<'a>;
+    type HostBatch = StepHostBatch;
+    type Batch = StepBatch;
+    type Error = CudaError;
+
+    fn prepare_host(
+        config: &StepConfig,
+        precision: CudaPrecision,
+        images: &[StepImage<'_>],
+    ) -> CudaResult<StepHostBatch> {
+        StepCuda::prepare_host(config, precision, images)
+    }
+
+    fn rows_per_image(batch: &StepHostBatch) -> Vec<usize> {
+        batch.meta.plan.rows_per_image(batch.meta.masks.len())
+    }
+
+    fn stage(&mut self, host: StepHostBatch) -> CudaResult<StepBatch> {
+        StepCuda::stage(self, host)
+    }
+
+    fn run_into(&mut self, batch: &StepBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
+        StepCuda::run_into(self, batch, out)
+    }
+
+    fn width(&self) -> usize {
+        self.cfg.text_hidden
+    }
+
+    fn device(&self) -> &Arc<Device> {
+        &self.dev
     }
 }
 

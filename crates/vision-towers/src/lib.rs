@@ -6,6 +6,7 @@
 //! tower on the CPU or a CUDA device ([`Device`], [`Model`]).
 #![deny(missing_docs)]
 
+mod device_rows;
 mod family;
 mod inspect;
 mod model;
@@ -13,15 +14,19 @@ mod prep;
 mod session;
 mod st_write;
 mod stream;
+mod tensors;
 mod tower;
 mod weights;
 
+pub use device_rows::{DeviceOut, DeviceRows};
 pub use family::{detect_family, family_from_gguf_projector, family_from_model_type, Family};
+pub use gpu_core::{RowsDtype, PER_THREAD_DEFAULT_STREAM};
 pub use inspect::inspect_json;
-pub use model::{Encoded, LmAttention, Model, ModelError};
+pub use model::{DeviceEncoded, Encoded, LmAttention, Model, ModelError};
 pub use prep::{preprocessor_for, read_image_arg, ImageArg, PrepOpenError, MAX_IMAGE_FILE_BYTES};
 pub use st_write::{safetensors_bytes, write_safetensors, OutDtype, OutTensor, WriteError};
 pub use stream::{BatchPolicy, PassStat, StreamStats};
+pub use tensors::{ProcessorTensors, TensorShapeError};
 pub use tower::{
     Device, ParseDeviceError, Precision, Rows, Tower, TowerError, TowerOptions,
     DEFAULT_MAX_PATCHES_PER_PASS,

@@ -2,10 +2,11 @@
 //! encode many images in padding-free passes (on the CPU or a CUDA device), and the LM attention
 //! law for image spans.
 
+use crate::device_rows::{Dest, DeviceResult};
 use crate::tower::{Images, InputError, Rows};
 use crate::{
-    detect_family, preprocessor_for, Device, Family, Precision, PrepOpenError, Tower, TowerError,
-    TowerOptions, WeightFile,
+    detect_family, preprocessor_for, Device, DeviceOut, DeviceRows, Family, Precision,
+    PrepOpenError, ProcessorTensors, RowsDtype, Tower, TowerError, TowerOptions, WeightFile,
 };
 use rayon::prelude::*;
 use serde_json::Value;
@@ -41,6 +42,16 @@ pub struct Encoded {
     pub rows: Vec<f32>,
     /// The LM width.
     pub width: usize,
+}
+
+/// One request's rows on a CUDA device, with every image's plan (in request order; image `i`'s
+/// rows are `rows.image_rows(i)`, `plans[i].rows` of them).
+#[derive(Debug)]
+pub struct DeviceEncoded {
+    /// What the prompt holds for each image.
+    pub plans: Vec<Plan>,
+    /// The rows of all images in one device buffer.
+    pub rows: DeviceRows,
 }
 
 /// Why a model could not be opened or could not encode.
@@ -161,11 +172,123 @@ impl Model {
             .map_err(|source| ModelError::Image { index: 0, source })
     }
 
+    /// The LM width of its rows.
+    pub fn width(&self) -> usize {
+        self.tower.width()
+    }
+
     /// Admits, decodes and prepares every image (in parallel), runs them through the tower in
     /// padding-free passes of at most `max_patches_per_pass` patches, and returns each image's
-    /// plan and rows, in request order. A device out-of-memory is an error
+    /// plan and rows (f32, on the host), in request order. A device out-of-memory is an error
     /// ([`ModelError::is_out_of_memory`]) that leaves the model usable.
     pub fn encode(&self, images: &[ImageSource<'_>]) -> Result<Vec<Encoded>, ModelError> {
+        let (plans, rows) = self.with_prepared(images, |t, imgs| {
+            let rows = t.run(imgs)?;
+            let counts = rows
+                .per_image
+                .iter()
+                .map(|r| r.len() / rows.width.max(1))
+                .collect();
+            Ok((rows, counts))
+        })?;
+        Ok(plans
+            .into_iter()
+            .zip(rows.per_image)
+            .map(|(plan, r)| Encoded {
+                plan,
+                rows: r,
+                width: rows.width,
+            })
+            .collect())
+    }
+
+    /// [`Model::encode`] with the rows left on the model's CUDA device in `dtype` (the LM's):
+    /// one buffer, image after image, written by the tower's projection directly and marked
+    /// ready by an event a caller's stream can wait on ([`DeviceRows::wait_on_stream`]). Returns
+    /// once the work is queued. A model on the CPU refuses; bf16 rows need a bf16 model.
+    pub fn encode_device(
+        &self,
+        images: &[ImageSource<'_>],
+        dtype: RowsDtype,
+    ) -> Result<DeviceEncoded, ModelError> {
+        let (plans, rows) = self.with_prepared(images, |t, imgs| {
+            let r = t.run_device(imgs, Dest::Owned(dtype))?;
+            Ok((r.owned, r.rows_per_image))
+        })?;
+        let rows = rows.ok_or_else(|| {
+            ModelError::Tower(TowerError::Unsupported("no rows came back".into()))
+        })?;
+        Ok(DeviceEncoded { plans, rows })
+    }
+
+    /// [`Model::encode_device`] into the caller's memory `out` (rows image after image from its
+    /// start), ordered with the caller's stream: the tower writes after the work that stream
+    /// has queued and the stream waits for the rows. Returns every image's plan once the work is
+    /// queued. `out` must hold at least the plans' rows × [`Model::width`] elements.
+    pub fn encode_device_into(
+        &self,
+        images: &[ImageSource<'_>],
+        out: &DeviceOut,
+    ) -> Result<Vec<Plan>, ModelError> {
+        let (plans, ()) = self.with_prepared(images, |t, imgs| {
+            let r = t.run_device(imgs, Dest::Caller(out))?;
+            Ok(((), r.rows_per_image))
+        })?;
+        Ok(plans)
+    }
+
+    /// Runs the tower on an image processor's tensors (the upstream names and layouts) instead of
+    /// image bytes; rows f32 on the host, per image.
+    pub fn encode_tensors(&self, tensors: &ProcessorTensors) -> Result<Rows, ModelError> {
+        self.tower
+            .with_tensor_images(tensors, |imgs| self.tower.run(imgs))
+            .map_err(|e| self.tensor_err(e))
+    }
+
+    /// [`Model::encode_tensors`] with the rows left on the CUDA device in `dtype`
+    /// (see [`Model::encode_device`]).
+    pub fn encode_tensors_device(
+        &self,
+        tensors: &ProcessorTensors,
+        dtype: RowsDtype,
+    ) -> Result<DeviceRows, ModelError> {
+        let r = self
+            .tower
+            .with_tensor_images(tensors, |imgs| {
+                self.tower.run_device(imgs, Dest::Owned(dtype))
+            })
+            .map_err(|e| self.tensor_err(e))?;
+        r.owned
+            .ok_or_else(|| ModelError::Tower(TowerError::Unsupported("no rows came back".into())))
+    }
+
+    /// [`Model::encode_tensors`] into the caller's memory, ordered with the caller's stream (see
+    /// [`Model::encode_device_into`]); returns each image's row count.
+    pub fn encode_tensors_into(
+        &self,
+        tensors: &ProcessorTensors,
+        out: &DeviceOut,
+    ) -> Result<Vec<usize>, ModelError> {
+        self.tower
+            .with_tensor_images(tensors, |imgs| {
+                self.tower.run_device(imgs, Dest::Caller(out))
+            })
+            .map(|r: DeviceResult| r.rows_per_image)
+            .map_err(|e| self.tensor_err(e))
+    }
+
+    fn tensor_err(&self, e: InputError) -> ModelError {
+        ModelError::Tower(e.at(Path::new("<processor tensors>")))
+    }
+
+    /// Admits, decodes and prepares every image (in parallel), hands the tower inputs to `run`
+    /// (which returns its result and each image's row count), checks the counts against the
+    /// plans and hands the pixel buffers back to the preprocessor.
+    fn with_prepared<R>(
+        &self,
+        images: &[ImageSource<'_>],
+        run: impl FnOnce(&Tower, &Images<'_>) -> Result<(R, Vec<usize>), InputError>,
+    ) -> Result<(Vec<Plan>, R), ModelError> {
         let prepared = images
             .par_iter()
             .enumerate()
@@ -175,33 +298,28 @@ impl Model {
                     .map_err(|source| ModelError::Image { index, source })
             })
             .collect::<Result<Vec<Prepared>, ModelError>>()?;
-        let rows = self
+        let inputs = self
             .tower
-            .encode_batch(&prepared)
+            .images_of(&prepared)
             .map_err(|e| ModelError::Tower(e.at(&self.path)))?;
-        prepared
-            .into_iter()
-            .zip(rows.per_image)
-            .enumerate()
-            .map(|(index, (p, r))| {
-                let got = r.len() / rows.width.max(1);
-                if got != p.plan.rows as usize {
-                    return Err(ModelError::RowsOffPlan {
-                        index,
-                        got,
-                        planned: p.plan.rows as usize,
-                    });
-                }
-                let plan = p.plan.clone();
-                // the tower is done with the pixels: the next call writes into these buffers
-                self.pre.recycle(p);
-                Ok(Encoded {
-                    plan,
-                    rows: r,
-                    width: rows.width,
-                })
-            })
-            .collect()
+        let (out, counts) =
+            run(&self.tower, &inputs).map_err(|e| ModelError::Tower(e.at(&self.path)))?;
+        drop(inputs);
+        let mut plans = Vec::with_capacity(prepared.len());
+        for (index, p) in prepared.into_iter().enumerate() {
+            let got = counts.get(index).copied().unwrap_or(0);
+            if got != p.plan.rows as usize {
+                return Err(ModelError::RowsOffPlan {
+                    index,
+                    got,
+                    planned: p.plan.rows as usize,
+                });
+            }
+            plans.push(p.plan.clone());
+            // the tower is done with the pixels: the next call writes into these buffers
+            self.pre.recycle(p);
+        }
+        Ok((plans, out))
     }
 }
 

@@ -1,7 +1,7 @@
 //! One type over every family's tower: open a weight file on a device, feed it prepared inputs,
 //! get rows. A request is run in passes of at most `max_patches_per_pass` patches each.
 
-use crate::{detect_family, Error, Family, WeightFile};
+use crate::{detect_family, Error, Family, ProcessorTensors, WeightFile};
 use gpu_core::{GpuError, GraphStats, GraphStatus};
 use st_reader::Checkpoint;
 use std::fmt;
@@ -11,7 +11,7 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex, PoisonError};
 use tower_gemma::{GemmaConfig, GemmaCuda, GemmaImage, GemmaTower, GgufActivation};
 use tower_glm5::{Glm5Tower, GlmConfig, GlmCuda, GlmImage};
-use tower_step::{StepConfig, StepCuda, StepImage, StepProcessorOutput, StepTower};
+use tower_step::{StepConfig, StepCuda, StepImage, StepTower};
 
 /// Where a tower runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -513,8 +513,9 @@ impl Tower {
                 .strip_prefix(&prefix)
                 .map_or_else(|| message.clone(), str::to_owned))
         })?;
-        let set = InputSet::from_checkpoint(&ck).map_err(bad)?;
-        self.encode_inputs(&set).map_err(|e| e.at(inputs))
+        let set = ProcessorTensors::from_checkpoint(&ck).map_err(bad)?;
+        self.with_tensor_images(&set, |images| self.run(images))
+            .map_err(|e| e.at(inputs))
     }
 
     /// Runs the tower on tensors prepared in memory by `vision-prep`.
@@ -523,7 +524,7 @@ impl Tower {
             .map_err(|e| e.at(Path::new("<prepared image>")))
     }
 
-    fn glm_config(&self) -> Option<&GlmConfig> {
+    pub(crate) fn glm_config(&self) -> Option<&GlmConfig> {
         match &self.engine {
             Engine::GlmHost(Glm5Tower { config, .. }) | Engine::GlmCuda { config, .. } => {
                 Some(config)
@@ -532,7 +533,7 @@ impl Tower {
         }
     }
 
-    fn step_config(&self) -> Option<&StepConfig> {
+    pub(crate) fn step_config(&self) -> Option<&StepConfig> {
         match &self.engine {
             Engine::StepHost(StepTower { config, .. }) | Engine::StepCuda { config, .. } => {
                 Some(config)
@@ -609,7 +610,7 @@ impl Tower {
         })
     }
 
-    fn wrong_inputs(&self, what: &str) -> InputError {
+    pub(crate) fn wrong_inputs(&self, what: &str) -> InputError {
         InputError::Message(format!(
             "the {} tower was given {what} inputs",
             self.family().name()
@@ -666,93 +667,6 @@ impl Tower {
             (_, Images::Gemma4(_)) => Err(self.wrong_inputs("gemma4")),
             (_, Images::Glm(_)) => Err(self.wrong_inputs("glm")),
             (_, Images::Step3p7(_)) => Err(self.wrong_inputs("step3p7")),
-        }
-    }
-
-    fn encode_inputs(&self, set: &InputSet) -> Result<Rows, InputError> {
-        match self.family() {
-            Family::Gemma4 => {
-                let (pv, pv_shape) = set.f32("pixel_values")?;
-                let (pos, pos_shape) = set.i64("image_position_ids")?;
-                let (b, p, d) = match pv_shape[..] {
-                    [b, p, d] => (b, p, d),
-                    _ => {
-                        return Err(InputError::Message(format!(
-                            "pixel_values has shape {pv_shape:?}, expected [B, P, 3·p²]"
-                        )))
-                    }
-                };
-                if pos_shape != [b, p, 2] {
-                    return Err(InputError::Message(format!(
-                        "image_position_ids has shape {pos_shape:?}, expected [{b}, {p}, 2]"
-                    )));
-                }
-                let images: Vec<GemmaImage<'_>> = (0..b)
-                    .map(|i| GemmaImage {
-                        patches: &pv[i * p * d..(i + 1) * p * d],
-                        positions: &pos[i * p * 2..(i + 1) * p * 2],
-                    })
-                    .collect();
-                self.run(&Images::Gemma4(images))
-            }
-            Family::Glm5Next | Family::GlmOcr => {
-                let config = self.glm_config().ok_or_else(|| self.wrong_inputs("glm"))?;
-                let (pv, _) = set.f32("pixel_values")?;
-                let (grid, grid_shape) = set.i64("image_grid_thw")?;
-                if grid_shape.len() != 2 || grid_shape[1] != 3 {
-                    return Err(InputError::Message(format!(
-                        "image_grid_thw has shape {grid_shape:?}, expected [n, 3]"
-                    )));
-                }
-                let grids = grid
-                    .chunks_exact(3)
-                    .map(|g| {
-                        let d = |v: i64| {
-                            usize::try_from(v)
-                                .map_err(|_| InputError::Message(format!("negative grid {g:?}")))
-                        };
-                        Ok([d(g[0])?, d(g[1])?, d(g[2])?])
-                    })
-                    .collect::<Result<Vec<[usize; 3]>, InputError>>()?;
-                let images = GlmImage::split(config, pv, &grids).map_err(InputError::Glm)?;
-                self.run(&Images::Glm(images))
-            }
-            Family::Step3p7 => {
-                let (pv, pv_shape) = set.f32("pixel_values")?;
-                let side = match pv_shape[..] {
-                    [_, 3, s, s2] if s == s2 => s,
-                    _ => {
-                        return Err(InputError::Message(format!(
-                            "pixel_values has shape {pv_shape:?}, expected [B, 3, S, S]"
-                        )))
-                    }
-                };
-                let (local, local_shape) = set.f32("pixel_values_local").unwrap_or((&[], &[]));
-                let local_side = local_shape.get(2).copied().unwrap_or(0);
-                let (counts, _) = set.i64("num_local_patches")?;
-                let counts = counts
-                    .iter()
-                    .map(|&c| {
-                        usize::try_from(c).map_err(|_| {
-                            InputError::Message(format!("num_local_patches {c} is negative"))
-                        })
-                    })
-                    .collect::<Result<Vec<usize>, InputError>>()?;
-                let masks: Option<Vec<bool>> = set
-                    .i64("patch_newline_masks")
-                    .ok()
-                    .map(|(m, _)| m.iter().map(|&v| v != 0).collect());
-                let out = StepProcessorOutput {
-                    pixel_values: pv,
-                    side,
-                    pixel_values_local: local,
-                    local_side,
-                    num_local_patches: &counts,
-                    patch_newline_masks: masks.as_deref(),
-                };
-                let images = out.images().map_err(InputError::Step)?;
-                self.run(&Images::Step3p7(images))
-            }
         }
     }
 }
@@ -953,7 +867,10 @@ impl HostTower {
 
 /// Splits images of `patches` each into consecutive passes of at most `ceiling` patches; one
 /// (empty) pass for no images, so the tower gives its own answer.
-fn pass_ranges(patches: &[usize], ceiling: usize) -> Result<Vec<Range<usize>>, InputError> {
+pub(crate) fn pass_ranges(
+    patches: &[usize],
+    ceiling: usize,
+) -> Result<Vec<Range<usize>>, InputError> {
     let mut passes = Vec::new();
     let (mut start, mut sum) = (0, 0usize);
     for (index, &p) in patches.iter().enumerate() {
@@ -999,7 +916,7 @@ pub(crate) enum InputError {
 }
 
 impl InputError {
-    fn gpu(e: GpuError, patches: usize) -> InputError {
+    pub(crate) fn gpu(e: GpuError, patches: usize) -> InputError {
         if e.is_out_of_memory() {
             InputError::OutOfMemory { patches, source: e }
         } else {
@@ -1052,67 +969,6 @@ impl InputError {
                 source: Box::new(source.at(&path)),
             },
         }
-    }
-}
-
-/// The processor's tensors by upstream name, whatever they were read from.
-#[derive(Debug, Default)]
-struct InputSet {
-    f32s: Vec<(String, Vec<usize>, Vec<f32>)>,
-    i64s: Vec<(String, Vec<usize>, Vec<i64>)>,
-}
-
-impl InputSet {
-    fn from_checkpoint(ck: &Checkpoint) -> Result<InputSet, String> {
-        let mut set = InputSet::default();
-        for info in ck.tensors() {
-            let view = ck
-                .tensor(&info.name)
-                .ok_or_else(|| format!("tensor {} vanished", info.name))?;
-            match view.dtype().as_str() {
-                "I64" => {
-                    let values = view
-                        .bytes()
-                        .chunks_exact(8)
-                        .map(|c| {
-                            i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
-                        })
-                        .collect();
-                    set.i64s
-                        .push((info.name.clone(), view.shape().to_vec(), values));
-                }
-                "U8" | "BOOL" => {
-                    set.i64s.push((
-                        info.name.clone(),
-                        view.shape().to_vec(),
-                        view.bytes().iter().map(|&b| i64::from(b)).collect(),
-                    ));
-                }
-                "F32" | "BF16" | "F16" => {
-                    let values = view.to_f32().map_err(|e| e.to_string())?;
-                    set.f32s
-                        .push((info.name.clone(), view.shape().to_vec(), values));
-                }
-                _ => {}
-            }
-        }
-        Ok(set)
-    }
-
-    fn f32(&self, name: &str) -> Result<(&[f32], &[usize]), InputError> {
-        self.f32s
-            .iter()
-            .find(|(n, _, _)| n == name)
-            .map(|(_, s, v)| (v.as_slice(), s.as_slice()))
-            .ok_or_else(|| InputError::Message(format!("no float tensor {name}")))
-    }
-
-    fn i64(&self, name: &str) -> Result<(&[i64], &[usize]), InputError> {
-        self.i64s
-            .iter()
-            .find(|(n, _, _)| n == name)
-            .map(|(_, s, v)| (v.as_slice(), s.as_slice()))
-            .ok_or_else(|| InputError::Message(format!("no I64 tensor {name}")))
     }
 }
 

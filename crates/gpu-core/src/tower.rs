@@ -1,0 +1,51 @@
+//! The contract every family's CUDA tower keeps, so the plumbing around a pass (host
+//! preparation off the device's lock, staging, writing rows into a caller's buffer) is written
+//! once over all families while each family keeps its own weights, planning and op sequence.
+
+use std::sync::Arc;
+
+use crate::{CudaPrecision, Device, GpuError, Ran, RowsTarget};
+
+/// A family's tower on a CUDA device: a pass is prepared on the host ([`DeviceTower::prepare_host`],
+/// no device needed, so it can run on any thread), staged ([`DeviceTower::stage`]: an
+/// asynchronous upload) and run with its rows written into a target
+/// ([`DeviceTower::run_into`]).
+///
+/// **Architecture Invariant:** a family's implementation holds only the family's own laws; the
+/// lifecycle around it is written once against this trait.
+pub trait DeviceTower: Send {
+    /// The family's dimensions and laws (all [`DeviceTower::prepare_host`] needs).
+    type Config: Send + Sync;
+    /// One image's inputs, borrowed from the caller's tensors.
+    type Image<'a>: Sync;
+    /// A batch validated and converted on the host, ready to stage.
+    type HostBatch: Send;
+    /// A batch whose inputs are on (or on their way to) the device.
+    type Batch;
+    /// The family's error; a device failure converts from [`GpuError`].
+    type Error: From<GpuError>;
+
+    /// Validates `images` for a tower of `config` in `precision` and lays their inputs out for
+    /// one pass, without a device.
+    fn prepare_host(
+        config: &Self::Config,
+        precision: CudaPrecision,
+        images: &[Self::Image<'_>],
+    ) -> Result<Self::HostBatch, Self::Error>;
+
+    /// Rows the pass over `batch` gives each of its images, in order.
+    fn rows_per_image(batch: &Self::HostBatch) -> Vec<usize>;
+
+    /// Queues the upload of a host batch (asynchronous; valid until two more are staged).
+    fn stage(&mut self, host: Self::HostBatch) -> Result<Self::Batch, Self::Error>;
+
+    /// Runs the pass and writes its rows, image after image in the LM width, into `out`, which
+    /// must hold exactly that many elements. Queued on the device's stream.
+    fn run_into(&mut self, batch: &Self::Batch, out: RowsTarget<'_>) -> Result<Ran, Self::Error>;
+
+    /// The LM width of the rows.
+    fn width(&self) -> usize;
+
+    /// The device it runs on.
+    fn device(&self) -> &Arc<Device>;
+}
