@@ -13,7 +13,7 @@ use std::process::Command;
 use crate::workspace_root;
 
 /// The `vision-towers` integration-test targets that hold GPU tests (`tests/<name>.rs`).
-const FACADE_GPU_TESTS: [&str; 2] = ["cuda", "graphs"];
+const FACADE_GPU_TESTS: [&str; 3] = ["cuda", "graphs", "device_rows"];
 
 /// Entry point of `cargo xtask ptx`: runs `kernels/build_ptx.sh` (needs nvcc, or `NVCC=/path/to/nvcc`).
 pub fn ptx(args: &[String]) -> Result<()> {

@@ -1,5 +1,6 @@
 //! `cargo xtask <command>`: the project's automation, in the rust-analyzer manner.
 
+mod api_bench;
 mod bench;
 mod bench_towers;
 mod fixtures;
@@ -23,6 +24,7 @@ commands:
   gpu-test   run the GPU-only (ignored) tests; needs a CUDA device
   bench      our towers against PyTorch (eager, torch.compile) on the anchors' shapes (GPU machine)
   pipeline   encode_stream on step3p7: end-to-end images/s vs the tower alone, graphs on/off (GPU machine)
+  api-bench  Model::encode_device end to end per call (bytes to rows ready on the device; GPU machine)
 ";
 
 fn main() -> Result<()> {
@@ -39,6 +41,7 @@ fn main() -> Result<()> {
         "gpu-test" => gpu::gpu_test(rest),
         "bench" => bench::run(rest),
         "pipeline" => pipeline::run(rest),
+        "api-bench" => api_bench::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())

@@ -1708,14 +1708,20 @@ mod tests {
             let d2 = host::gemm(&col, &dw2, Some(&w.down2_b), m2, 4 * h, 18 * h);
             st.d2[v0.r2 * 4 * h..(v0.r2 + m2) * 4 * h].copy_from_slice(&d2);
         }
-        let all = host::gemm(
-            &st.d2,
-            &w.proj,
-            w.proj_b.as_deref(),
-            plan.n2,
-            c.text_hidden,
-            4 * h,
-        );
+        // The projector as `project` runs it: one GEMM per piece, written in upstream order.
+        let t_w = c.text_hidden;
+        let mut all = vec![f32::NAN; plan.n2 * t_w];
+        for (src, rows, dst) in plan.out_pieces() {
+            let piece = host::gemm(
+                &st.d2[src * 4 * h..(src + rows) * 4 * h],
+                &w.proj,
+                w.proj_b.as_deref(),
+                rows,
+                t_w,
+                4 * h,
+            );
+            all[dst * t_w..(dst + rows) * t_w].copy_from_slice(&piece);
+        }
         let masks: Vec<Vec<bool>> = images.iter().map(|i| i.newline_mask.clone()).collect();
         let rows = plan.split_rows(&all, c.text_hidden, &masks);
         let flat = rows.iter().flat_map(|r| r.rows.iter().copied()).collect();

@@ -377,3 +377,17 @@ impl Job<'_> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows are handed to other threads (a Python consumer's deleter, an engine's worker).
+    #[test]
+    fn device_rows_and_outputs_cross_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<DeviceRows>();
+        send_sync::<DeviceOut>();
+        send_sync::<crate::Model>();
+    }
+}

@@ -1,0 +1,110 @@
+//! `cargo xtask api-bench`: the Rust API's end-to-end time per call (bytes in, rows on the device
+//! and ready), the figure the Python binding's overhead is measured against (docs/PERF.md).
+//!
+//! usage: cargo xtask api-bench --model DIR --image FILE [--batch 1,8] [--iters 30] [--warmup 5]
+//!        [--dtype bf16|f32] [--json OUT]
+//!
+//! Each timed call is `Model::encode_device` of `batch` copies of the image's bytes followed by
+//! `DeviceRows::synchronize` (wall clock, the same boundary a Python caller sees once it
+//! synchronizes its stream); the median and the minimum of `iters` calls after `warmup` are
+//! printed, one JSON object per batch size.
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use vision_towers::vision_prep::{ImageSource, PrepSettings};
+use vision_towers::{Device, Model, RowsDtype, TowerOptions};
+
+struct Args {
+    model: PathBuf,
+    image: PathBuf,
+    batches: Vec<usize>,
+    iters: usize,
+    warmup: usize,
+    dtype: RowsDtype,
+    json: Option<PathBuf>,
+}
+
+fn parse(args: &[String]) -> Result<Args> {
+    let mut a = Args {
+        model: PathBuf::new(),
+        image: PathBuf::new(),
+        batches: vec![1, 8],
+        iters: 30,
+        warmup: 5,
+        dtype: RowsDtype::Bf16,
+        json: None,
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--model" => a.model = PathBuf::from(value()?),
+            "--image" => a.image = PathBuf::from(value()?),
+            "--batch" => {
+                a.batches = value()?
+                    .split(',')
+                    .map(|b| b.parse::<usize>().context("--batch takes numbers"))
+                    .collect::<Result<_>>()?
+            }
+            "--iters" => a.iters = value()?.parse()?,
+            "--warmup" => a.warmup = value()?.parse()?,
+            "--dtype" => {
+                a.dtype = match value()?.as_str() {
+                    "bf16" | "bfloat16" => RowsDtype::Bf16,
+                    "f32" | "float32" => RowsDtype::F32,
+                    other => bail!("--dtype {other}: bf16 or f32"),
+                }
+            }
+            "--json" => a.json = Some(PathBuf::from(value()?)),
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    if a.model.as_os_str().is_empty() || a.image.as_os_str().is_empty() || a.iters == 0 {
+        bail!("usage: cargo xtask api-bench --model DIR --image FILE [--batch 1,8] [--iters N]");
+    }
+    Ok(a)
+}
+
+/// Entry point of `cargo xtask api-bench`.
+pub fn run(args: &[String]) -> Result<()> {
+    let a = parse(args)?;
+    let options = TowerOptions {
+        device: Device::Cuda(0),
+        ..TowerOptions::default()
+    };
+    let model = Model::open_with(&a.model, &options, PrepSettings::default())
+        .with_context(|| format!("opening {}", a.model.display()))?;
+    let bytes =
+        std::fs::read(&a.image).with_context(|| format!("reading {}", a.image.display()))?;
+    let mut lines = Vec::new();
+    for &b in &a.batches {
+        let sources = vec![ImageSource::Bytes(&bytes); b];
+        let mut times = Vec::with_capacity(a.iters);
+        for i in 0..a.warmup + a.iters {
+            let t = Instant::now();
+            let out = model.encode_device(&sources, a.dtype)?;
+            out.rows.synchronize()?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            if i >= a.warmup {
+                times.push(ms);
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        let line = serde_json::json!({
+            "family": model.family().name(),
+            "batch": b,
+            "dtype": a.dtype.name(),
+            "iters": a.iters,
+            "median_ms": times[times.len() / 2],
+            "min_ms": times[0],
+            "rows_per_image": model.plan(ImageSource::Bytes(&bytes))?.rows,
+        });
+        println!("{line}");
+        lines.push(line);
+    }
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string_pretty(&lines)?)?;
+    }
+    Ok(())
+}
