@@ -35,6 +35,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import torch_anchor  # noqa: E402  (the families: full-size configs, randomisation, save layouts)
+from safetensors.torch import save_file  # noqa: E402
+
+# torch_anchor binds these when run as a script; as a module it needs them here.
+torch_anchor.torch = torch
+torch_anchor.save_file = save_file
 
 FIXTURES = os.environ.get("VT_FIXTURES", os.path.join(ROOT, "fixtures"))
 
