@@ -88,6 +88,27 @@ pub struct PromptRun {
     pub embeds: bool,
 }
 
+/// Bytes of the tensors a plan of `geometry` with `rows` rows prepares: its f32 pixels, plus 16
+/// bytes a row for the small integer tensors. [`Plan::output_bytes`] and the output-budget bound
+/// of the max-rows search (`max_rows.rs`) are this one function.
+pub(crate) fn output_bytes_of(geometry: &Geometry, rows: u64) -> u64 {
+    // Saturating: a product past u64 is over any budget, and must not wrap under one.
+    let product = |xs: &[u64]| xs.iter().fold(1u64, |a, &x| a.saturating_mul(x));
+    let f32s = match geometry {
+        Geometry::Gemma4 { gh, gw, .. } => product(&[*gh, *gw, 768]),
+        Geometry::Glm { gh, gw, .. } => product(&[*gh, *gw, 1176]),
+        Geometry::Step3p7 {
+            layout,
+            global_side,
+            crop_side,
+            ..
+        } => product(&[3, *global_side, *global_side])
+            .saturating_add(product(&[layout.nx, layout.ny, 3, *crop_side, *crop_side])),
+    };
+    f32s.saturating_mul(4)
+        .saturating_add(rows.saturating_mul(16))
+}
+
 /// Everything the header determines: target size, grid, embedding rows and prompt token runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
@@ -192,9 +213,7 @@ impl Plan {
                 },
             ) => {
                 let layout = law::step3p7_layout(l, height, width)?;
-                let stride = u64::from(l.vision_patch_size) * u64::from(l.downsampler_stride);
-                let rows_global = (u64::from(l.image_size) / stride).pow(2);
-                let rows_per_crop = (u64::from(l.patch_size) / stride).pow(2);
+                let (rows_per_crop, rows_global) = law::step3p7_rows(l);
                 let k = layout.nx * layout.ny;
                 let mut mask = Vec::with_capacity(k as usize);
                 for row in 0..layout.ny {
@@ -258,21 +277,7 @@ impl Plan {
 
     /// Bytes of the tensors [`crate::Preprocessor::prepare`] would return (all f32 pixels + small integer tensors).
     pub fn output_bytes(&self) -> u64 {
-        // Saturating: a product past u64 is over any budget, and must not wrap under one.
-        let product = |xs: &[u64]| xs.iter().fold(1u64, |a, &x| a.saturating_mul(x));
-        let f32s = match &self.geometry {
-            Geometry::Gemma4 { gh, gw, .. } => product(&[*gh, *gw, 768]),
-            Geometry::Glm { gh, gw, .. } => product(&[*gh, *gw, 1176]),
-            Geometry::Step3p7 {
-                layout,
-                global_side,
-                crop_side,
-                ..
-            } => product(&[3, *global_side, *global_side])
-                .saturating_add(product(&[layout.nx, layout.ny, 3, *crop_side, *crop_side])),
-        };
-        f32s.saturating_mul(4)
-            .saturating_add(self.rows.saturating_mul(16))
+        output_bytes_of(&self.geometry, self.rows)
     }
 
     /// Total prompt tokens this image occupies.
