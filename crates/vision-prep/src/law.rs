@@ -312,6 +312,10 @@ pub fn glm5_next_content(
     (ch, cw)
 }
 
+/// glm46v `smart_resize` refuses an aspect ratio over this (image_processing_glm46v.py
+/// `smart_resize`: "absolute aspect ratio must be smaller than 200").
+pub const GLM46V_MAX_ASPECT_RATIO: f64 = 200.0;
+
 /// glm46v (GLM-OCR) resized `(height, width)`: image_processing_glm46v.py `smart_resize`
 /// (Qwen2-VL style, Python banker's `round`, aspect > 200 refused).
 pub fn glm46v_size(law: &Glm46VLaw, height: u32, width: u32) -> Result<(u64, u64)> {
@@ -335,7 +339,7 @@ pub fn glm46v_size(law: &Glm46VLaw, height: u32, width: u32) -> Result<(u64, u64
         ));
     }
     let ratio = h.max(w) as f64 / h.min(w) as f64;
-    if ratio > 200.0 {
+    if ratio > GLM46V_MAX_ASPECT_RATIO {
         return Err(unplannable(
             "Glm46VImageProcessor",
             width,
@@ -375,10 +379,26 @@ pub struct Step3p7Layout {
     pub square_pad: bool,
 }
 
-/// step3p7 `_plan_patches`: extreme-aspect square pad, `int()` 3024 cap, window law, integer-modulo snap.
-pub fn step3p7_layout(law: &Step3p7Law, height: u32, width: u32) -> Result<Step3p7Layout> {
+/// step3p7 `_plan_patches`: a source whose short side is under this is "extreme" when its
+/// aspect ratio is over [`STEP3P7_EXTREME_RATIO`] (image_processing_step3p7.py `_plan_patches`).
+pub const STEP3P7_EXTREME_SHORT_SIDE: u64 = 32;
+/// step3p7 `_plan_patches`: the aspect ratio over which a thin source is squared, and over which a
+/// view longer than the global side takes its short side as the window (`ratio > 4`).
+pub const STEP3P7_EXTREME_RATIO: f64 = 4.0;
+/// step3p7 `_plan_patches`: a view no longer than the global side gets crops only when its aspect
+/// ratio is over this (`ratio > 1.5`), with its short side as the window.
+pub const STEP3P7_SMALL_CROP_RATIO: f64 = 1.5;
+/// step3p7 `_plan_patches`: a side snaps up to one more window when its remainder is over this
+/// fraction of the window (`dim % win > 0.2·win`, an int compared with a float).
+pub const STEP3P7_SNAP_FRACTION: f64 = 0.2;
+
+/// step3p7 `_plan_patches`, first half: the `(width, height)` the law works on after the
+/// extreme-aspect square pad (`min(w,h) < 32` and ratio `> 4`: both sides become `max(w,h)`) and
+/// the `int()` cap of the long side at `max_image_size`; and whether the source was squared.
+pub fn step3p7_view(law: &Step3p7Law, height: u32, width: u32) -> (u64, u64, bool) {
     let (mut w, mut h) = (u64::from(width), u64::from(height));
-    let extreme = w.min(h) < 32 && (w as f64 / h as f64).max(h as f64 / w as f64) > 4.0;
+    let extreme = w.min(h) < STEP3P7_EXTREME_SHORT_SIDE
+        && (w as f64 / h as f64).max(h as f64 / w as f64) > STEP3P7_EXTREME_RATIO;
     if extreme {
         let s = w.max(h);
         w = s;
@@ -390,8 +410,59 @@ pub fn step3p7_layout(law: &Step3p7Law, height: u32, width: u32) -> Result<Step3
         w = (w as f64 * scale) as u64;
         h = (h as f64 * scale) as u64;
     }
+    (w, h, extreme)
+}
+
+/// step3p7 `_plan_patches`, second half, on a view from [`step3p7_view`] whose sides are both
+/// at least 1: the window law and the integer-modulo snap. Returns `(window, (cw, ch), nx, ny)`;
+/// window 0 = no local crops (then `nx = ny = 0`).
+pub fn step3p7_tiles(law: &Step3p7Law, w: u64, h: u64) -> (u64, (u64, u64), u64, u64) {
     let (short, long) = (h.min(w), h.max(w));
-    if short == 0 {
+    let ratio = long as f64 / short as f64;
+    let window = if long <= u64::from(law.image_size) {
+        if ratio > STEP3P7_SMALL_CROP_RATIO {
+            short
+        } else {
+            0
+        }
+    } else if ratio > STEP3P7_EXTREME_RATIO {
+        short.min(u64::from(law.patch_size))
+    } else {
+        u64::from(law.patch_size)
+    };
+    if window == 0 {
+        return (0, (w, h), 0, 0);
+    }
+    let snap = |dim: u64| -> u64 {
+        if dim >= window {
+            // `dim % win > 0.2·win` compares an int with a float.
+            window
+                * (dim / window
+                    + u64::from((dim % window) as f64 > STEP3P7_SNAP_FRACTION * window as f64))
+        } else {
+            dim
+        }
+    };
+    let (cw, ch) = (snap(w), snap(h));
+    (window, (cw, ch), (cw / window).max(1), (ch / window).max(1))
+}
+
+/// step3p7 embedding rows: `(rows per local crop, rows of the global view)` =
+/// `((patch_size // (vision_patch_size·downsampler_stride))², (image_size // …)²)`
+/// (processing_step3p7.py:38-42: 81 and 169 at the vendor's 504 / 728).
+pub fn step3p7_rows(law: &Step3p7Law) -> (u64, u64) {
+    let stride = u64::from(law.vision_patch_size) * u64::from(law.downsampler_stride);
+    (
+        (u64::from(law.patch_size) / stride).pow(2),
+        (u64::from(law.image_size) / stride).pow(2),
+    )
+}
+
+/// step3p7 `_plan_patches`: extreme-aspect square pad, `int()` 3024 cap ([`step3p7_view`]), window
+/// law and integer-modulo snap ([`step3p7_tiles`]).
+pub fn step3p7_layout(law: &Step3p7Law, height: u32, width: u32) -> Result<Step3p7Layout> {
+    let (w, h, extreme) = step3p7_view(law, height, width);
+    if h.min(w) == 0 {
         return Err(unplannable(
             "Step3p7ImageProcessor",
             width,
@@ -399,43 +470,13 @@ pub fn step3p7_layout(law: &Step3p7Law, height: u32, width: u32) -> Result<Step3
             "ZeroDivisionError: capped short side is 0",
         ));
     }
-    let ratio = long as f64 / short as f64;
-    let window = if long <= u64::from(law.image_size) {
-        if ratio > 1.5 {
-            short
-        } else {
-            0
-        }
-    } else if ratio > 4.0 {
-        short.min(u64::from(law.patch_size))
-    } else {
-        u64::from(law.patch_size)
-    };
-    if window == 0 {
-        return Ok(Step3p7Layout {
-            global: (w, h),
-            crop: (w, h),
-            window: 0,
-            nx: 0,
-            ny: 0,
-            square_pad: extreme,
-        });
-    }
-    let snap = |dim: u64| -> u64 {
-        if dim >= window {
-            // `dim % win > 0.2·win` compares an int with a float.
-            window * (dim / window + u64::from((dim % window) as f64 > 0.2 * window as f64))
-        } else {
-            dim
-        }
-    };
-    let (cw, ch) = (snap(w), snap(h));
+    let (window, crop, nx, ny) = step3p7_tiles(law, w, h);
     Ok(Step3p7Layout {
         global: (w, h),
-        crop: (cw, ch),
+        crop,
         window,
-        nx: (cw / window).max(1),
-        ny: (ch / window).max(1),
+        nx,
+        ny,
         square_pad: extreme,
     })
 }

@@ -79,6 +79,34 @@ pub struct PromptRun {
     pub token: Token,
     /// Repetitions.
     pub count: u64,
+    /// Whether these positions receive embedding rows (the image placeholder: gemma4 and glm
+    /// `<|image|>`, step3p7 `<im_patch>`) rather than keeping their text embedding (BOI/EOI,
+    /// step3p7's patch/image brackets and newlines). Upstream's model takes exactly the positions
+    /// where `input_ids == config.image_token_id` (`get_placeholder_mask` in modeling_gemma4.py,
+    /// modeling_glm5_next.py, modeling_glm46v.py, modeling_step3p7.py), and the processors write
+    /// that id only for the placeholder runs; the rows fill those positions in order.
+    pub embeds: bool,
+}
+
+/// Bytes of the tensors a plan of `geometry` with `rows` rows prepares: its f32 pixels, plus 16
+/// bytes a row for the small integer tensors. [`Plan::output_bytes`] and the output-budget bound
+/// of the max-rows search (`max_rows.rs`) are this one function.
+pub(crate) fn output_bytes_of(geometry: &Geometry, rows: u64) -> u64 {
+    // Saturating: a product past u64 is over any budget, and must not wrap under one.
+    let product = |xs: &[u64]| xs.iter().fold(1u64, |a, &x| a.saturating_mul(x));
+    let f32s = match geometry {
+        Geometry::Gemma4 { gh, gw, .. } => product(&[*gh, *gw, 768]),
+        Geometry::Glm { gh, gw, .. } => product(&[*gh, *gw, 1176]),
+        Geometry::Step3p7 {
+            layout,
+            global_side,
+            crop_side,
+            ..
+        } => product(&[3, *global_side, *global_side])
+            .saturating_add(product(&[layout.nx, layout.ny, 3, *crop_side, *crop_side])),
+    };
+    f32s.saturating_mul(4)
+        .saturating_add(rows.saturating_mul(16))
 }
 
 /// Everything the header determines: target size, grid, embedding rows and prompt token runs.
@@ -111,9 +139,16 @@ impl Plan {
         width: u32,
         height: u32,
     ) -> Result<Plan> {
+        // Text positions (brackets, newlines) and embedding positions (the image placeholder).
         let run = |t: &Token, count: u64| PromptRun {
             token: t.clone(),
             count,
+            embeds: false,
+        };
+        let embed = |t: &Token, count: u64| PromptRun {
+            token: t.clone(),
+            count,
+            embeds: true,
         };
         let (target, geometry, rows, runs) = match (law, tokens) {
             (Law::Gemma4(l), PromptTokens::Gemma4 { boi, image, eoi }) => {
@@ -126,7 +161,7 @@ impl Plan {
                     (u64::from(tw), u64::from(th)),
                     Geometry::Gemma4 { gh, gw, pool: k },
                     n,
-                    vec![run(boi, 1), run(image, n), run(eoi, 1)],
+                    vec![run(boi, 1), embed(image, n), run(eoi, 1)],
                 )
             }
             (Law::Glm5Next(l), PromptTokens::Glm { image }) => {
@@ -145,7 +180,7 @@ impl Plan {
                         merge: m,
                     },
                     n,
-                    vec![run(image, n)],
+                    vec![embed(image, n)],
                 )
             }
             (Law::Glm46V(l), PromptTokens::Glm { image }) => {
@@ -163,7 +198,7 @@ impl Plan {
                         merge: m,
                     },
                     n,
-                    vec![run(image, n)],
+                    vec![embed(image, n)],
                 )
             }
             (
@@ -178,9 +213,7 @@ impl Plan {
                 },
             ) => {
                 let layout = law::step3p7_layout(l, height, width)?;
-                let stride = u64::from(l.vision_patch_size) * u64::from(l.downsampler_stride);
-                let rows_global = (u64::from(l.image_size) / stride).pow(2);
-                let rows_per_crop = (u64::from(l.patch_size) / stride).pow(2);
+                let (rows_per_crop, rows_global) = law::step3p7_rows(l);
                 let k = layout.nx * layout.ny;
                 let mut mask = Vec::with_capacity(k as usize);
                 for row in 0..layout.ny {
@@ -191,14 +224,14 @@ impl Plan {
                 let mut runs = Vec::new();
                 for &nl in &mask {
                     runs.push(run(patch_start, 1));
-                    runs.push(run(im_patch, rows_per_crop));
+                    runs.push(embed(im_patch, rows_per_crop));
                     runs.push(run(patch_end, 1));
                     if nl {
                         runs.push(run(patch_newline, 1));
                     }
                 }
                 runs.push(run(im_start, 1));
-                runs.push(run(im_patch, rows_global));
+                runs.push(embed(im_patch, rows_global));
                 runs.push(run(im_end, 1));
                 (
                     layout.global,
@@ -244,21 +277,7 @@ impl Plan {
 
     /// Bytes of the tensors [`crate::Preprocessor::prepare`] would return (all f32 pixels + small integer tensors).
     pub fn output_bytes(&self) -> u64 {
-        // Saturating: a product past u64 is over any budget, and must not wrap under one.
-        let product = |xs: &[u64]| xs.iter().fold(1u64, |a, &x| a.saturating_mul(x));
-        let f32s = match &self.geometry {
-            Geometry::Gemma4 { gh, gw, .. } => product(&[*gh, *gw, 768]),
-            Geometry::Glm { gh, gw, .. } => product(&[*gh, *gw, 1176]),
-            Geometry::Step3p7 {
-                layout,
-                global_side,
-                crop_side,
-                ..
-            } => product(&[3, *global_side, *global_side])
-                .saturating_add(product(&[layout.nx, layout.ny, 3, *crop_side, *crop_side])),
-        };
-        f32s.saturating_mul(4)
-            .saturating_add(self.rows.saturating_mul(16))
+        output_bytes_of(&self.geometry, self.rows)
     }
 
     /// Total prompt tokens this image occupies.
@@ -266,15 +285,49 @@ impl Plan {
         self.prompt_runs.iter().map(|r| r.count).sum()
     }
 
+    /// The placeholder mask over this image's prompt tokens, expanded: one entry per token of
+    /// [`Plan::prompt_runs`], `true` where the position receives an embedding row (vLLM's
+    /// `PromptUpdateDetails.is_embed`). Exactly [`Plan::rows`] entries are `true`.
+    pub fn is_embed(&self) -> Vec<bool> {
+        self.expand(|r| r.embeds)
+    }
+
+    /// The prompt token ids, expanded: one entry per token of [`Plan::prompt_runs`]
+    /// (`None` where the token's id is unknown).
+    pub fn prompt_ids(&self) -> Vec<Option<u32>> {
+        self.expand(|r| r.token.id)
+    }
+
+    /// Embedding rows the runs place: the sum of the counts of the runs that embed (= [`Plan::rows`]).
+    pub fn embed_positions(&self) -> u64 {
+        self.prompt_runs
+            .iter()
+            .filter(|r| r.embeds)
+            .map(|r| r.count)
+            .sum()
+    }
+
+    fn expand<T: Clone>(&self, f: impl Fn(&PromptRun) -> T) -> Vec<T> {
+        // The runs' counts are bounded by the law (rows plus a few brackets per crop).
+        let mut out = Vec::with_capacity(usize::try_from(self.prompt_len()).unwrap_or(0));
+        for r in &self.prompt_runs {
+            out.extend(std::iter::repeat_n(f(r), r.count as usize));
+        }
+        out
+    }
+
     /// The plan JSON contract:
     /// `{"family","width","height","target":[w,h],"grid","rows","prompt_runs":[[id|null,count],…]}`
-    /// plus `"processor"`, `"prompt_tokens"` (the texts, parallel to `prompt_runs`) and a family `"detail"`.
+    /// plus `"processor"`, `"prompt_tokens"` (the texts, parallel to `prompt_runs`),
+    /// `"prompt_embeds"` (per run, parallel to `prompt_runs`: `true` where the run's positions
+    /// receive embedding rows, see [`PromptRun::embeds`]) and a family `"detail"`.
     pub fn to_json(&self) -> Value {
         let runs: Vec<Value> = self
             .prompt_runs
             .iter()
             .map(|r| json!([r.token.id, r.count]))
             .collect();
+        let embeds: Vec<bool> = self.prompt_runs.iter().map(|r| r.embeds).collect();
         let texts: Vec<Value> = self
             .prompt_runs
             .iter()
@@ -314,13 +367,14 @@ impl Plan {
             "rows": self.rows,
             "prompt_runs": runs,
             "prompt_tokens": texts,
+            "prompt_embeds": embeds,
             "detail": detail,
         })
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::HashMap;
 
     use serde_json::Value;
@@ -401,16 +455,26 @@ mod tests {
                     check(key, &j["detail"][key], v);
                 }
             }
-            // The plan's placeholder count equals the tower's rows.
-            let image_tokens: u64 = plan
-                .prompt_runs
-                .iter()
-                .filter(|r| matches!(r.token.text.as_str(), "<|image|>" | "<im_patch>"))
-                .map(|r| r.count)
-                .sum();
-            if image_tokens != plan.rows {
+            // The placeholder mask: upstream's model embeds exactly the positions where
+            // `input_ids == config.image_token_id` (`get_placeholder_mask`); upstream's expansion
+            // is the table's runs, the id is the variant's config value.
+            let image_id = table["configs"][variant]["config"]["image_token_id"]
+                .as_u64()
+                .expect("image_token_id");
+            let mut theirs = Vec::new();
+            for r in row["prompt_runs"].as_array().expect("runs") {
+                let (id, n) = (r[0].as_u64(), r[1].as_u64().expect("count"));
+                theirs.extend(std::iter::repeat_n(id == Some(image_id), n as usize));
+            }
+            if plan.is_embed() != theirs {
                 failures.push(format!(
-                    "{ctx}: {image_tokens} placeholders vs {} rows",
+                    "{ctx}: is_embed differs from upstream's placeholder mask"
+                ));
+            }
+            if plan.embed_positions() != plan.rows {
+                failures.push(format!(
+                    "{ctx}: {} embedding positions vs {} rows",
+                    plan.embed_positions(),
                     plan.rows
                 ));
             }
@@ -421,6 +485,83 @@ mod tests {
             failures.len(),
             &failures[..failures.len().min(20)]
         );
+    }
+
+    /// Every fixture model's preprocessor and every configuration of the plan table.
+    pub(crate) fn fixture_preprocessors(settings: PrepSettings) -> Vec<(String, Preprocessor)> {
+        let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models");
+        let mut out = Vec::new();
+        for m in [
+            "gemma4",
+            "gemma4_clipped",
+            "glm5_next",
+            "glm_ocr",
+            "step3p7",
+            "step3p7_hf",
+        ] {
+            let cfg = ModelConfigs::from_dir(&models.join(m)).expect("model configs");
+            let pre = Preprocessor::from_configs(&cfg, settings).expect("model preprocessor");
+            out.push((format!("models/{m}"), pre));
+        }
+        let table = fixture("plans.json");
+        for (name, cfg) in table["configs"].as_object().expect("configs") {
+            let pre = Preprocessor::from_configs(&configs_of(cfg), settings).expect("configs");
+            out.push((format!("plans.json {name}"), pre));
+        }
+        out
+    }
+
+    /// The embedding runs place exactly the plan's rows, and the expanded mask and ids are one
+    /// entry per prompt token, on every fixture configuration and many sizes (thin, huge, capped,
+    /// up to thousands of step3p7 crops).
+    #[test]
+    fn embed_runs_place_every_row() {
+        let mut sizes: Vec<(u32, u32)> = vec![
+            (1, 1),
+            (5, 300),
+            (300, 5),
+            (20, 15),
+            (660, 300),
+            (1920, 1080),
+            (3024, 3024),
+            (4000, 3000),
+            (16129, 32),
+            (48385, 32),
+            (60000, 32),
+            (1, 223_973),
+            (21000, 280),
+        ];
+        for i in 0..200u32 {
+            sizes.push((1 + (i * 7919) % 6000, 1 + (i * 104_729 + 17) % 4000));
+        }
+        let mut settings = PrepSettings::default();
+        settings.limits.max_pixels = 1 << 40;
+        let mut checked = 0;
+        for (name, pre) in fixture_preprocessors(settings) {
+            for &(w, h) in &sizes {
+                let Ok(plan) = pre.plan_size(w, h) else {
+                    continue;
+                };
+                let ctx = format!("{name} {w}x{h}");
+                assert_eq!(plan.embed_positions(), plan.rows, "{ctx}");
+                let mask = plan.is_embed();
+                assert_eq!(mask.len() as u64, plan.prompt_len(), "{ctx}");
+                assert_eq!(
+                    mask.iter().filter(|&&b| b).count() as u64,
+                    plan.rows,
+                    "{ctx}"
+                );
+                let ids = plan.prompt_ids();
+                assert_eq!(ids.len(), mask.len(), "{ctx}");
+                // The embedding positions hold the one placeholder token, no other position does.
+                let image = plan.prompt_runs.iter().find(|r| r.embeds).map(|r| &r.token);
+                for r in &plan.prompt_runs {
+                    assert_eq!(Some(&r.token) == image, r.embeds, "{ctx}: {r:?}");
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 2000, "only {checked} plans");
     }
 
     /// The decoded preparation lands exactly on the header-only plan, for many sizes and every law.

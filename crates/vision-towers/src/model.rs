@@ -177,6 +177,13 @@ impl Model {
         self.tower.width()
     }
 
+    /// The most embedding rows one image can give under this model's processor config and
+    /// settings (see [`vision_prep::Preprocessor::max_rows`]: exact at the vendor settings,
+    /// otherwise an upper bound), for sizing encoder caches and memory profiles.
+    pub fn max_rows_per_image(&self) -> u64 {
+        self.pre.max_rows_per_image()
+    }
+
     /// Admits, decodes and prepares every image (in parallel), runs them through the tower in
     /// padding-free passes of at most `max_patches_per_pass` patches, and returns each image's
     /// plan and rows (f32, on the host), in request order. A device out-of-memory is an error

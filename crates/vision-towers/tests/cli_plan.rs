@@ -1,5 +1,6 @@
 //! `vtower plan` and `vtower prep` against the upstream processor's fixtures: the prompt token
-//! runs of every processor case equal upstream's, and bad images are refused in one line.
+//! runs of every processor case and their embedding flags equal upstream's, and bad images are
+//! refused in one line.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -93,6 +94,30 @@ fn plan_prompt_runs_equal_upstream_for_every_processor_case() {
                     want.retain(|(id, _)| *id == image_id);
                 }
                 assert_eq!(got, want, "{} on {}", path.display(), image.display());
+                // Upstream's model embeds the positions where `input_ids == image_token_id`
+                // (`get_placeholder_mask`), the id from the model's config.json.
+                let config: Value = serde_json::from_str(
+                    &std::fs::read_to_string(model.join("config.json")).unwrap(),
+                )
+                .unwrap();
+                let image_id = config["image_token_id"]
+                    .as_u64()
+                    .or_else(|| config["text_config"]["image_token_id"].as_u64())
+                    .unwrap();
+                let want_embeds: Vec<bool> = want.iter().map(|(id, _)| *id == image_id).collect();
+                let got_embeds: Vec<bool> = plan["prompt_embeds"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|b| b.as_bool().unwrap())
+                    .collect();
+                assert_eq!(
+                    got_embeds,
+                    want_embeds,
+                    "prompt_embeds: {} on {}",
+                    path.display(),
+                    image.display()
+                );
                 checked += 1;
             }
         }
