@@ -1144,7 +1144,7 @@ pub fn run(args: &[String]) -> Result<()> {
     } else {
         match crate::towers::shared_device() {
             Ok(d) => Side::Cuda(d),
-            Err(why) => Side::None(why),
+            Err(why) => Side::None(why.to_string()),
         }
     };
     let mut device_name = String::from("host CPU");

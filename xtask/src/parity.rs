@@ -480,10 +480,27 @@ pub fn inputs_case(fixtures: &Path, case: &Case) -> Result<Case> {
     }
 }
 
-/// Entry point of `cargo xtask parity`.
+/// Usage of `cargo xtask parity`.
+const USAGE: &str = "usage: cargo xtask parity [--require-cuda]";
+
+/// Entry point of `cargo xtask parity [--require-cuda]`.
+///
+/// Exits non-zero on any failed row. CUDA rows read "not run" only where this machine has no
+/// CUDA at all; where CUDA is required (`--require-cuda`, or automatically when a GPU is present)
+/// a CUDA row that did not run is a failure too.
 pub fn run(args: &[String]) -> Result<()> {
-    if !args.is_empty() {
-        bail!("usage: cargo xtask parity");
+    let mut require_cuda = None;
+    for a in args {
+        match a.as_str() {
+            "--require-cuda" => require_cuda = Some("--require-cuda was given".to_string()),
+            other => bail!("unknown argument `{other}`\n{USAGE}"),
+        }
+    }
+    if require_cuda.is_none() && crate::towers::gpu_present() {
+        require_cuda = Some(format!(
+            "a GPU is present (the CUDA driver reports a device, or {} is set)",
+            crate::towers::SIMULATE_GPU_ENV
+        ));
     }
     let fixtures = crate::fixtures::fixtures_dir();
     let cases = discover(&fixtures)?;
@@ -512,8 +529,33 @@ pub fn run(args: &[String]) -> Result<()> {
         count(Verdict::NotRun),
     );
     println!("\n{pass} pass, {fail} fail, {ni} not implemented, {nr} not run (no device)");
+    judge(&rows, require_cuda.as_deref())
+}
+
+/// The command's verdict over the table: an error when a row failed, or when `require_cuda`
+/// (why CUDA is required) is given and a CUDA row did not run (not run, or not implemented).
+fn judge(rows: &[Row], require_cuda: Option<&str>) -> Result<()> {
+    let fail = rows.iter().filter(|r| r.verdict == Verdict::Fail).count();
     if fail > 0 {
         bail!("{fail} parity rows failed");
+    }
+    if let Some(why) = require_cuda {
+        let idle: Vec<&Row> = rows
+            .iter()
+            .filter(|r| r.precision != Precision::HostF32)
+            .filter(|r| matches!(r.verdict, Verdict::NotRun | Verdict::NotImplemented))
+            .collect();
+        if let Some(first) = idle.first() {
+            let note = if first.note.is_empty() {
+                first.verdict.to_string()
+            } else {
+                first.note.clone()
+            };
+            bail!(
+                "{} CUDA parity rows did not run ({note}) and CUDA is required: {why}",
+                idle.len()
+            );
+        }
     }
     Ok(())
 }
@@ -652,6 +694,106 @@ mod tests {
         assert_eq!(rows[0].verdict, Verdict::NotRun);
         assert_eq!(rows[0].note, "no device");
         assert_eq!(Verdict::NotRun.to_string(), "not run");
+    }
+
+    /// A CUDA path whose device did not open for the reason `self.0`, as the tower runners report it.
+    struct Unopened(crate::towers::NoCuda, Precision);
+    impl Runner for Unopened {
+        fn source(&self) -> &str {
+            "hf"
+        }
+        fn precision(&self) -> Precision {
+            self.1
+        }
+        fn applies(&self, _: &str) -> bool {
+            true
+        }
+        fn run(&self, _: &Path, _: &Case) -> Outcome {
+            self.0.outcome()
+        }
+    }
+
+    fn a_tower_case() -> (PathBuf, Case) {
+        let fixtures = crate::fixtures::fixtures_dir();
+        let case = discover(&fixtures)
+            .unwrap()
+            .into_iter()
+            .find(|c| c.kind() == "tower")
+            .expect("a tower fixture");
+        (fixtures, case)
+    }
+
+    /// A CUDA stack that is installed but broken (here: a PTX module that cannot be read, as with
+    /// an invalid `GPU_CORE_PTX_DIR`) fails every CUDA row with the reason, and the command fails,
+    /// with or without `--require-cuda`. Only gpu-core's `NoDevice` reads "not run".
+    #[test]
+    fn a_device_that_does_not_open_fails_every_cuda_row() {
+        use crate::towers::{classify, NoCuda};
+        use gpu_core::GpuError;
+        let (fixtures, case) = a_tower_case();
+        for err in [
+            GpuError::Ptx {
+                module: "act",
+                what: "reading /nonexistent/act.ptx: No such file or directory".into(),
+            },
+            GpuError::Unusable("the CUDA driver panicked while creating a context".into()),
+            GpuError::OutOfMemory { bytes: 32 << 20 },
+        ] {
+            let what = err.to_string();
+            let no = classify(Err(err)).expect_err("nothing opened");
+            assert!(matches!(no, NoCuda::Broken(_)), "{what}: {no:?}");
+            for p in [Precision::CudaF32, Precision::CudaBf16] {
+                let rows = rows_for(&Unopened(no.clone(), p), &fixtures, &case);
+                assert!(!rows.is_empty());
+                for r in &rows {
+                    assert_eq!(r.verdict, Verdict::Fail, "{what}");
+                    assert!(r.note.contains(&what), "{} lacks {what}", r.note);
+                }
+                assert!(judge(&rows, None).is_err(), "{what}");
+            }
+        }
+    }
+
+    /// No CUDA at all is "not run" and passes, unless CUDA is required: then every CUDA row that
+    /// did not run fails the command, which says why.
+    #[test]
+    fn require_cuda_fails_when_a_cuda_row_did_not_run() {
+        use crate::towers::{classify, NoCuda};
+        let (fixtures, case) = a_tower_case();
+        let no = classify(Err(gpu_core::GpuError::NoDevice(
+            "the CUDA driver library (libcuda.so.1) is not installed".into(),
+        )))
+        .expect_err("nothing opened");
+        assert!(matches!(no, NoCuda::Absent(_)));
+        let mut rows = rows_for(&Unopened(no, Precision::CudaBf16), &fixtures, &case);
+        assert!(rows.iter().all(|r| r.verdict == Verdict::NotRun));
+        assert!(judge(&rows, None).is_ok());
+        let err = judge(&rows, Some("--require-cuda was given")).expect_err("required");
+        let msg = format!("{err:#}");
+        assert!(msg.contains("--require-cuda was given"), "{msg}");
+        assert!(msg.contains("libcuda.so.1"), "{msg}");
+        // a CUDA path that does not exist yet did not run either
+        let pending = Pending {
+            variants: &["gemma4"],
+            source: "hf",
+            precision: Precision::CudaF32,
+        };
+        let ni = rows_for(&pending, &fixtures, &case);
+        assert!(judge(&ni, Some("a GPU is present")).is_err());
+        // host rows are never required to be CUDA rows
+        let host = Pending {
+            variants: &["gemma4"],
+            source: "hf",
+            precision: Precision::HostF32,
+        };
+        rows = rows_for(&host, &fixtures, &case);
+        assert!(judge(&rows, Some("--require-cuda was given")).is_ok());
+    }
+
+    #[test]
+    fn parity_refuses_unknown_arguments() {
+        let err = run(&["--require-gpu".to_string()]).expect_err("unknown");
+        assert!(format!("{err:#}").contains("--require-cuda"));
     }
 
     /// A runner that echoes the f64 reference passes every stage at every precision; the f32

@@ -131,7 +131,7 @@ impl Runner for GlmCudaRunner {
     fn run(&self, fixtures: &Path, case: &Case) -> Outcome {
         let dev = match crate::towers::shared_device() {
             Ok(d) => d,
-            Err(why) => return Outcome::NoDevice(why),
+            Err(no) => return no.outcome(),
         };
         match self.run_case(dev, fixtures, case) {
             Ok(m) => Outcome::Ran(m),

@@ -2,8 +2,8 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    sys::CUfunction_attribute, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr,
-    DeviceRepr, LaunchConfig,
+    sys::{cudaError_enum, CUfunction_attribute},
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
 };
 use half::bf16;
 
@@ -92,25 +92,64 @@ pub fn is_available() -> bool {
     probe(0).is_ok()
 }
 
-fn probe(ordinal: usize) -> Result<()> {
+/// How many CUDA devices the driver reports, without creating a context. Never panics.
+///
+/// `Ok(0)` means no CUDA at all here: the driver library (`libcuda.so.1`) is not installed, or
+/// the driver says there is no device (`CUDA_ERROR_NO_DEVICE`). An installed driver that fails
+/// to start for any other reason is an error ([`GpuError::Driver`], or [`GpuError::Unusable`]
+/// when the binding panics): a machine with a GPU and a broken CUDA stack is not a machine
+/// without CUDA.
+pub fn device_count() -> Result<usize> {
+    Ok(match driver()? {
+        Driver::Absent(_) => 0,
+        Driver::Devices(n) => n,
+    })
+}
+
+/// What the driver library says, before any context exists.
+enum Driver {
+    /// No CUDA here (the reason): no driver library, or no device behind it.
+    Absent(String),
+    /// The driver started and reports this many devices (at least one).
+    Devices(usize),
+}
+
+fn driver() -> Result<Driver> {
     // SAFETY: is_culib_present only tries to dlopen the candidate library names.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err(GpuError::NoDevice(
+        return Ok(Driver::Absent(
             "the CUDA driver library (libcuda.so.1) is not installed".into(),
         ));
     }
-    // SAFETY: as above.
-    if !unsafe { cudarc::cublaslt::sys::is_culib_present() } {
-        return Err(GpuError::NoDevice(
-            "the cuBLASLt library (libcublasLt.so) is not installed".into(),
-        ));
+    let count = std::panic::catch_unwind(CudaContext::device_count).map_err(|_| {
+        GpuError::Unusable("the CUDA driver panicked while counting devices".into())
+    })?;
+    match count {
+        Err(e) if e.0 == cudaError_enum::CUDA_ERROR_NO_DEVICE => Ok(Driver::Absent(format!(
+            "the CUDA driver reports no device ({e})"
+        ))),
+        Err(e) => Err(GpuError::Driver(e)),
+        Ok(n) if n <= 0 => Ok(Driver::Absent("the CUDA driver reports 0 devices".into())),
+        Ok(n) => Ok(Driver::Devices(n as usize)),
     }
-    let count = std::panic::catch_unwind(CudaContext::device_count)
-        .map_err(|_| GpuError::NoDevice("the CUDA driver panicked while counting devices".into()))?
-        .map_err(|e| GpuError::NoDevice(format!("the CUDA driver failed to start: {e}")))?;
-    if ordinal as i64 >= count as i64 {
+}
+
+/// [`GpuError::NoDevice`] where this machine has no CUDA (or no device `ordinal`); any other
+/// failure of an installed CUDA stack is another error.
+fn probe(ordinal: usize) -> Result<()> {
+    let count = match driver()? {
+        Driver::Absent(why) => return Err(GpuError::NoDevice(why)),
+        Driver::Devices(n) => n,
+    };
+    if ordinal >= count {
         return Err(GpuError::NoDevice(format!(
             "device {ordinal} asked for, {count} present"
+        )));
+    }
+    // SAFETY: is_culib_present only tries to dlopen the candidate library names.
+    if !unsafe { cudarc::cublaslt::sys::is_culib_present() } {
+        return Err(GpuError::Unusable(format!(
+            "the CUDA driver reports {count} device(s) but the cuBLASLt library (libcublasLt.so) is not installed"
         )));
     }
     Ok(())
@@ -118,16 +157,17 @@ fn probe(ordinal: usize) -> Result<()> {
 
 impl Device {
     /// Opens device `ordinal`: a context, a stream, every kernel module and a cuBLASLt handle.
-    /// Returns [`GpuError::NoDevice`] (never panics) where there is no usable CUDA device.
+    /// Never panics. Returns [`GpuError::NoDevice`] only where this machine has no CUDA (no
+    /// driver library, no device, or fewer devices than `ordinal + 1`); a CUDA stack that is
+    /// installed but fails (a context that cannot be created, a PTX module that does not load,
+    /// cuBLASLt missing or failing) is another variant, so callers can tell the two apart.
     pub fn new(ordinal: usize) -> Result<Self> {
         probe(ordinal)?;
-        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal))
-            .map_err(|_| {
-                GpuError::NoDevice("the CUDA driver panicked while creating a context".into())
-            })?
-            .map_err(|e| {
-                GpuError::NoDevice(format!("creating a context on device {ordinal}: {e}"))
-            })?;
+        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal)).map_err(|_| {
+            GpuError::Unusable(format!(
+                "the CUDA driver panicked while creating a context on device {ordinal}"
+            ))
+        })??;
         // SAFETY: all work of this crate runs on the one stream created below, so the per-buffer
         // events cudarc records for cross-stream ordering are unnecessary.
         unsafe { ctx.disable_event_tracking() };

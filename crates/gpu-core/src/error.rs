@@ -5,9 +5,15 @@ use cudarc::driver::{sys::cudaError_enum, DriverError};
 /// Everything a gpu-core call can fail with. Callers match on the variant.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
-    /// No usable CUDA device: the driver library is missing, it has no device, or it failed to start.
+    /// No CUDA on this machine: the driver library is missing, or the driver reports no device
+    /// (or fewer than the ordinal asked for). An installed CUDA stack that fails is never this
+    /// variant (see [`GpuError::Unusable`], [`GpuError::Driver`], [`GpuError::Ptx`]).
     #[error("no CUDA device: {0}")]
     NoDevice(String),
+    /// The driver reports a device but the CUDA stack around it cannot be used (cuBLASLt
+    /// missing, the driver binding panicked).
+    #[error("CUDA device present but unusable: {0}")]
+    Unusable(String),
     /// A device allocation failed because the device is out of memory.
     #[error("device out of memory allocating {bytes} bytes")]
     OutOfMemory {

@@ -35,7 +35,7 @@ mod gpu_tests;
 #[cfg(test)]
 mod gpu_tests_graph;
 
-pub use device::{is_available, Device, DeviceBuffer, Elem};
+pub use device::{device_count, is_available, Device, DeviceBuffer, Elem};
 pub use error::{GpuError, Result};
 pub use gemm::{
     Epilogue, GemmBias, GemmInputs, GemmOutput, GemmShape, GemmTuned, GemmTuning, GEMM_CANDIDATES,
@@ -64,14 +64,19 @@ pub use upload::{
 mod tests {
     use super::*;
 
-    /// On a machine without CUDA this must be an error value, not a panic.
+    /// On a machine without CUDA this must be an error value, not a panic, and the driver count
+    /// says the same thing as the probe.
     #[test]
     fn device_new_without_cuda_is_no_device_or_works() {
         match Device::new(0) {
-            Ok(_) => assert!(is_available()),
+            Ok(_) => {
+                assert!(is_available());
+                assert!(matches!(device_count(), Ok(n) if n >= 1));
+            }
             Err(GpuError::NoDevice(msg)) => {
                 assert!(!msg.is_empty());
                 assert!(!is_available());
+                assert!(matches!(device_count(), Ok(0)), "{:?}", device_count());
             }
             Err(e) => panic!("unexpected error kind: {e}"),
         }
