@@ -26,7 +26,10 @@ rc=0
 if [ "$WHAT" != bench ]; then
     "$ROOT/.device/gpu_core_tests" --ignored --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.log"
     rc=${PIPESTATUS[0]}
-    grep -E "^PARITY|panicked|test result" "$OUT/tests.log" > "$OUT/parity.txt" || true
+    PASSED=$(grep -o "test result: [a-zA-Z]*\. [0-9]* passed" "$OUT/tests.log" | awk '{s += $4} END {print s + 0}')
+    echo "GPU tests passed: $PASSED" | tee -a "$OUT/tests.log"
+    [ "$PASSED" -gt 0 ] || { echo "NO GPU TEST RAN" | tee -a "$OUT/tests.log"; rc=1; }
+    grep -E "^PARITY|panicked|test result|^GPU tests passed|^NO GPU TEST" "$OUT/tests.log" > "$OUT/parity.txt" || true
 fi
 if [ "$WHAT" != tests ]; then
     "$ROOT/.device/gpu-core-bench" 2>&1 | tee "$OUT/bench.log"

@@ -1,19 +1,36 @@
 //! `cargo xtask ptx` and `cargo xtask gpu-test`.
 //!
-//! GPU gating lives here, not in `#[cfg]`s: the device tests are `#[ignore = "needs a CUDA device"]`
-//! and this runs them with `--ignored` where a device exists: gpu-core's, then the facade's
-//! (`vision-towers`' test targets in [`FACADE_GPU_TESTS`]). Where none exists (or with
-//! `--prepare`) it builds the release test binaries, the bench binary and a release `vtower` and
-//! copies them into `.device/` (git-ignored), for a GPU machine that has no cargo:
-//! `kernels/device_run.sh` runs gpu-core's, `.device/facade/run.sh` (written here) the facade's.
+//! GPU gating lives here, not in `#[cfg]`s: every device test is `#[ignore = "needs a CUDA device"]`
+//! (a test below checks that no test is ignored for another reason, so `--ignored` selects exactly
+//! them) and `gpu-test` runs them all with `--ignored`, every test target of every workspace package
+//! ([`GPU_TEST_RUNS`]), counts the tests that ran against the attributes in the sources, then runs
+//! `parity --require-cuda`. It fails when it ran no GPU test or fewer than the sources hold. With
+//! `--prepare` (for a GPU machine that has no cargo) it builds the release test binaries, the bench
+//! binary and a release `vtower` and copies them into `.device/` (git-ignored):
+//! `kernels/device_run.sh` runs gpu-core's, `.device/facade/run.sh` (written here) the others'
+//! ([`STAGED_GPU_TESTS`]).
 use anyhow::{bail, Context, Result};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use crate::workspace_root;
 
-/// The `vision-towers` integration-test targets that hold GPU tests (`tests/<name>.rs`).
-const FACADE_GPU_TESTS: [&str; 3] = ["cuda", "graphs", "device_rows"];
+/// The attribute every GPU test carries, exactly; `cargo test -- --ignored` runs these and only these.
+pub(crate) const GPU_IGNORE: &str = r#"#[ignore = "needs a CUDA device"]"#;
+
+/// The `cargo test` selections `gpu-test` runs with `--ignored`: every test target (library and
+/// binary unit tests, integration tests; not doctests) of every workspace package.
+const GPU_TEST_RUNS: &[&[&str]] = &[&["--workspace", "--tests"]];
+
+/// The integration-test targets (package, `tests/<name>.rs`) that hold GPU tests outside gpu-core,
+/// staged by `--prepare` for `.device/facade/run.sh` (gpu-core's own go to `kernels/device_run.sh`).
+const STAGED_GPU_TESTS: [(&str, &str); 4] = [
+    ("vision-towers", "cuda"),
+    ("vision-towers", "graphs"),
+    ("vision-towers", "device_rows"),
+    ("tower-step", "cuda"),
+];
 
 /// Entry point of `cargo xtask ptx`: runs `kernels/build_ptx.sh` (needs nvcc, or `NVCC=/path/to/nvcc`).
 pub fn ptx(args: &[String]) -> Result<()> {
@@ -34,42 +51,176 @@ pub fn ptx(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn has_cuda_device() -> bool {
-    Command::new("nvidia-smi")
-        .arg("-L")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
 /// Entry point of `cargo xtask gpu-test [--prepare]`.
 pub fn gpu_test(args: &[String]) -> Result<()> {
     let root = workspace_root();
-    let prepare = args.iter().any(|a| a == "--prepare");
-    if has_cuda_device() && !prepare {
-        let mut runs = vec![vec!["-p", "gpu-core"]];
-        for t in FACADE_GPU_TESTS {
-            runs.push(vec!["-p", "vision-towers", "--test", t]);
+    let mut prepare = false;
+    for a in args {
+        match a.as_str() {
+            "--prepare" => prepare = true,
+            other => bail!("unknown argument `{other}`\nusage: cargo xtask gpu-test [--prepare]"),
         }
-        for target in runs {
-            let status = Command::new("cargo")
-                .current_dir(&root)
-                .arg("test")
-                .args(&target)
-                .args([
-                    "--release",
-                    "--",
-                    "--ignored",
-                    "--test-threads=1",
-                    "--nocapture",
-                ])
-                .status()?;
-            if !status.success() {
-                bail!("GPU tests failed: cargo test {}", target.join(" "));
+    }
+    if prepare {
+        return stage_device(&root);
+    }
+    match gpu_core::device_count() {
+        Ok(0) => bail!(
+            "{}: no GPU test ran; on a machine without CUDA, `cargo xtask gpu-test --prepare` \
+             stages the test binaries for a GPU machine",
+            gpu_core::Device::new(0).map_or_else(|e| e.to_string(), |_| "no CUDA device".into())
+        ),
+        Ok(n) => println!("the CUDA driver reports {n} device(s)"),
+        // A GPU machine with a broken stack: the tests say what fails.
+        Err(e) => println!("the CUDA driver fails to start ({e}); running the GPU tests anyway"),
+    }
+    let sources = gpu_test_sources(&root)?;
+    let expected: usize = sources.iter().map(|(_, n)| n).sum();
+    let missed: Vec<_> = sources
+        .iter()
+        .filter(|(f, _)| !covered(GPU_TEST_RUNS, &root, f))
+        .map(|(f, _)| f.display().to_string())
+        .collect();
+    if !missed.is_empty() {
+        bail!("GPU tests outside every selection gpu-test runs: {missed:?}");
+    }
+    let mut ran = 0;
+    for sel in GPU_TEST_RUNS {
+        ran += cargo_test_counting(&root, sel)?;
+    }
+    if ran == 0 {
+        bail!("no GPU test ran (the sources hold {expected})");
+    }
+    if ran < expected {
+        bail!(
+            "{ran} GPU tests ran but the sources hold {expected} (`{GPU_IGNORE}` in {} files)",
+            sources.len()
+        );
+    }
+    println!("{ran} GPU tests passed; now every CUDA parity row");
+    crate::parity::run(&["--require-cuda".to_string()])
+}
+
+/// Runs `cargo test <sel> --release -- --ignored` (output passed through) and returns how many
+/// tests passed; an error when cargo or a test fails.
+fn cargo_test_counting(root: &Path, sel: &[&str]) -> Result<usize> {
+    let mut child = Command::new("cargo")
+        .current_dir(root)
+        .arg("test")
+        .args(sel)
+        .args([
+            "--release",
+            "--",
+            "--ignored",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting cargo test")?;
+    let mut passed = 0;
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines() {
+            let line = line.context("reading cargo test's output")?;
+            println!("{line}");
+            passed += passed_in(&line);
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("GPU tests failed: cargo test {} ({status})", sel.join(" "));
+    }
+    Ok(passed)
+}
+
+/// The passed count of a libtest summary line (`test result: ok. 3 passed; 0 failed; …`), else 0.
+fn passed_in(line: &str) -> usize {
+    let Some(at) = line.find("test result: ") else {
+        return 0;
+    };
+    line[at..]
+        .split(['.', ';'])
+        .find_map(|part| part.trim().strip_suffix(" passed"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Every `.rs` file under `crates/` and `xtask/` with its number of [`GPU_IGNORE`] attributes
+/// (files with none left out), sorted.
+fn gpu_test_sources(root: &Path) -> Result<Vec<(PathBuf, usize)>> {
+    let mut out = Vec::new();
+    for f in rust_sources(root)? {
+        let text = std::fs::read_to_string(&f).with_context(|| f.display().to_string())?;
+        let n = text.lines().filter(|l| l.trim() == GPU_IGNORE).count();
+        if n > 0 {
+            out.push((f, n));
+        }
+    }
+    Ok(out)
+}
+
+/// Every `.rs` file under `crates/` and `xtask/`, sorted.
+fn rust_sources(root: &Path) -> Result<Vec<PathBuf>> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+        for e in std::fs::read_dir(dir).with_context(|| dir.display().to_string())? {
+            let p = e?.path();
+            if p.is_dir() {
+                walk(&p, out)?;
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
             }
         }
-        return Ok(());
+        Ok(())
     }
+    let mut out = Vec::new();
+    for d in ["crates", "xtask"] {
+        walk(&root.join(d), &mut out)?;
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Whether one of the `cargo test` selections `runs` runs the tests in `file` (a workspace
+/// path): its package is selected (`--workspace` or `-p <folder name>`, crate name = folder name)
+/// and so is its target (`tests/<t>.rs` by `--tests` or `--test t`; anything else by `--tests` or
+/// `--lib`/`--bins`; all by no target flag).
+fn covered(runs: &[&[&str]], root: &Path, file: &Path) -> bool {
+    let Ok(rel) = file.strip_prefix(root) else {
+        return false;
+    };
+    let parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let (package, rest) = match parts.first().map(String::as_str) {
+        Some("crates") if parts.len() > 2 => (parts[1].as_str(), &parts[2..]),
+        Some("xtask") => ("xtask", &parts[1..]),
+        _ => return false,
+    };
+    let test_target = match rest {
+        [dir, f] if dir == "tests" => f.strip_suffix(".rs"),
+        _ => None,
+    };
+    runs.iter().any(|r| {
+        let pair = |flag: &str, v: &str| r.windows(2).any(|w| w[0] == flag && w[1] == v);
+        let package_ok = r.contains(&"--workspace") || pair("-p", package);
+        let filtered = r
+            .iter()
+            .any(|a| matches!(*a, "--lib" | "--bins" | "--tests" | "--test"));
+        let target_ok = !filtered
+            || r.contains(&"--tests")
+            || match test_target {
+                Some(t) => pair("--test", t),
+                None => r.contains(&"--lib") || r.contains(&"--bins"),
+            };
+        package_ok && target_ok
+    })
+}
+
+/// `--prepare`: builds the release test binaries that hold GPU tests, the bench binary and a
+/// release `vtower`, and copies them into `.device/` for a GPU machine without cargo.
+fn stage_device(root: &Path) -> Result<()> {
+    let root = root.to_path_buf();
     // Build the test binary and the bench binary, copy them into .device/.
     let out = Command::new("cargo")
         .current_dir(&root)
@@ -135,56 +286,71 @@ pub fn gpu_test(args: &[String]) -> Result<()> {
     );
     stage_facade(&root, &target, &dev.join("facade"))?;
     println!(
-        "no CUDA device here: on the GPU machine run `bash kernels/device_run.sh` (gpu-core, \
-         `.device` carried) and `bash .device/facade/run.sh` (the facade, `.device/facade` carried)"
+        "staged: on the GPU machine run `bash kernels/device_run.sh` (gpu-core, `.device` \
+         carried) and `bash .device/facade/run.sh` (the other GPU tests and `vtower`, \
+         `.device/facade` carried)"
     );
     Ok(())
 }
 
-/// Builds the facade's GPU test binaries and a release `vtower`, copies them (stripped) into
-/// `facade` and writes `facade/run.sh`, which runs them there.
+/// The name a staged test binary gets: `<package>_<test>` with `-` as `_`.
+fn staged_name(package: &str, test: &str) -> String {
+    format!("{}_{test}", package.replace('-', "_"))
+}
+
+/// Builds the GPU test binaries of [`STAGED_GPU_TESTS`] and a release `vtower`, copies them
+/// (stripped) into `facade` and writes `facade/run.sh`, which runs them there.
 fn stage_facade(root: &Path, target: &Path, facade: &Path) -> Result<()> {
-    let mut args = vec![
-        "test",
-        "-p",
-        "vision-towers",
-        "--release",
-        "--no-run",
-        "--message-format=json",
-    ];
-    for t in FACADE_GPU_TESTS {
-        args.extend(["--test", t]);
-    }
-    let out = Command::new("cargo")
-        .current_dir(root)
-        .args(&args)
-        .output()
-        .context("cargo test -p vision-towers --no-run")?;
-    if !out.status.success() {
-        bail!(
-            "building the vision-towers GPU test binaries failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
     let mut found = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let name = v["target"]["name"].as_str().unwrap_or_default();
-        if v["reason"] == "compiler-artifact"
-            && v["profile"]["test"] == true
-            && v["target"]["kind"][0] == "test"
-            && FACADE_GPU_TESTS.contains(&name)
-        {
-            if let Some(exe) = v["executable"].as_str() {
-                found.push((name.to_string(), PathBuf::from(exe)));
+    let mut packages: Vec<&str> = STAGED_GPU_TESTS.iter().map(|(p, _)| *p).collect();
+    packages.dedup();
+    for package in packages {
+        let mut args = vec![
+            "test",
+            "-p",
+            package,
+            "--release",
+            "--no-run",
+            "--message-format=json",
+        ];
+        let tests: Vec<&str> = STAGED_GPU_TESTS
+            .iter()
+            .filter(|(p, _)| *p == package)
+            .map(|(_, t)| *t)
+            .collect();
+        for t in &tests {
+            args.extend(["--test", t]);
+        }
+        let out = Command::new("cargo")
+            .current_dir(root)
+            .args(&args)
+            .output()
+            .with_context(|| format!("cargo test -p {package} --no-run"))?;
+        if !out.status.success() {
+            bail!(
+                "building the {package} GPU test binaries failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let name = v["target"]["name"].as_str().unwrap_or_default();
+            if v["reason"] == "compiler-artifact"
+                && v["profile"]["test"] == true
+                && v["target"]["kind"][0] == "test"
+                && tests.contains(&name)
+            {
+                if let Some(exe) = v["executable"].as_str() {
+                    found.push((staged_name(package, name), PathBuf::from(exe)));
+                }
             }
         }
     }
-    for t in FACADE_GPU_TESTS {
-        if !found.iter().any(|(n, _)| n == t) {
-            bail!("no vision-towers test executable `{t}` in cargo's output");
+    for (p, t) in STAGED_GPU_TESTS {
+        if !found.iter().any(|(n, _)| *n == staged_name(p, t)) {
+            bail!("no {p} test executable `{t}` in cargo's output");
         }
     }
     let status = Command::new("cargo")
@@ -204,7 +370,7 @@ fn stage_facade(root: &Path, target: &Path, facade: &Path) -> Result<()> {
     std::fs::create_dir_all(facade)?;
     let mut staged = Vec::new();
     for (name, exe) in &found {
-        let to = facade.join(format!("vision_towers_{name}"));
+        let to = facade.join(name);
         copy(exe, &to)?;
         staged.push(to);
     }
@@ -212,29 +378,41 @@ fn stage_facade(root: &Path, target: &Path, facade: &Path) -> Result<()> {
     copy(&target.join("release/vtower"), &vtower)?;
     staged.push(vtower);
     strip_debug(&staged);
-    std::fs::write(facade.join("run.sh"), facade_script())?;
+    // The GPU tests the staged binaries hold, from their sources: run.sh fails on fewer.
+    let expected: usize = gpu_test_sources(root)?
+        .iter()
+        .filter(|(f, _)| {
+            STAGED_GPU_TESTS
+                .iter()
+                .any(|(p, t)| f.ends_with(format!("crates/{p}/tests/{t}.rs")))
+        })
+        .map(|(_, n)| n)
+        .sum();
+    std::fs::write(facade.join("run.sh"), facade_script(expected))?;
     for f in &staged {
         println!("staged {}", f.display());
     }
     Ok(())
 }
 
-/// `.device/facade/run.sh`: the facade's GPU tests (encode parity against the host path on
-/// every fixture model, concurrency, out-of-memory, `vtower encode --device cuda` against
-/// `--device cpu`), then the README's command with `--device auto`. Logs under `$OUT`.
-fn facade_script() -> String {
-    let tests: String = FACADE_GPU_TESTS
+/// `.device/facade/run.sh`: the staged GPU tests (the facade's encode parity against the host
+/// path on every fixture model, concurrency, out-of-memory, graphs, `vtower encode --device cuda`
+/// against `--device cpu`; tower-step's batches), then the README's command with
+/// `--device auto`. Fails when a test fails or fewer than `expected` GPU tests passed. Logs under `$OUT`.
+fn facade_script(expected: usize) -> String {
+    let tests: String = STAGED_GPU_TESTS
         .iter()
-        .map(|t| {
+        .map(|(p, t)| {
+            let name = staged_name(p, t);
             format!(
-                "\"$HERE/vision_towers_{t}\" --ignored --test-threads=1 --nocapture 2>&1 | tee -a \"$OUT/facade_tests.log\"\n\
+                "\"$HERE/{name}\" --ignored --test-threads=1 --nocapture 2>&1 | tee -a \"$OUT/facade_tests.log\"\n\
                  [ \"${{PIPESTATUS[0]}}\" -eq 0 ] || rc=1\n"
             )
         })
         .collect();
     format!(
         r#"#!/usr/bin/env bash
-# Written by `cargo xtask gpu-test --prepare`. The facade's GPU tests and `vtower` on CUDA.
+# Written by `cargo xtask gpu-test --prepare`. The staged GPU tests and `vtower` on CUDA.
 # Needs .device/facade carried; run from anywhere: bash .device/facade/run.sh
 set -uo pipefail
 HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
@@ -251,9 +429,12 @@ echo "PTX: ${{GPU_CORE_PTX_DIR:-embedded}}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader || true
 rc=0
 : > "$OUT/facade_tests.log"
-{tests}"$VT_VTOWER" encode --device auto --model "$VT_FIXTURES/models/gemma4" --image "$VT_FIXTURES/images/coffee_144x96.jpg" --out /tmp/embeddings.safetensors 2>&1 | tee "$OUT/facade_cli.log"
+{tests}PASSED=$(grep -o "test result: [a-zA-Z]*\. [0-9]* passed" "$OUT/facade_tests.log" | awk '{{s += $4}} END {{print s + 0}}')
+echo "GPU tests passed: $PASSED of {expected}" | tee -a "$OUT/facade_tests.log"
+[ "$PASSED" -ge {expected} ] || {{ echo "FEWER GPU TESTS RAN THAN THE SOURCES HOLD ({expected})" | tee -a "$OUT/facade_tests.log"; rc=1; }}
+"$VT_VTOWER" encode --device auto --model "$VT_FIXTURES/models/gemma4" --image "$VT_FIXTURES/images/coffee_144x96.jpg" --out /tmp/embeddings.safetensors 2>&1 | tee "$OUT/facade_cli.log"
 [ "${{PIPESTATUS[0]}}" -eq 0 ] || rc=1
-grep -E "^CUDA-|panicked|^test |test result" "$OUT/facade_tests.log" > "$OUT/facade_summary.txt" || true
+grep -E "^CUDA-|panicked|^test |test result|^GPU tests passed|^FEWER" "$OUT/facade_tests.log" > "$OUT/facade_summary.txt" || true
 echo "=== facade summary ==="
 cat "$OUT/facade_summary.txt" "$OUT/facade_cli.log"
 exit $rc
@@ -273,4 +454,109 @@ fn copy(from: &Path, to: &Path) -> Result<()> {
     std::fs::copy(from, to)
         .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--ignored` selects exactly the GPU tests: no test in the workspace is ignored for another
+    /// reason (a slow CPU test ignored that way would run on the GPU machine and count as a GPU
+    /// test), and the GPU tests are where the sources say (tower-step's included).
+    #[test]
+    fn every_ignored_test_needs_a_cuda_device() {
+        let root = workspace_root();
+        let mut other = Vec::new();
+        for f in rust_sources(&root).unwrap() {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for (i, l) in text.lines().enumerate() {
+                let l = l.trim();
+                if l.starts_with("#[ignore") && l != GPU_IGNORE {
+                    other.push(format!("{}:{}: {l}", f.display(), i + 1));
+                }
+            }
+        }
+        assert!(other.is_empty(), "{other:#?}");
+        let sources = gpu_test_sources(&root).unwrap();
+        for f in [
+            "crates/gpu-core/src/gpu_tests.rs",
+            "crates/tower-step/tests/cuda.rs",
+            "crates/vision-towers/tests/cuda.rs",
+            "crates/vision-towers/tests/graphs.rs",
+        ] {
+            assert!(
+                sources.iter().any(|(p, n)| p.ends_with(f) && *n > 0),
+                "{f}: {sources:?}"
+            );
+        }
+    }
+
+    /// Every file that holds a GPU test is in a target `gpu-test` runs (it once ran gpu-core's and
+    /// two of vision-towers' targets only, and skipped tower-step's).
+    #[test]
+    fn gpu_test_runs_every_file_that_holds_a_gpu_test() {
+        let root = workspace_root();
+        let missed: Vec<_> = gpu_test_sources(&root)
+            .unwrap()
+            .into_iter()
+            .filter(|(f, _)| !covered(GPU_TEST_RUNS, &root, f))
+            .collect();
+        assert!(missed.is_empty(), "not run by gpu-test: {missed:?}");
+        // The coverage rule itself, on selections that miss.
+        let r = root.join("crates/tower-step/tests/cuda.rs");
+        assert!(!covered(&[&["-p", "gpu-core"]], &root, &r));
+        assert!(!covered(&[&["-p", "tower-step", "--lib"]], &root, &r));
+        assert!(!covered(
+            &[&["-p", "tower-step", "--test", "graphs"]],
+            &root,
+            &r
+        ));
+        assert!(covered(
+            &[&["-p", "tower-step", "--test", "cuda"]],
+            &root,
+            &r
+        ));
+        assert!(covered(&[&["-p", "tower-step"]], &root, &r));
+        let lib = root.join("crates/gpu-core/src/gpu_tests.rs");
+        assert!(covered(&[&["-p", "gpu-core", "--lib"]], &root, &lib));
+        assert!(!covered(&[&["--workspace", "--test", "cuda"]], &root, &lib));
+    }
+
+    /// The staged binaries hold every GPU test outside gpu-core's library.
+    #[test]
+    fn prepare_stages_every_gpu_test_target() {
+        let root = workspace_root();
+        for (f, _) in gpu_test_sources(&root).unwrap() {
+            if f.starts_with(root.join("crates/gpu-core/src")) {
+                continue; // kernels/device_run.sh runs gpu-core's test binary
+            }
+            let staged = STAGED_GPU_TESTS
+                .iter()
+                .any(|(p, t)| f.ends_with(format!("crates/{p}/tests/{t}.rs")));
+            assert!(staged, "{} is not staged by --prepare", f.display());
+        }
+    }
+
+    #[test]
+    fn libtest_summaries_are_counted() {
+        assert_eq!(
+            passed_in("test result: ok. 14 passed; 0 failed; 0 ignored; 0 measured; 120 filtered out; finished in 3.2s"),
+            14
+        );
+        assert_eq!(
+            passed_in("test result: FAILED. 2 passed; 1 failed; 0 ignored"),
+            2
+        );
+        assert_eq!(
+            passed_in("test result: ok. 0 passed; 0 failed; 3 ignored"),
+            0
+        );
+        assert_eq!(passed_in("test foo ... ok"), 0);
+        assert_eq!(passed_in("running 3 tests"), 0);
+    }
+
+    #[test]
+    fn gpu_test_refuses_unknown_arguments() {
+        assert!(gpu_test(&["--prepair".to_string()]).is_err());
+    }
 }

@@ -20,8 +20,14 @@ const USAGE: &str = "usage: cargo xtask <command> [args]
 commands:
   fixtures   regenerate the oracle fixtures from upstream (makes its own Python venv)
   parity     compare every available path against the oracle fixtures and print the table
+             [--require-cuda: a CUDA row that did not run fails; implied where a GPU is present]
   ptx        compile kernels/*.cu to committed PTX with nvcc (CUDA machine only)
-  gpu-test   run the GPU-only (ignored) tests; needs a CUDA device
+  gpu-test   every GPU (ignored) test of the workspace, then parity --require-cuda; needs a
+             CUDA device and fails when no GPU test ran [--prepare: stage binaries in .device/]
+
+environment:
+  XTASK_SIMULATE_GPU=1   act as if a GPU were present (parity requires CUDA; the device open
+                         reads the PTX first, so GPU_CORE_PTX_DIR=/nonexistent fails it)
   bench      our towers against PyTorch (eager, torch.compile) on the anchors' shapes (GPU machine)
   pipeline   encode_stream on step3p7: end-to-end images/s vs the tower alone, graphs on/off (GPU machine)
   api-bench  Model::encode_device end to end per call (bytes to rows ready on the device; GPU machine)
