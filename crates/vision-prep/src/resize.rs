@@ -18,6 +18,7 @@
 use rayon::prelude::*;
 
 use crate::pages::Scratch;
+use crate::{PrepError, Result};
 
 /// Resampling filter of the vendor processors (PIL codes 3 and 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -785,8 +786,9 @@ fn horizontal<const C: usize>(
     parallel: bool,
 ) {
     let row_bytes = src_w * C;
+    // The AVX2 kernels write whole `3·out_w`-byte rows by raw pointer: only into whole rows.
     #[cfg(target_arch = "x86_64")]
-    if C == 3 && kernels == Kernels::Avx2 {
+    if C == 3 && kernels == Kernels::Avx2 && dst.len() == rows.len() * out_w * C {
         let kernel = RgbRows::for_axis(aw);
         let reach = kernel.reach(aw);
         // Rows in pairs: each pixel's (or quad's) weights are loaded once for both.
@@ -845,6 +847,19 @@ fn horizontal<const C: usize>(
     }
 }
 
+/// Whether every row output `oy < out rows` of `aw` reads lies inside `src` (rows from `row0` on,
+/// `row_len` bytes each) and `dst` is whole rows: what the AVX2 vertical kernel needs.
+fn vertical_fits(src: &[u8], row0: usize, row_len: usize, aw: &AxisWeights, dst: &[u8]) -> bool {
+    let rows = src.len() / row_len.max(1);
+    row_len > 0
+        && dst.len() == aw.start.len() * row_len
+        && aw
+            .start
+            .iter()
+            .zip(&aw.len)
+            .all(|(&s, &l)| s >= row0 && (s - row0).checked_add(l).is_some_and(|e| e <= rows))
+}
+
 /// Vertical pass: `src` holds rows `[row0, row0 + src rows)` of width `row_len` bytes.
 fn vertical(
     kernels: Kernels,
@@ -855,10 +870,17 @@ fn vertical(
     dst: &mut [u8],
     parallel: bool,
 ) {
+    // The AVX2 kernel reads by raw pointer: only where every row it reads is checked to be inside
+    // `src` (always, for the callers in this file; the portable kernel's indexing is checked).
+    let kernels = if vertical_fits(src, row0, row_len, aw, dst) {
+        kernels
+    } else {
+        Kernels::Portable
+    };
     let body = |(oy, drow): (usize, &mut [u8])| match kernels {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX2 was detected; `AxisWeights::new` keeps each output's rows inside the
-        // source, and the caller passes exactly the rows from `row0` that the weights read.
+        // SAFETY: AVX2 was detected; `vertical_fits` checked above that every output's rows
+        // `start[oy] − row0 .. + len[oy]` lie inside `src` and that each `drow` is `row_len` bytes.
         Kernels::Avx2 => unsafe { avx2::vertical_row(src, row0, row_len, aw, oy, drow) },
         Kernels::Portable => vertical_row(src, row0, row_len, aw, oy, drow),
     };
@@ -871,8 +893,9 @@ fn vertical(
 
 /// Resize an interleaved 3-channel (RGB) u8 image, torchvision-exact.
 ///
-/// `src.len()` must be `src_w·src_h·3`; all sizes must be ≥ 1 (callers guarantee both).
-/// `parallel` splits rows over the rayon pool; the arithmetic is identical either way.
+/// `src` must hold exactly `src_w·src_h·3` bytes and every size must be at least 1; otherwise
+/// this is [`PrepError::BadSetting`] and nothing is read. `parallel` splits rows over the rayon
+/// pool; the arithmetic is identical either way.
 pub fn resize_rgb(
     src: &[u8],
     src_w: usize,
@@ -881,8 +904,25 @@ pub fn resize_rgb(
     out_h: usize,
     filter: Filter,
     parallel: bool,
-) -> Vec<u8> {
-    resize_rgb_in(
+) -> Result<Vec<u8>> {
+    if src_w == 0 || src_h == 0 || out_w == 0 || out_h == 0 {
+        return Err(PrepError::BadSetting(format!(
+            "resize_rgb: {src_w}x{src_h} to {out_w}x{out_h}: every size must be at least 1"
+        )));
+    }
+    let bytes = |w: usize, h: usize| w.checked_mul(h).and_then(|p| p.checked_mul(3));
+    if bytes(src_w, src_h) != Some(src.len()) {
+        return Err(PrepError::BadSetting(format!(
+            "resize_rgb: RGB buffer of {} bytes for {src_w}x{src_h}",
+            src.len()
+        )));
+    }
+    if bytes(out_w, out_h).is_none_or(|b| b > isize::MAX as usize) {
+        return Err(PrepError::BadSetting(format!(
+            "resize_rgb: output {out_w}x{out_h} overflows"
+        )));
+    }
+    Ok(resize_rgb_in(
         src,
         src_w,
         src_h,
@@ -891,7 +931,7 @@ pub fn resize_rgb(
         filter,
         parallel,
         Scratch::none(),
-    )
+    ))
 }
 
 /// [`resize_rgb`] with the intermediate and the result taken from `scratch` (the intermediate
@@ -1188,7 +1228,7 @@ mod tests {
                 let got = resize_rgb_heights(&src, sw, sh, w, &hs, f, false, Scratch::none());
                 for (&h, g) in hs.iter().zip(&got) {
                     assert!(
-                        **g == *resize_rgb(&src, sw, sh, w, h, f, false),
+                        **g == *resize_rgb(&src, sw, sh, w, h, f, false).expect("sizes"),
                         "{w}x{h} {f:?}"
                     );
                 }
@@ -1196,10 +1236,82 @@ mod tests {
         }
     }
 
+    /// A source of another length than `src_w·src_h·3`, or a zero or overflowing size, is an
+    /// error before anything is read, on every path (height only, where the AVX2 kernel once read
+    /// past a short slice by `src_h`; width only; both; identity).
+    #[test]
+    fn resize_rgb_refuses_a_source_of_the_wrong_length() {
+        let (sw, sh) = (64, 64);
+        let full = vec![7u8; sw * sh * 3];
+        for src in [&full[..sw * 8 * 3], &full[..full.len() - 1], &full[..0]] {
+            for (w, h) in [(64, 32), (32, 64), (32, 32), (64, 64), (65, 200)] {
+                for f in [Filter::Bicubic, Filter::Bilinear] {
+                    match resize_rgb(src, sw, sh, w, h, f, false) {
+                        Err(PrepError::BadSetting(m)) => {
+                            assert!(m.contains(&format!("{} bytes for 64x64", src.len())), "{m}")
+                        }
+                        other => panic!("{} bytes -> {w}x{h}: {other:?}", src.len()),
+                    }
+                }
+            }
+        }
+        let long = vec![7u8; sw * sh * 3 + 3];
+        assert!(matches!(
+            resize_rgb(&long, sw, sh, 32, 32, Filter::Bicubic, false),
+            Err(PrepError::BadSetting(_))
+        ));
+        for (a, b, c, d) in [(0, 4, 4, 4), (4, 0, 4, 4), (4, 4, 0, 4), (4, 4, 4, 0)] {
+            let src = vec![0u8; a * b * 3];
+            assert!(matches!(
+                resize_rgb(&src, a, b, c, d, Filter::Bicubic, false),
+                Err(PrepError::BadSetting(_))
+            ));
+        }
+        // sizes whose byte count wraps: an error, not a wrapped length that matches
+        let wraps = (usize::MAX / 3 + 1, 1);
+        assert!(matches!(
+            resize_rgb(&[], wraps.0, wraps.1, 1, 1, Filter::Bicubic, false),
+            Err(PrepError::BadSetting(_))
+        ));
+        assert!(matches!(
+            resize_rgb(&full, sw, sh, usize::MAX, 2, Filter::Bicubic, false),
+            Err(PrepError::BadSetting(_))
+        ));
+    }
+
+    /// The unsafe vertical kernel checks its own rows: handed a source shorter than its weights
+    /// read (a caller's bug, unreachable through [`resize_rgb`]), the pass takes the portable
+    /// kernel, whose checked indexing stops it, instead of reading past the slice.
+    #[test]
+    fn vertical_pass_never_reads_past_its_source() {
+        let (w, sh, oh) = (64, 64, 32);
+        let av = AxisWeights::new(sh, oh, Filter::Bicubic);
+        let short = vec![7u8; w * 3 * 8];
+        assert!(!vertical_fits(
+            &short,
+            0,
+            w * 3,
+            &av,
+            &vec![0u8; w * 3 * oh]
+        ));
+        let full = vec![7u8; w * 3 * sh];
+        assert!(vertical_fits(&full, 0, w * 3, &av, &vec![0u8; w * 3 * oh]));
+        for k in all_kernels() {
+            let ran = std::panic::catch_unwind(|| {
+                let mut dst = vec![0u8; w * 3 * oh];
+                vertical(k, &short, 0, w * 3, &av, &mut dst, false);
+            });
+            assert!(ran.is_err(), "{k:?} read a 64-row pass from 8 rows");
+        }
+    }
+
     #[test]
     fn identity_when_same_size() {
         let src: Vec<u8> = (0..5 * 4 * 3).map(|i| (i * 7 % 256) as u8).collect();
-        assert_eq!(resize_rgb(&src, 5, 4, 5, 4, Filter::Bicubic, false), src);
+        assert_eq!(
+            resize_rgb(&src, 5, 4, 5, 4, Filter::Bicubic, false).expect("sizes"),
+            src
+        );
     }
 
     fn fixture_dir() -> std::path::PathBuf {
