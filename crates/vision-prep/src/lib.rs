@@ -261,8 +261,9 @@ impl Preprocessor {
         }
     }
 
-    /// Prepare an already decoded RGB image (admission limits still apply to its size).
-    pub fn prepare_rgb(&self, rgb: &RgbImage) -> Result<Prepared> {
+    /// The plan of an already decoded RGB image, after checking it as an image: sizes that fit
+    /// a header (u32, non-zero), `data` exactly `width·height·3` bytes, within the decode budget.
+    fn plan_rgb(&self, rgb: &RgbImage) -> Result<Plan> {
         let (w, h) = (
             u32::try_from(rgb.width)
                 .map_err(|_| PrepError::BadSetting("width too large".into()))?,
@@ -275,7 +276,11 @@ impl Preprocessor {
                 height: h,
             });
         }
-        if rgb.data.len() != rgb.width * rgb.height * 3 {
+        let bytes = rgb
+            .width
+            .checked_mul(rgb.height)
+            .and_then(|p| p.checked_mul(3));
+        if bytes != Some(rgb.data.len()) {
             return Err(PrepError::BadSetting(format!(
                 "RGB buffer of {} bytes for {w}x{h}",
                 rgb.data.len()
@@ -290,14 +295,21 @@ impl Preprocessor {
                 budget: self.settings.limits.max_pixels,
             });
         }
-        let plan = self.plan_size(w, h)?;
+        self.plan_size(w, h)
+    }
+
+    /// Prepare an already decoded RGB image (admission limits still apply to its size).
+    pub fn prepare_rgb(&self, rgb: &RgbImage) -> Result<Prepared> {
+        let plan = self.plan_rgb(rgb)?;
         self.check_output(&plan)?;
         Ok(prepare::prepare_in(&self.law, plan, rgb, self.cx()))
     }
 
-    /// The resized u8 views upstream computes before normalisation (see [`prepare::resized_views`]).
+    /// The resized u8 views upstream computes before normalisation (gemma4: the resized image;
+    /// glm: the padded canvas; step3p7: the global view, then each crop). The image is checked as
+    /// in [`Preprocessor::prepare_rgb`].
     pub fn resized_views(&self, rgb: &RgbImage) -> Result<Vec<RgbImage>> {
-        let plan = self.plan_size(rgb.width as u32, rgb.height as u32)?;
+        let plan = self.plan_rgb(rgb)?;
         Ok(prepare::resized_views(
             &self.law,
             &plan,
@@ -341,6 +353,61 @@ mod tests {
     fn preprocessor(law: &Law, family: Family, settings: PrepSettings) -> Preprocessor {
         let tokens = config::tokens_for(law, &ModelConfigs::default());
         Preprocessor::from_law(law.clone(), tokens, family, settings)
+    }
+
+    /// A decoded image whose buffer is not `width·height·3` bytes is an error from both public
+    /// ways in, for every family, before anything resizes it (`resized_views` once planned from
+    /// the sizes alone and handed the short buffer to the resize), and so is a size past u32.
+    #[test]
+    fn rgb_images_of_the_wrong_length_are_errors() {
+        for (law, family) in laws() {
+            let pre = preprocessor(&law, family, PrepSettings::default());
+            let good = noise(300, 200, 1);
+            assert!(pre.prepare_rgb(&good).is_ok());
+            assert!(pre.resized_views(&good).is_ok());
+            for len in [
+                0,
+                300 * 3,
+                300 * 199 * 3,
+                300 * 200 * 3 - 1,
+                300 * 200 * 3 + 3,
+            ] {
+                let img = RgbImage {
+                    width: 300,
+                    height: 200,
+                    data: vec![9; len],
+                };
+                for r in [
+                    pre.prepare_rgb(&img).map(|_| ()),
+                    pre.resized_views(&img).map(|_| ()),
+                ] {
+                    match r {
+                        Err(PrepError::BadSetting(m)) => {
+                            assert!(m.contains(&format!("{len} bytes for 300x200")), "{m}")
+                        }
+                        other => panic!("{family:?} {len} bytes: {other:?}"),
+                    }
+                }
+            }
+            let huge = RgbImage {
+                width: 1 << 33,
+                height: 1,
+                data: Vec::new(),
+            };
+            assert!(matches!(
+                pre.resized_views(&huge),
+                Err(PrepError::BadSetting(_))
+            ));
+            let zero = RgbImage {
+                width: 0,
+                height: 5,
+                data: Vec::new(),
+            };
+            assert!(matches!(
+                pre.resized_views(&zero),
+                Err(PrepError::ZeroSized { .. })
+            ));
+        }
     }
 
     /// Recycled outputs are the fresh ones, for every family, on one thread and on the pool, while

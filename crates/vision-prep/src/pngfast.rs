@@ -140,8 +140,19 @@ fn inflate_exact(z: &[u8], out: &mut [u8]) -> bool {
 /// row); both carry one byte past their rows. False at an unknown filter type. Runs of Paeth rows
 /// go [`PAETH_WAVE`] rows at a time.
 fn unfilter_rows(kernels: Kernels, filtered: &[u8], row: usize, out: &mut [u8]) -> bool {
+    // The kernels below rely on these lengths (whole pixels, one spare byte past each buffer):
+    // checked here, where they are used, not only by the caller that sized the buffers.
+    if row == 0 || !row.is_multiple_of(BPP) {
+        return false;
+    }
     let rows = filtered.len().saturating_sub(1) / (row + 1);
-    if out.len() != rows * row + 1 || filtered.len() != rows * (row + 1) + 1 {
+    let (Some(out_len), Some(filtered_len)) = (
+        rows.checked_mul(row).and_then(|n| n.checked_add(1)),
+        rows.checked_mul(row + 1).and_then(|n| n.checked_add(1)),
+    ) else {
+        return false;
+    };
+    if out.len() != out_len || filtered.len() != filtered_len {
         return false;
     }
     let zero = vec![0u8; row + 1];
@@ -237,12 +248,18 @@ fn unfilter_row(k: Kernels, kind: u8, f: &[u8], prev: &[u8], cur: &mut [u8]) -> 
                 *c = x.wrapping_add(b);
             }
         }
-        FILTER_SUB | FILTER_AVERAGE | FILTER_PAETH => match k {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: SSE4.1 was detected; the three slices have the same length, a multiple of 3.
-            Kernels::Sse41 | Kernels::Avx2 => unsafe { sse41::chain(kind, f, prev, cur) },
-            Kernels::Portable => chain_portable(kind, f, prev, cur),
-        },
+        FILTER_SUB | FILTER_AVERAGE | FILTER_PAETH => {
+            if f.len() != cur.len() || prev.len() != cur.len() || !cur.len().is_multiple_of(BPP) {
+                return false;
+            }
+            match k {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: SSE4.1 was detected; the three slices have the same length, a multiple
+                // of 3 (checked just above).
+                Kernels::Sse41 | Kernels::Avx2 => unsafe { sse41::chain(kind, f, prev, cur) },
+                Kernels::Portable => chain_portable(kind, f, prev, cur),
+            }
+        }
         _ => return false,
     }
     true
@@ -555,6 +572,44 @@ mod tests {
                     assert!(out == want, "{w}x{h} {f:?} {kernels:?}");
                 }
             }
+        }
+    }
+
+    /// The unfilter kernels check the lengths their raw reads and writes rely on where they run:
+    /// a row that is not whole pixels, or buffers without their spare byte, are declined by every
+    /// kernel set (false), never unfiltered.
+    #[test]
+    fn unfilter_declines_partial_pixels_and_wrong_lengths() {
+        for kernels in all_kernels() {
+            for row in [1usize, 2, 4, 5, 7, 8] {
+                let rows = 5;
+                // every row Paeth, so the wave kernel would take them
+                let mut filtered = vec![0u8; (row + 1) * rows + 1];
+                for y in 0..rows {
+                    filtered[y * (row + 1)] = FILTER_PAETH;
+                }
+                let mut out = vec![0u8; row * rows + 1];
+                assert!(
+                    !unfilter_rows(kernels, &filtered, row, &mut out),
+                    "{kernels:?} row {row}"
+                );
+            }
+            let row = 6;
+            let filtered = vec![FILTER_PAETH; (row + 1) * 5 + 1];
+            let mut short = vec![0u8; row * 5];
+            assert!(!unfilter_rows(kernels, &filtered, row, &mut short));
+            let mut out = vec![0u8; row * 5 + 1];
+            assert!(!unfilter_rows(
+                kernels,
+                &filtered[..filtered.len() - 1],
+                row,
+                &mut out
+            ));
+            assert!(!unfilter_rows(kernels, &filtered, 0, &mut out));
+            let (f, prev, mut cur) = (vec![0u8; 6], vec![0u8; 5], vec![0u8; 6]);
+            assert!(!unfilter_row(kernels, FILTER_AVERAGE, &f, &prev, &mut cur));
+            let (f, prev, mut cur) = (vec![0u8; 4], vec![0u8; 4], vec![0u8; 4]);
+            assert!(!unfilter_row(kernels, FILTER_SUB, &f, &prev, &mut cur));
         }
     }
 

@@ -377,8 +377,15 @@ fn step3p7_views<'a>(
 }
 
 /// Resized u8 views in upstream order (gemma4: the resized image; glm: the padded canvas;
-/// step3p7: the global 728² view then each 504² crop). Exposed for parity tests against `resized_u8` fixtures.
-pub fn resized_views(law: &Law, plan: &Plan, img: &RgbImage, parallel: bool) -> Vec<RgbImage> {
+/// step3p7: the global 728² view then each 504² crop), for parity tests against `resized_u8`
+/// fixtures. `plan` must be the plan of `img` under `law` and `img.data` its `width·height·3`
+/// bytes: [`crate::Preprocessor::resized_views`] checks both and is the public way in.
+pub(crate) fn resized_views(
+    law: &Law,
+    plan: &Plan,
+    img: &RgbImage,
+    parallel: bool,
+) -> Vec<RgbImage> {
     let cx = Cx::plain(parallel);
     match (&plan.geometry, law) {
         (Geometry::Gemma4 { .. }, Law::Gemma4(l)) => {
@@ -538,12 +545,11 @@ fn glm_rows(
     rows
 }
 
-/// Build the upstream tensors for `img` under `law`, following `plan`.
-pub fn prepare(law: &Law, plan: Plan, img: &RgbImage, parallel: bool) -> Prepared {
-    prepare_in(law, plan, img, Cx::plain(parallel))
-}
-
-/// [`prepare`] with the intermediates' buffers from (and back to) `cx.scratch`.
+/// Build the upstream tensors for `img` under `law`, following `plan`, with the intermediates'
+/// buffers from (and back to) `cx.scratch`. `plan` must be the plan of `img` under `law` and
+/// `img.data` its `width·height·3` bytes: [`crate::Preprocessor::prepare_rgb`] checks both and is
+/// the public way in (a public `prepare(law, plan, img)` took any plan and image and could hand
+/// the resize a short buffer).
 pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> Prepared {
     let parallel = cx.parallel;
     let tensors = match (law, &plan.geometry) {
