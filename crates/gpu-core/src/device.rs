@@ -393,8 +393,10 @@ impl Device {
         let mut b = self.stream.launch_builder(f);
         push(&mut b);
         // SAFETY: every caller checks the buffer lengths, strides and offsets against the shapes the
-        // kernel indexes (documented in kernels/README.md) before launching, and pushes the arguments
-        // in the kernel's declared order and types.
+        // kernel indexes (documented in kernels/README.md) before launching, in checked arithmetic
+        // (`Mat::check_len`, `ops::product`: a sum or product that would wrap is an error), checks
+        // that the sizes a kernel takes as `int` fit one (`ops::to_i32`, `check_width`), and pushes
+        // the arguments in the kernel's declared order and types.
         unsafe { b.launch(cfg) }.map_err(|source| GpuError::Launch {
             kernel: k.name(),
             source,

@@ -260,11 +260,22 @@ fn check_len(
             format!("{what}: row stride {ld} < {cols} columns"),
         ));
     }
-    let need = offset + (rows - 1) * ld + cols;
-    if need > len {
-        return Err(GpuError::shape(op, format!("{what}: {rows}×{cols} (stride {ld}, offset {offset}) needs {need} elements, buffer has {len}")));
+    // Checked: the launch's SAFETY argument rests on this bound, and a sum that wraps (release
+    // builds do not trap) would pass it with a small number.
+    let need = (rows - 1)
+        .checked_mul(ld)
+        .and_then(|n| n.checked_add(offset))
+        .and_then(|n| n.checked_add(cols));
+    match need {
+        Some(need) if need <= len => Ok(()),
+        _ => Err(GpuError::shape(
+            op,
+            format!(
+                "{what}: {rows}×{cols} (stride {ld}, offset {offset}) needs {} elements, buffer has {len}",
+                need.map_or("more than usize::MAX".to_string(), |n| n.to_string())
+            ),
+        )),
     }
-    Ok(())
 }
 
 impl Device {
@@ -664,3 +675,31 @@ impl Lt {
 
 #[allow(dead_code)]
 fn _assert_elem<T: Elem>() {}
+
+#[cfg(test)]
+mod tests {
+    use super::check_len;
+
+    /// The GEMM operand check on the host: `offset + (rows − 1)·ld + cols` in checked arithmetic,
+    /// so offsets and strides that would wrap in a release build are errors.
+    #[test]
+    fn operand_extent_check_never_wraps() {
+        let ok = |len, offset, rows, cols, ld| check_len("gemm", "x", len, offset, rows, cols, ld);
+        assert!(ok(12, 0, 3, 4, 4).is_ok());
+        assert!(ok(11, 0, 3, 4, 4).is_err());
+        assert!(ok(30, 6, 3, 4, 10).is_ok());
+        assert!(ok(29, 6, 3, 4, 10).is_err());
+        assert!(ok(100, 0, 0, 4, 4).is_err());
+        assert!(ok(100, 0, 2, 4, 3).is_err(), "ld < cols");
+        let half = 1usize << (usize::BITS - 1);
+        // (rows − 1)·ld wraps to 0
+        assert!(ok(16, 0, 3, 4, half).is_err());
+        assert!(ok(16, 0, 2, 4, half).is_err(), "no wrap, just too large");
+        // offset + … wraps
+        assert!(ok(16, usize::MAX, 1, 4, 4).is_err());
+        assert!(ok(16, half, 3, 4, half / 2).is_err());
+        assert!(ok(usize::MAX, 1, usize::MAX, 1, 1).is_err());
+        let e = ok(16, 0, 3, 4, half).unwrap_err().to_string();
+        assert!(e.contains("more than usize::MAX"), "{e}");
+    }
+}

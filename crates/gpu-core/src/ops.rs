@@ -132,6 +132,20 @@ impl Mat {
         }
     }
     fn check<T: Elem>(&self, op: &'static str, what: &str, b: &DeviceBuffer<T>) -> Result<()> {
+        self.check_len(op, what, T::NAME, b.len())
+    }
+
+    /// The matrix's extent against a buffer of `len` elements of type `elem`, in checked
+    /// arithmetic: every launch's SAFETY argument rests on this, so a sum or product that would
+    /// wrap (in a release build) is an error, never a small number that fits. The kernels take
+    /// the column count as an i32.
+    pub(crate) fn check_len(
+        &self,
+        op: &'static str,
+        what: &str,
+        elem: &str,
+        len: usize,
+    ) -> Result<()> {
         if self.rows == 0 || self.cols == 0 {
             return Err(GpuError::shape(
                 op,
@@ -144,23 +158,45 @@ impl Mat {
                 format!("{what}: row stride {} < {} columns", self.ld, self.cols),
             ));
         }
-        let need = self.offset + (self.rows - 1) * self.ld + self.cols;
-        if need > b.len() {
+        if self.cols > i32::MAX as usize {
+            return Err(GpuError::shape(
+                op,
+                format!("{what}: {} columns exceed i32", self.cols),
+            ));
+        }
+        let need = (self.rows - 1)
+            .checked_mul(self.ld)
+            .and_then(|n| n.checked_add(self.offset))
+            .and_then(|n| n.checked_add(self.cols));
+        let Some(need) = need.filter(|&n| n <= len) else {
             return Err(GpuError::shape(
                 op,
                 format!(
-                    "{what}: {}×{} {} (stride {}, offset {}) needs {need} elements, buffer has {}",
+                    "{what}: {}×{} {elem} (stride {}, offset {}) needs {} elements, buffer has {len}",
                     self.rows,
                     self.cols,
-                    T::NAME,
                     self.ld,
                     self.offset,
-                    b.len()
+                    need.map_or("more than usize::MAX".to_string(), |n| n.to_string()),
                 ),
             ));
-        }
+        };
+        debug_assert!(need <= len);
         Ok(())
     }
+}
+
+/// `dims` multiplied in checked arithmetic: a product that would wrap is an error naming the
+/// operand, not a small number that passes a length check.
+pub(crate) fn product(op: &'static str, what: &str, dims: &[usize]) -> Result<usize> {
+    dims.iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| GpuError::shape(op, format!("{what}: {dims:?} elements overflow usize")))
+}
+
+/// A size the kernels take as an i32, converted, or an error naming it.
+pub(crate) fn to_i32(op: &'static str, what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| GpuError::shape(op, format!("{what} = {v} exceeds i32")))
 }
 
 fn need_len<T: Elem>(op: &'static str, what: &str, b: &DeviceBuffer<T>, need: usize) -> Result<()> {
@@ -887,7 +923,8 @@ impl Device {
                 format!("head_dim {} must be a multiple of 4 in 4..=256", s.head_dim),
             ));
         }
-        let width = s.heads * s.head_dim;
+        let width = product(OP, "heads × head_dim", &[s.heads, s.head_dim])?;
+        to_i32(OP, "heads", s.heads)?;
         for (i, o) in s.offsets.iter().enumerate() {
             Mat::strided(s.tokens, width, s.ld, *o).check(OP, ["q", "k", "v"][i], qkv)?;
         }
@@ -902,7 +939,7 @@ impl Device {
         let mut flags = (s.norm[0] as i32) | (s.norm[1] as i32) << 1 | (s.norm[2] as i32) << 2;
         let (pos, inv, layout, first_axis) = match rope {
             Some(r) => {
-                need_len(OP, "pos", r.pos, 2 * s.tokens)?;
+                need_len(OP, "pos", r.pos, product(OP, "pos", &[2, s.tokens])?)?;
                 need_len(OP, "inv_freq", r.inv_freq, s.head_dim / 4)?;
                 flags |= 8;
                 let (l, a) = r.layout.codes();
@@ -1015,8 +1052,8 @@ impl Device {
             ));
         }
         need_len(OP, "cu_seqlens", a.cu_seqlens, cu.len())?;
-        let tokens = *cu.last().unwrap() as usize;
-        let width = a.heads * a.head_dim;
+        let tokens = cu.last().map_or(0, |&t| t as usize);
+        let width = product(OP, "heads × head_dim", &[a.heads, a.head_dim])?;
         let max_len = cu
             .windows(2)
             .map(|w| (w[1] - w[0]) as usize)
@@ -1222,14 +1259,14 @@ impl Device {
     ) -> Result<()> {
         const OP: &str = "pos_add_xy";
         Mat::dense(rows, h).check(OP, "x", x)?;
-        need_len(OP, "table", table, 2 * t_rows * h)?;
-        need_len(OP, "pos", pos, 2 * rows)?;
+        need_len(OP, "table", table, product(OP, "table", &[2, t_rows, h])?)?;
+        need_len(OP, "pos", pos, product(OP, "pos", &[2, rows])?)?;
         let (xa, ta, pa, n, hh, tr) = (
             x.addr(),
             table.addr(),
             pos.addr(),
             rows as i64,
-            h as i32,
+            to_i32(OP, "h", h)?,
             t_rows as i64,
         );
         // Positions ≥ t_rows would read past the table: the kernel trusts them, so the caller's
@@ -1253,14 +1290,21 @@ impl Device {
         h: usize,
     ) -> Result<()> {
         const OP: &str = "bilinear_resize";
-        need_len(OP, "input", input, ih * iw * h)?;
-        need_len(OP, "out", out, oh * ow * h)?;
-        if ih * iw * oh * ow * h == 0 {
+        if [ih, iw, oh, ow, h].contains(&0) {
             return Err(GpuError::shape(OP, "empty grid"));
         }
+        need_len(OP, "input", input, product(OP, "input", &[ih, iw, h])?)?;
+        let n_out = product(OP, "out", &[oh, ow, h])?;
+        need_len(OP, "out", out, n_out)?;
         let (oa, ia) = (out.addr(), input.addr());
-        let (a, bb, c, d, e) = (ih as i32, iw as i32, oh as i32, ow as i32, h as i32);
-        self.launch(Kernel::BilinearResizeF32, grid_stride(oh * ow * h), |b| {
+        let (a, bb, c, d, e) = (
+            to_i32(OP, "ih", ih)?,
+            to_i32(OP, "iw", iw)?,
+            to_i32(OP, "oh", oh)?,
+            to_i32(OP, "ow", ow)?,
+            to_i32(OP, "h", h)?,
+        );
+        self.launch(Kernel::BilinearResizeF32, grid_stride(n_out), |b| {
             b.arg(&oa).arg(&ia).arg(&a).arg(&bb).arg(&c).arg(&d).arg(&e);
         })
     }
@@ -1284,23 +1328,25 @@ impl Device {
                 format!("grid {gh}×{gw} not divisible by k = {k}"),
             ));
         }
-        need_len(OP, "input", input, gh * gw * h)?;
-        need_len(OP, "out", out, (gh / k) * (gw / k) * h)?;
+        need_len(OP, "input", input, product(OP, "input", &[gh, gw, h])?)?;
+        let n_out = product(OP, "out", &[gh / k, gw / k, h])?;
+        need_len(OP, "out", out, n_out)?;
         let (oa, ia) = (out.addr(), input.addr());
-        let (a, bb, c, d) = (gh as i32, gw as i32, k as i32, h as i32);
-        self.launch(
-            Kernel::AvgPoolF32,
-            grid_stride((gh / k) * (gw / k) * h),
-            |b| {
-                b.arg(&oa)
-                    .arg(&ia)
-                    .arg(&a)
-                    .arg(&bb)
-                    .arg(&c)
-                    .arg(&d)
-                    .arg(&scale);
-            },
-        )
+        let (a, bb, c, d) = (
+            to_i32(OP, "gh", gh)?,
+            to_i32(OP, "gw", gw)?,
+            to_i32(OP, "k", k)?,
+            to_i32(OP, "h", h)?,
+        );
+        self.launch(Kernel::AvgPoolF32, grid_stride(n_out), |b| {
+            b.arg(&oa)
+                .arg(&ia)
+                .arg(&a)
+                .arg(&bb)
+                .arg(&c)
+                .arg(&d)
+                .arg(&scale);
+        })
     }
 
     /// 2×2 merge gather into `[blocks, 4h]` rows ordered (c, ky, kx). `grid_w = None`: tokens are
@@ -1328,16 +1374,17 @@ impl Device {
                 ));
             }
         }
-        need_len(OP, "input", input, tokens * h)?;
-        need_len(OP, "out", out, tokens * h)?;
+        let n = product(OP, "tokens × h", &[tokens, h])?;
+        need_len(OP, "input", input, n)?;
+        need_len(OP, "out", out, n)?;
         let (oa, ia, nb, hh, gw) = (
             out.addr(),
             input.addr(),
             (tokens / 4) as i64,
-            h as i32,
-            grid_w.unwrap_or(0) as i32,
+            to_i32(OP, "h", h)?,
+            to_i32(OP, "grid_w", grid_w.unwrap_or(0))?,
         );
-        self.launch(Kernel::BlockGather2x2Bf16, grid_stride(tokens * h), |b| {
+        self.launch(Kernel::BlockGather2x2Bf16, grid_stride(n), |b| {
             b.arg(&oa).arg(&ia).arg(&nb).arg(&hh).arg(&gw);
         })
     }
@@ -1354,20 +1401,29 @@ impl Device {
     ) -> Result<()> {
         const OP: &str = "im2col_3x3s2";
         let (oh, ow) = ((gh.max(1) - 1) / 2 + 1, (gw.max(1) - 1) / 2 + 1);
-        if batch * gh * gw * c == 0 {
+        if [batch, gh, gw, c].contains(&0) {
             return Err(GpuError::shape(OP, "empty input"));
         }
-        need_len(OP, "input", input, batch * gh * gw * c)?;
-        need_len(OP, "out", out, batch * oh * ow * 9 * c)?;
+        need_len(
+            OP,
+            "input",
+            input,
+            product(OP, "input", &[batch, gh, gw, c])?,
+        )?;
+        let n_out = product(OP, "out", &[batch, oh, ow, 9, c])?;
+        need_len(OP, "out", out, n_out)?;
+        // the kernel keeps an image's output position (< oh·ow) in an int
+        to_i32(OP, "oh × ow", product(OP, "oh × ow", &[oh, ow])?)?;
         let (oa, ia) = (out.addr(), input.addr());
-        let (bt, a, bb, cc) = (batch as i32, gh as i32, gw as i32, c as i32);
-        self.launch(
-            Kernel::Im2col3x3s2Bf16,
-            grid_stride(batch * oh * ow * 9 * c),
-            |b| {
-                b.arg(&oa).arg(&ia).arg(&bt).arg(&a).arg(&bb).arg(&cc);
-            },
-        )
+        let (bt, a, bb, cc) = (
+            to_i32(OP, "batch", batch)?,
+            to_i32(OP, "gh", gh)?,
+            to_i32(OP, "gw", gw)?,
+            to_i32(OP, "c", c)?,
+        );
+        self.launch(Kernel::Im2col3x3s2Bf16, grid_stride(n_out), |b| {
+            b.arg(&oa).arg(&ia).arg(&bt).arg(&a).arg(&bb).arg(&cc);
+        })
     }
 }
 
@@ -1379,6 +1435,54 @@ pub fn conv3x3s2_out(g: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The extent check every Mat-based launch rests on, on the host: sums and products that
+    /// would wrap in a release build (offsets and strides near usize::MAX) are errors, as are
+    /// the plain misfits; exact fits pass.
+    #[test]
+    fn mat_extent_check_never_wraps() {
+        let ok = |m: Mat, len: usize| m.check_len("op", "x", "f32", len).is_ok();
+        assert!(ok(Mat::dense(3, 4), 12));
+        assert!(!ok(Mat::dense(3, 4), 11));
+        assert!(ok(Mat::strided(3, 4, 10, 2), 2 + 2 * 10 + 4));
+        assert!(!ok(Mat::strided(3, 4, 10, 2), 2 + 2 * 10 + 3));
+        assert!(!ok(Mat::dense(0, 4), 100));
+        assert!(!ok(Mat::strided(2, 4, 3, 0), 100), "ld < cols");
+        // offset + cols wraps to 3
+        assert!(!ok(Mat::strided(1, 4, 4, usize::MAX), 16));
+        // (rows − 1)·ld wraps to 0: 3 rows of stride 2⁶³ (on 64-bit) would "need" 4 elements
+        let half = 1usize << (usize::BITS - 1);
+        assert!(!ok(Mat::strided(3, 4, half, 0), 16));
+        assert!(
+            !ok(Mat::strided(2, 4, half, 0), 16),
+            "no wrap, just too large"
+        );
+        // (rows − 1)·ld + offset wraps
+        assert!(!ok(Mat::strided(3, 4, half / 2, half), 16));
+        assert!(!ok(Mat::strided(usize::MAX, 1, 1, 1), usize::MAX));
+        // the kernels take the column count as an i32
+        let wide = i32::MAX as usize + 1;
+        assert!(!ok(Mat::dense(1, wide), wide));
+        assert!(ok(Mat::dense(1, wide - 1), wide));
+        let e = Mat::strided(3, 4, half, 0)
+            .check_len("rms_norm", "x", "f32", 16)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("more than usize::MAX"), "{e}");
+    }
+
+    /// The element counts of the non-Mat launches: products that would wrap are errors.
+    #[test]
+    fn element_counts_never_wrap() {
+        assert_eq!(product("op", "x", &[2, 3, 4]).ok(), Some(24));
+        assert_eq!(product("op", "x", &[]).ok(), Some(1));
+        assert!(product("op", "x", &[1 << 40, 1 << 30]).is_err());
+        assert!(product("op", "x", &[usize::MAX, 2]).is_err());
+        // im2col's 9·c·oh·ow·batch, a wrapping product of small-looking factors
+        assert!(product("im2col_3x3s2", "out", &[1 << 21, 1 << 21, 1 << 21, 9, 1]).is_err());
+        assert_eq!(to_i32("op", "h", 7).ok(), Some(7));
+        assert!(to_i32("op", "h", i32::MAX as usize + 1).is_err());
+    }
 
     fn cu(lens: &[i32]) -> Vec<i32> {
         let mut c = vec![0];
