@@ -1,4 +1,4 @@
-//! The CUDA device: context, one stream, loaded kernels, cuBLASLt; device buffers.
+//! The CUDA device: context, the compute stream, loaded kernels, cuBLASLt; device buffers.
 use std::sync::Arc;
 
 use cudarc::driver::{
@@ -48,7 +48,8 @@ impl<T: Elem> DeviceBuffer<T> {
     }
     /// Raw device address (u64) for kernel arguments.
     pub(crate) fn addr(&self) -> u64 {
-        // Event tracking is disabled on our context (one stream), so the guard records nothing.
+        // Event tracking is disabled on our context (`Device::new`: cross-stream uses are ordered
+        // by hand), so the guard records nothing.
         let (p, _guard) = self.slice.device_ptr(self.slice.stream());
         p
     }
@@ -168,8 +169,27 @@ impl Device {
                 "the CUDA driver panicked while creating a context on device {ordinal}"
             ))
         })??;
-        // SAFETY: all work of this crate runs on the one stream created below, so the per-buffer
-        // events cudarc records for cross-stream ordering are unnecessary.
+        // SAFETY: with event tracking off, cudarc no longer orders a buffer's uses across streams
+        // by itself, so every buffer used on two streams must be ordered by hand. The streams of
+        // this crate: the device's compute stream (created below; every kernel, GEMM, graph and
+        // `Stager` copy runs on it, and every `DeviceBuffer` is allocated and freed on it); each
+        // `Uploader`'s copy stream (staging.rs), which only ever writes that uploader's own slots;
+        // the release stream (below), where rows handed to callers (`OwnedRows`, rows_out.rs) are
+        // allocated, read back after `ready` and freed; and callers' streams that consume them. Only the slots and
+        // the handed-out rows are touched by two streams, and each is ordered with events:
+        // - slots (staging.rs): the copy stream records `uploaded` after a slot's copies and the
+        //   compute stream waits on it before reading the slot (`load_inputs`); the compute stream
+        //   records `consumed` after its copies out and the copy stream waits on it before
+        //   refilling the slot (`stage`); the host waits on `uploaded` before rewriting the slot's
+        //   page-locked memory or reallocating the slot, synchronises the compute stream after
+        //   allocating slot memory (stream-ordered there) before the copy stream writes it, and
+        //   `Uploader::drop` synchronises the copy stream before the slots are freed;
+        // - rows (rows_out.rs): the compute stream waits on an event recorded on the release
+        //   stream after the allocation before writing them, records `ready` after the last write,
+        //   consumer streams wait on `ready`, and the free is queued on the release stream after
+        //   `ready` and after an event recorded on every consumer stream at drop (deferred while a
+        //   consumer is capturing); a caller's own memory is written after the compute stream
+        //   waited on the caller's stream, which then waits on the compute stream.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let release = ctx.new_stream()?;

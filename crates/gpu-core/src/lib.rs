@@ -1,7 +1,7 @@
 //! gpu-core: the CUDA device, bf16 tensor-core GEMMs (cuBLASLt) and the PTX kernels the vision
 //! towers run on, each with a host twin in [`host`].
 //!
-//! - [`Device`] owns a context, one stream, every kernel and a cuBLASLt handle. [`Device::new`]
+//! - [`Device`] owns a context, its compute stream, every kernel and a cuBLASLt handle. [`Device::new`]
 //!   returns [`GpuError::NoDevice`] (never panics) on a machine without CUDA.
 //! - Operations are methods on [`Device`]; each checks its shapes against the buffers first.
 //! - [`Graph`] / [`Graphs`]: CUDA graphs of a tower's forward, captured per batch layout;

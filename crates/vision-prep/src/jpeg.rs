@@ -373,16 +373,25 @@ fn decode_in(
         } else {
             vec![0u8; BATCH * w * out_comps]
         };
+        // libjpeg writes RGB rows straight into `data`, other layouts into `scratch`. Each base
+        // pointer is taken once (`Vec::as_mut_ptr` creates no reference) and every row pointer is
+        // derived from it: a fresh `&mut data[..]` per row would invalidate the rows before it
+        // under Stacked Borrows. In the RGB case nothing else touches `data` until the loop
+        // ends; otherwise `base` points into `scratch`, which is only read (a shared slice)
+        // between calls, and `data` is written through slices.
+        let (base, stride, per_batch) = if out_comps == 3 {
+            (data.as_mut_ptr(), w * 3, true)
+        } else {
+            (scratch.as_mut_ptr(), w * out_comps, false)
+        };
         while (s.cinfo.output_scanline as usize) < h {
             let y = s.cinfo.output_scanline as usize;
             let rows = BATCH.min(h - y);
+            let first = if per_batch { y } else { 0 };
             let mut ptrs = [std::ptr::null_mut::<u8>(); BATCH];
             for (k, p) in ptrs.iter_mut().enumerate().take(rows) {
-                *p = if out_comps == 3 {
-                    data[(y + k) * w * 3..].as_mut_ptr()
-                } else {
-                    scratch[k * w * out_comps..].as_mut_ptr()
-                };
+                // In bounds: row `first + k` < h of `data` (h·w·3 bytes), or < BATCH of `scratch`.
+                *p = base.add((first + k) * stride);
             }
             let got =
                 ffi::jpeg_read_scanlines(&mut s.cinfo, ptrs.as_mut_ptr(), rows as u32) as usize;
