@@ -7,9 +7,10 @@
 //! the `vtower` binary.
 //!
 //! Bounds: bf16 against the host f32 path ≤ 2e-2 rel-L2 per image (README), f32 ≤ 1e-4; no NaN
-//! or infinity ever. Repeated encodes of the same request (threads, after an out-of-memory) are
-//! held to the same 2e-2 (issue 10: "within bf16 tolerance on CUDA"); whether they were also
-//! bit-identical is printed, for docs/RELIABILITY.md.
+//! or infinity ever. Repeated encodes of the same request (threads, after an out-of-memory) must
+//! equal the first one bitwise, as docs/RELIABILITY.md states (one tower behind a mutex, the
+//! same kernels and GEMM plans on the same inputs); the 2e-2 check runs first, so a failure
+//! also says how far apart they are.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -195,18 +196,22 @@ fn concurrent_cuda_encodes_through_one_model_equal_serial_ones() {
                 })
             })
             .collect();
-        let (mut all_bitwise, mut worst) = (true, 0f64);
+        let mut worst = 0f64;
         for h in handles {
             for (i, got) in h.join().unwrap() {
                 let got = got.unwrap_or_else(|e| panic!("{model} {}: {e}", IMAGES[i]));
                 let what = format!("{model} {} from a thread", IMAGES[i]);
-                worst = worst.max(check(&what, &got, &serial[i..=i], BF16_BOUND));
-                all_bitwise &= bitwise(&got[0].rows, &serial[i].rows);
+                let rel = check(&what, &got, &serial[i..=i], BF16_BOUND);
+                worst = worst.max(rel);
+                assert!(
+                    bitwise(&got[0].rows, &serial[i].rows),
+                    "{what}: not bitwise equal to the serial encode (rel-L2 {rel:e})"
+                );
             }
         }
         println!(
-            "CUDA-CONCURRENCY {model}: {THREADS} threads × {ROUNDS} encodes, bitwise {all_bitwise}, \
-             worst rel-L2 {worst:.3e} (bound {BF16_BOUND:e})"
+            "CUDA-CONCURRENCY {model}: {THREADS} threads × {ROUNDS} encodes, all bitwise equal \
+             to the serial ones (worst rel-L2 {worst:.3e})"
         );
     }
 }
@@ -260,7 +265,10 @@ fn out_of_memory_in_a_pass_is_an_error_and_the_model_stays_usable() {
         dev.synchronize().unwrap();
         let after = m.encode(&one).unwrap();
         let worst = check(&format!("{model} after OOM"), &after, &before, BF16_BOUND);
-        let same = bitwise(&after[0].rows, &before[0].rows);
+        assert!(
+            bitwise(&after[0].rows, &before[0].rows),
+            "{model}: the encode after the out-of-memory is not bitwise the one before (rel-L2 {worst:e})"
+        );
         let host = open(model, Device::Cpu, None, usize::MAX);
         check(
             &format!("{model} whole request after OOM"),
@@ -268,7 +276,7 @@ fn out_of_memory_in_a_pass_is_an_error_and_the_model_stays_usable() {
             &host.encode(&all).unwrap(),
             BF16_BOUND,
         );
-        println!("CUDA-OOM {model}: after the ballast, bitwise {same}, rel-L2 {worst:.3e}");
+        println!("CUDA-OOM {model}: after the ballast, bitwise equal to the encode before");
     }
 }
 
