@@ -243,12 +243,18 @@ impl Case {
     }
 }
 
-/// Every `fixtures/outputs/*/*.safetensors`, sorted.
+/// Every `fixtures/outputs/*/*.safetensors`, sorted; an error when the directory is missing (a
+/// parity run that compares nothing must not pass).
 pub fn discover(fixtures: &Path) -> Result<Vec<Case>> {
     let mut paths = Vec::new();
     let outputs = fixtures.join("outputs");
-    if !outputs.exists() {
-        return Ok(Vec::new());
+    if !outputs.is_dir() {
+        bail!(
+            "{}: no such directory: the oracle fixtures are missing (set {} or run from a checkout; \
+             `cargo xtask fixtures` regenerates them)",
+            outputs.display(),
+            crate::fixtures::FIXTURES_ENV
+        );
     }
     for d in fs::read_dir(&outputs)? {
         let d = d?.path();
@@ -506,6 +512,12 @@ pub fn run(args: &[String]) -> Result<()> {
     let cases = discover(&fixtures)?;
     let towers: Vec<&Case> = cases.iter().filter(|c| c.kind() == "tower").collect();
     let n_proc = cases.iter().filter(|c| c.kind() == "processor").count();
+    if towers.is_empty() {
+        bail!(
+            "no tower fixture case under {}: nothing to compare",
+            fixtures.join("outputs").display()
+        );
+    }
     println!(
         "fixture cases found: {} ({} tower cases with stage references, {} processor cases) under {}",
         cases.len(),
@@ -788,6 +800,15 @@ mod tests {
         };
         rows = rows_for(&host, &fixtures, &case);
         assert!(judge(&rows, Some("--require-cuda was given")).is_ok());
+    }
+
+    /// Missing fixtures are an error naming the directory, never an empty table that passes.
+    #[test]
+    fn missing_fixtures_are_an_error_not_a_pass() {
+        let err = discover(Path::new("/nonexistent/fixtures")).expect_err("missing");
+        let msg = format!("{err:#}");
+        assert!(msg.contains("/nonexistent/fixtures/outputs"), "{msg}");
+        assert!(msg.contains("fixtures are missing"), "{msg}");
     }
 
     #[test]

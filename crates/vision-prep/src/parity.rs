@@ -110,6 +110,51 @@ impl Stat {
     }
 }
 
+/// Every `<variant>/<case>.safetensors` under `out_dir`, sorted; an error saying so when the
+/// directory is missing or holds none (a parity test must fail then, not pass having compared
+/// nothing).
+fn fixture_files(out_dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let missing = |why: String| {
+        format!(
+            "{}: {why}: the oracle fixtures are missing (fixtures/README.md; \
+             `cargo xtask fixtures` regenerates them)",
+            out_dir.display()
+        )
+    };
+    let variants = std::fs::read_dir(out_dir).map_err(|e| missing(e.to_string()))?;
+    let mut files = Vec::new();
+    for v in variants {
+        let v = v.map_err(|e| missing(e.to_string()))?.path();
+        if !v.is_dir() {
+            continue;
+        }
+        for f in std::fs::read_dir(&v).map_err(|e| missing(e.to_string()))? {
+            let f = f.map_err(|e| missing(e.to_string()))?.path();
+            if f.extension().is_some_and(|e| e == "safetensors") {
+                files.push(f);
+            }
+        }
+    }
+    if files.is_empty() {
+        return Err(missing("no fixture files".into()));
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// A missing or empty fixture directory is an error that names it, never zero cases that pass.
+#[test]
+fn missing_fixture_outputs_are_an_error_not_a_pass() {
+    let e = fixture_files(Path::new("/nonexistent/fixtures/outputs")).expect_err("missing");
+    assert!(e.contains("/nonexistent/fixtures/outputs") && e.contains("fixtures are missing"));
+    let empty = std::env::temp_dir().join(format!("vp-parity-empty-{}", std::process::id()));
+    std::fs::create_dir_all(empty.join("gemma4")).expect("scratch dir");
+    let e = fixture_files(&empty).expect_err("empty");
+    std::fs::remove_dir_all(&empty).ok();
+    assert!(e.contains("no fixture files"), "{e}");
+    assert!(fixture_files(&fixtures().join("outputs")).is_ok_and(|f| f.len() >= 30));
+}
+
 fn is_lossless(image: &str) -> bool {
     image.ends_with(".png") || image.ends_with(".webp")
 }
@@ -120,25 +165,10 @@ fn is_lossless(image: &str) -> bool {
 #[test]
 fn processor_fixtures() {
     let out_dir = fixtures().join("outputs");
-    let Ok(variants) = std::fs::read_dir(&out_dir) else {
-        eprintln!("fixtures/outputs missing: skipped");
-        return;
-    };
+    let files = fixture_files(&out_dir).unwrap_or_else(|e| panic!("{e}"));
     let mut stats: BTreeMap<String, Stat> = BTreeMap::new();
     let mut checked = 0;
     let mut failures = Vec::new();
-    let mut files: Vec<PathBuf> = variants
-        .flatten()
-        .flat_map(|v| {
-            std::fs::read_dir(v.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.path())
-        })
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    files.sort();
     for path in files {
         let bytes = std::fs::read(&path).expect("read");
         let (_, header) = SafeTensors::read_metadata(&bytes).expect("header");
@@ -353,11 +383,17 @@ fn processor_fixtures() {
 #[test]
 fn scratch_and_threads_change_nothing() {
     let mut images: Vec<PathBuf> = std::fs::read_dir(fixtures().join("images"))
-        .expect("images")
+        .expect("fixtures/images")
         .flatten()
         .map(|e| e.path())
         .collect();
     images.sort();
+    // Zero images would compare nothing and pass.
+    assert!(
+        images.len() >= 10,
+        "only {} images under fixtures/images",
+        images.len()
+    );
     let fresh = PrepSettings {
         scratch_bytes: 0,
         output_pool_bytes: 0,
