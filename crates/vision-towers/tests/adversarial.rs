@@ -13,7 +13,8 @@
 //! Error classes: `prep:<PrepError variant>`, `gguf:<GgufError variant>`,
 //! `safetensors:<StError variant>`, `tower:<GemmaError|GlmError|StepError variant>`,
 //! `family:<UnknownFamily|NotImplemented>`, `inputs` (a prepared-input file the facade refuses),
-//! `format:<…>`, `io`; `ns:*` in the manifest allows any variant of a namespace.
+//! `format:<…>`, `io`; `ns:*` in the manifest allows any variant of a namespace (weight files
+//! only: image expectations are exact, from Pillow and the formats' headers, or say why not).
 //!
 //! Cases marked `known_failing` in the manifest are bugs reported and not yet fixed: they are
 //! run (in-process only when the failure is a catchable panic; a hang or an unbounded allocation
@@ -1203,4 +1204,46 @@ fn every_corpus_file_is_in_the_manifest() {
         }
     }
     assert!(stale.is_empty(), "files no case uses: {stale:?}");
+}
+
+/// Image expectations are exact: an image case may not accept "any error" (`prep:*`), nor both
+/// success and an error, unless it says why both are right (`why`, written beside the case in
+/// generate.py). The outcome of a damaged image is determined (by Pillow, upstream's decoder,
+/// and by the format's header): a manifest that accepts everything checks nothing.
+#[test]
+fn image_expectations_are_exact_or_say_why() {
+    let text = std::fs::read_to_string(corpus().join("manifest.json")).expect("manifest.json");
+    let manifest: Value = serde_json::from_str(&text).expect("manifest is JSON");
+    let mut loose = Vec::new();
+    let mut images = 0;
+    for case in manifest["cases"].as_array().expect("cases") {
+        if case.get("source").is_none() {
+            continue;
+        }
+        images += 1;
+        let has_why = case["why"].as_str().is_some_and(|w| !w.is_empty());
+        for (op, expect) in case["expect"].as_object().expect("expect") {
+            let e = strs(expect);
+            let wildcard = e.iter().any(|c| c.ends_with(":*"));
+            let ok_or_error = e.len() > 1 && e.iter().any(|c| c == "ok");
+            if wildcard || (ok_or_error && !has_why) {
+                loose.push(format!(
+                    "{} {op}: {e:?}",
+                    case["id"].as_str().unwrap_or("?")
+                ));
+            }
+        }
+    }
+    assert!(images > 700, "only {images} image cases");
+    assert!(
+        loose.is_empty(),
+        "{} image expectations accept more than their outcome:\n{}",
+        loose.len(),
+        loose
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
