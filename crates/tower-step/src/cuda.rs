@@ -1717,7 +1717,13 @@ mod tests {
             4 * h,
         );
         let masks: Vec<Vec<bool>> = images.iter().map(|i| i.newline_mask.clone()).collect();
-        let rows = plan.split_rows(&all, c.text_hidden, &masks);
+        // The projection writes upstream order, piece by piece (what `split_rows` reads).
+        let t = c.text_hidden;
+        let mut upstream = vec![0.0f32; all.len()];
+        for (src, rows, dst) in plan.out_pieces() {
+            upstream[dst * t..(dst + rows) * t].copy_from_slice(&all[src * t..(src + rows) * t]);
+        }
+        let rows = plan.split_rows(&upstream, t, &masks);
         let flat = rows.iter().flat_map(|r| r.rows.iter().copied()).collect();
         (rows, st.assemble(&plan, h, flat))
     }
