@@ -25,7 +25,8 @@
  * - No Rust panic crosses the boundary: one caught is VT_ERR_PANIC with its message (a bug).
  * - Pointers are checked: a required one that is NULL is VT_ERR_NULL_ARGUMENT; a length with a
  *   NULL pointer, a misaligned pointer or a length past PTRDIFF_MAX bytes is
- *   VT_ERR_INVALID_ARGUMENT. Memory passed in is only read during the call (nothing is kept).
+ *   VT_ERR_INVALID_ARGUMENT. Host memory passed in is only read during the call (nothing is
+ *   kept); a caller's device buffer is written in the caller's stream order, after the call.
  * - Threads: a const vt_model* may be used from several threads at once (plans and encodes run
  *   concurrently; CUDA passes take turns on the device); only vt_model_free needs it alone.
  *   vt_plan and vt_rows are immutable values, readable from any thread. A vt_tensors is filled
