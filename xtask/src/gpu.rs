@@ -8,7 +8,8 @@
 //! `--prepare` (for a GPU machine that has no cargo) it builds the release test binaries, the bench
 //! binary and a release `vtower` and copies them into `.device/` (git-ignored):
 //! `kernels/device_run.sh` runs gpu-core's, `.device/facade/run.sh` (written here) the others'
-//! ([`STAGED_GPU_TESTS`]).
+//! ([`STAGED_GPU_TESTS`]), `.device/capi/run.sh` the C ABI's (`vision-towers-c`'s `tests/gpu.rs`,
+//! with the release `libvision_towers_c.so` and the C test program built here against it).
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -285,10 +286,12 @@ fn stage_device(root: &Path) -> Result<()> {
         dev.display()
     );
     stage_facade(&root, &target, &dev.join("facade"))?;
+    stage_capi(&root, &target, &dev.join("capi"))?;
     println!(
         "staged: on the GPU machine run `bash kernels/device_run.sh` (gpu-core, `.device` \
-         carried) and `bash .device/facade/run.sh` (the other GPU tests and `vtower`, \
-         `.device/facade` carried)"
+         carried), `bash .device/facade/run.sh` (the other Rust GPU tests and `vtower`, \
+         `.device/facade` carried) and `bash .device/capi/run.sh` (the C ABI, `.device/capi` \
+         carried)"
     );
     Ok(())
 }
@@ -393,6 +396,112 @@ fn stage_facade(root: &Path, target: &Path, facade: &Path) -> Result<()> {
         println!("staged {}", f.display());
     }
     Ok(())
+}
+
+/// Builds the C ABI's GPU test binary and the release `libvision_towers_c.so`, compiles the C
+/// test program against it (`$CC` or `cc`, RUNPATH `$ORIGIN`), copies all three into `capi` and
+/// writes `capi/run.sh`.
+fn stage_capi(root: &Path, target: &Path, capi: &Path) -> Result<()> {
+    let out = Command::new("cargo")
+        .current_dir(root)
+        .args([
+            "test",
+            "-p",
+            "vision-towers-c",
+            "--release",
+            "--no-run",
+            "--test",
+            "gpu",
+            "--message-format=json",
+        ])
+        .output()
+        .context("cargo test -p vision-towers-c --no-run")?;
+    if !out.status.success() {
+        bail!(
+            "building the vision-towers-c GPU test binary failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut test_bin = None;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v["reason"] == "compiler-artifact"
+            && v["profile"]["test"] == true
+            && v["target"]["name"] == "gpu"
+        {
+            if let Some(exe) = v["executable"].as_str() {
+                test_bin = Some(PathBuf::from(exe));
+            }
+        }
+    }
+    let test_bin =
+        test_bin.context("no vision-towers-c `gpu` test executable in cargo's output")?;
+    // The library the test build made with its rlib (deps/ holds the fresh one).
+    let lib = target.join("release/deps/libvision_towers_c.so");
+    if !lib.exists() {
+        bail!("{} is missing after the build", lib.display());
+    }
+    std::fs::create_dir_all(capi)?;
+    let staged_test = capi.join("vision_towers_c_gpu");
+    let staged_lib = capi.join("libvision_towers_c.so");
+    copy(&test_bin, &staged_test)?;
+    copy(&lib, &staged_lib)?;
+    let ctest = capi.join("vt_ctest");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let crate_dir = root.join("crates/vision-towers-c");
+    let status = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g", "-I"])
+        .arg(crate_dir.join("include"))
+        .arg(crate_dir.join("tests/c/vt_ctest.c"))
+        .arg("-o")
+        .arg(&ctest)
+        .arg("-L")
+        .arg(capi)
+        .args([
+            "-lvision_towers_c",
+            "-Wl,-rpath,$ORIGIN",
+            "-lpthread",
+            "-ldl",
+        ])
+        .status()
+        .with_context(|| format!("running {cc}"))?;
+    if !status.success() {
+        bail!("compiling vt_ctest failed");
+    }
+    strip_debug(&[staged_test.clone(), staged_lib.clone()]);
+    std::fs::write(capi.join("run.sh"), capi_script())?;
+    for f in [&staged_test, &staged_lib, &ctest] {
+        println!("staged {}", f.display());
+    }
+    Ok(())
+}
+
+/// `.device/capi/run.sh`: the C ABI's GPU tests (`vision-towers-c` `tests/gpu.rs`) with the
+/// staged library and C test program. Logs under `$OUT`.
+fn capi_script() -> String {
+    r#"#!/usr/bin/env bash
+# Written by `cargo xtask gpu-test --prepare`. The C ABI's GPU tests (crates/vision-towers-c/tests/gpu.rs).
+# Needs .device/capi carried; run from the checkout's root or anywhere: bash .device/capi/run.sh
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+OUT="${OUT:-/tmp/capi-out}"
+mkdir -p "$OUT" /tmp/capi-scratch
+export VT_FIXTURES="${VT_FIXTURES:-$ROOT/fixtures}" VT_CAPI_LIB_DIR="$HERE" VT_CTEST="$HERE/vt_ctest"     VT_CAPI_SCRATCH=/tmp/capi-scratch
+if [ -z "${GPU_CORE_PTX_DIR:-}" ] && command -v "${NVCC:-nvcc}" >/dev/null; then
+    bash "$ROOT/kernels/build_ptx.sh" /tmp/capi-ptx >/dev/null && export GPU_CORE_PTX_DIR=/tmp/capi-ptx
+fi
+echo "PTX: ${GPU_CORE_PTX_DIR:-embedded}"
+"$HERE/vision_towers_c_gpu" --ignored --test-threads=1 --nocapture 2>&1 | tee "$OUT/capi_tests.log"
+rc=${PIPESTATUS[0]}
+grep -E "^CAPI-|panicked|^test |test result" "$OUT/capi_tests.log" > "$OUT/capi_summary.txt" || true
+echo "=== C ABI summary ==="
+cat "$OUT/capi_summary.txt"
+exit $rc
+"#
+    .to_string()
 }
 
 /// `.device/facade/run.sh`: the staged GPU tests (the facade's encode parity against the host
@@ -529,6 +638,9 @@ mod tests {
         for (f, _) in gpu_test_sources(&root).unwrap() {
             if f.starts_with(root.join("crates/gpu-core/src")) {
                 continue; // kernels/device_run.sh runs gpu-core's test binary
+            }
+            if f.ends_with("crates/vision-towers-c/tests/gpu.rs") {
+                continue; // stage_capi stages it with the library and the C program
             }
             let staged = STAGED_GPU_TESTS
                 .iter()
