@@ -2,8 +2,7 @@
 
 use std::ffi::{c_char, CString};
 
-use vision_towers::vision_prep::{Plan, PromptRun, PromptTokens};
-use vision_towers::Model;
+use vision_towers::vision_prep::Plan;
 
 use crate::encode::{image_source, vt_image};
 use crate::error::{guard, guard_value, vt_status, Failure};
@@ -31,22 +30,8 @@ pub struct vt_plan {
     prompt_len: u64,
 }
 
-/// Whether each prompt run is the image's placeholder run (its tokens are replaced by the rows,
-/// in order): gemma4's soft-token run between BOI and EOI, glm's image run, every `im_patch` run
-/// of step3p7 (crop tiles first, then the global view). Decided by the model's own image token.
-// TODO(PromptRun::embeds): once vision-prep's plan carries the mask itself, read it from there.
-pub(crate) fn placeholder_mask(model: &Model, runs: &[PromptRun]) -> Vec<bool> {
-    let image = match model.preprocessor().tokens() {
-        PromptTokens::Gemma4 { image, .. } => image,
-        PromptTokens::Glm { image } => image,
-        PromptTokens::Step3p7 { im_patch, .. } => im_patch,
-    };
-    runs.iter().map(|r| r.token == *image).collect()
-}
-
 impl vt_plan {
-    pub(crate) fn new(model: &Model, plan: &Plan) -> vt_plan {
-        let embeds = placeholder_mask(model, &plan.prompt_runs);
+    pub(crate) fn new(plan: &Plan) -> vt_plan {
         vt_plan {
             rows: plan.rows,
             ids: plan
@@ -55,7 +40,11 @@ impl vt_plan {
                 .map(|r| r.token.id.unwrap_or(VT_TOKEN_UNKNOWN))
                 .collect(),
             counts: plan.prompt_runs.iter().map(|r| r.count).collect(),
-            embeds: embeds.into_iter().map(u8::from).collect(),
+            embeds: plan
+                .prompt_runs
+                .iter()
+                .map(|r| u8::from(r.embeds))
+                .collect(),
             texts: plan
                 .prompt_runs
                 .iter()
@@ -93,7 +82,7 @@ pub unsafe extern "C" fn vt_model_plan(
         // SAFETY: the caller's contract on the image's bytes.
         let source = unsafe { image_source(img, 0) }?;
         let plan = m.plan(source)?;
-        let handle = Box::into_raw(Box::new(vt_plan::new(m, &plan)));
+        let handle = Box::into_raw(Box::new(vt_plan::new(&plan)));
         // SAFETY: checked non-NULL and aligned above.
         unsafe { out.write(handle) };
         Ok(())
