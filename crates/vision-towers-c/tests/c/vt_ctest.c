@@ -150,6 +150,8 @@ static struct {
     CUresult (*mem_free)(CUdeviceptr);
     CUresult (*memset_d8_async)(CUdeviceptr, unsigned char, size_t, CUstream);
     CUresult (*memcpy_dtoh_async)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*default_mem_pool)(void **, CUdevice);
+    CUresult (*mem_pool_trim_to)(void *, size_t);
     CUdevice dev;
     CUcontext ctx;
     CUstream stream;
@@ -192,6 +194,8 @@ static int cuda_setup(int ordinal) {
     *(void **)&cu.mem_free = sym("cuMemFree_v2");
     *(void **)&cu.memset_d8_async = sym("cuMemsetD8Async");
     *(void **)&cu.memcpy_dtoh_async = sym("cuMemcpyDtoHAsync_v2");
+    *(void **)&cu.default_mem_pool = sym("cuDeviceGetDefaultMemPool");
+    *(void **)&cu.mem_pool_trim_to = sym("cuMemPoolTrimTo");
     CU(cu.init(0));
     CU(cu.device_get(&cu.dev, ordinal));
     CU(cu.primary_retain(&cu.ctx, cu.dev));
@@ -492,6 +496,12 @@ static void cmd_oom(char **f, size_t n) {
                                cu.stream, NULL, NULL);
     if (s != VT_OK) die("oom: the warm-up encode failed");
     CU(cu.stream_sync(cu.stream));
+    /* The library allocates from the device's default memory pool (stream-ordered), which keeps
+     * what earlier handles in this process freed: hand that back first, so the ballast below
+     * takes every byte the next allocation could use. */
+    void *pool = NULL;
+    CU(cu.default_mem_pool(&pool, cu.dev));
+    CU(cu.mem_pool_trim_to(pool, 0));
     CUdeviceptr *ballast = NULL;
     size_t held = 0, count = 0, cap = 0;
     for (size_t chunk = (size_t)4 << 30; chunk >= (64 << 10); chunk /= 4) {
