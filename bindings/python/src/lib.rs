@@ -1,0 +1,15 @@
+//! Python bindings of vision-towers: the extension module `vision_towers._vision_towers`
+//! (PyO3, abi3 for CPython >= 3.9, built by maturin from `pyproject.toml`).
+//!
+//! Without the `python` feature this crate builds only its pure-Rust parts, which
+//! `cargo test --workspace` tests without a Python interpreter: the DLPack structs and the
+//! deleters of exported tensors ([`dlpack`]), the failure classes ([`failure`]) and the plan
+//! helpers ([`plan_ext`]). maturin turns the feature on.
+#![deny(missing_docs)]
+
+pub mod dlpack;
+pub mod failure;
+pub mod plan_ext;
+
+#[cfg(feature = "python")]
+mod py;
