@@ -274,3 +274,17 @@ def test_path_like_model_and_environment():
     m = vt.Model(os.fspath(fixtures_dir() / "models" / "gemma4"), device="cpu", graphs=False)
     assert m.family == "gemma4"
     assert vt.__version__
+
+
+def test_encode_prepared_takes_torch_cpu_tensors():
+    torch = pytest.importorskip("torch")
+    m = model("glm5_next")
+    st = SafeTensors(fixtures_dir() / "outputs" / "glm5_next" / "batch2.safetensors")
+    kinds = {"F32": torch.float32, "I64": torch.int64}
+    tensors = {
+        n: torch.frombuffer(bytearray(st.raw(n)), dtype=kinds[st.dtype(n)]).reshape(st.shape(n))
+        for n in ("pixel_values", "image_grid_thw")
+    }
+    got = m.encode_prepared(tensors)
+    want = m.encode([image_bytes(i) for i in st.fixture()["images"]])
+    assert [r.to_bytes() for r in got] == [r.to_bytes() for r in want]
