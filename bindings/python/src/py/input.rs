@@ -37,7 +37,7 @@ pub enum Image<'a> {
 pub enum Read<'a> {
     /// Bytes in memory.
     Bytes(&'a [u8]),
-    /// Bytes read from a file or copied.
+    /// Bytes read from a file, and its path.
     Owned(Vec<u8>, Option<PathBuf>),
     /// A `data:` URI.
     Uri(String),
@@ -105,10 +105,10 @@ pub fn images<'py>(list: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>>
 }
 
 /// Reads image `index` (its file, if it is a path).
-pub fn read<'a>(img: &Image<'a>, index: Option<usize>) -> Result<Read<'a>, Failure> {
+pub fn read<'b>(img: &'b Image<'_>, index: Option<usize>) -> Result<Read<'b>, Failure> {
     match img {
         Image::Bytes(b) => Ok(Read::Bytes(b)),
-        Image::Owned(b) => Ok(Read::Owned(b.clone(), None)),
+        Image::Owned(b) => Ok(Read::Bytes(b)),
         Image::Arg(s) => match read_image_arg(s) {
             Ok(ImageArg::Bytes(b, p)) => Ok(Read::Owned(b, Some(p))),
             Ok(ImageArg::Uri(u)) => Ok(Read::Uri(u)),
