@@ -1708,7 +1708,7 @@ mod tests {
             let d2 = host::gemm(&col, &dw2, Some(&w.down2_b), m2, 4 * h, 18 * h);
             st.d2[v0.r2 * 4 * h..(v0.r2 + m2) * 4 * h].copy_from_slice(&d2);
         }
-        let all = host::gemm(
+        let device_order = host::gemm(
             &st.d2,
             &w.proj,
             w.proj_b.as_deref(),
@@ -1716,6 +1716,13 @@ mod tests {
             c.text_hidden,
             4 * h,
         );
+        // The projection writes upstream order, piece by piece (`run_into`).
+        let t = c.text_hidden;
+        let mut all = vec![0.0f32; plan.n2 * t];
+        for (src, rows, dst) in plan.out_pieces() {
+            all[dst * t..(dst + rows) * t]
+                .copy_from_slice(&device_order[src * t..(src + rows) * t]);
+        }
         let masks: Vec<Vec<bool>> = images.iter().map(|i| i.newline_mask.clone()).collect();
         let rows = plan.split_rows(&all, c.text_hidden, &masks);
         let flat = rows.iter().flat_map(|r| r.rows.iter().copied()).collect();
