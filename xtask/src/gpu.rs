@@ -52,6 +52,41 @@ pub fn ptx(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The Python package's GPU tests (`bindings/python/tests`, marker `gpu`), with the interpreter
+/// that has PyTorch (`VT_PYTHON`, else `python3`) and the package installed (the wheel of
+/// `maturin build --release`, installed with `pip install --no-index --no-deps`).
+fn python_gpu_tests(root: &Path) -> Result<()> {
+    let python = std::env::var("VT_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ready = Command::new(&python)
+        .args(["-c", "import vision_towers, torch"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ready {
+        bail!(
+            "the Python GPU tests need `vision_towers` and `torch` importable by {python}: build \
+             the wheel (`maturin build --release -o bindings/python/target/wheels` in \
+             bindings/python) and `pip install --no-index --no-deps` it there"
+        );
+    }
+    let status = Command::new(&python)
+        .current_dir(root)
+        .args([
+            "-m",
+            "pytest",
+            "bindings/python/tests",
+            "-m",
+            "gpu",
+            "--gpu",
+            "-v",
+        ])
+        .status()
+        .context("running pytest")?;
+    if !status.success() {
+        bail!("Python GPU tests failed ({status})");
+    }
+    Ok(())
+}
+
 /// Entry point of `cargo xtask gpu-test [--prepare]`.
 pub fn gpu_test(args: &[String]) -> Result<()> {
     let root = workspace_root();
@@ -98,7 +133,9 @@ pub fn gpu_test(args: &[String]) -> Result<()> {
             sources.len()
         );
     }
-    println!("{ran} GPU tests passed; now every CUDA parity row");
+    println!("{ran} GPU tests passed; now the Python package's");
+    python_gpu_tests(&root)?;
+    println!("now every CUDA parity row");
     crate::parity::run(&["--require-cuda".to_string()])
 }
 

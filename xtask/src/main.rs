@@ -8,6 +8,7 @@ mod gpu;
 mod parity;
 mod pipeline;
 mod progress;
+mod suite;
 mod towers;
 mod towers_glm;
 mod towers_step;
@@ -18,6 +19,9 @@ use std::path::PathBuf;
 const USAGE: &str = "usage: cargo xtask <command> [args]
 
 commands:
+  test       the whole suite CI runs: cargo test --workspace --locked, parity, and the Python
+             package's tests (builds it into target/py-venv; --no-python skips them,
+             --python-only runs only them)
   fixtures   regenerate the oracle fixtures from upstream (makes its own Python venv)
   parity     compare every available path against the oracle fixtures and print the table
              [--require-cuda: a CUDA row that did not run fails; implied where a GPU is present]
@@ -41,6 +45,7 @@ fn main() -> Result<()> {
     };
     let rest = &args[1..];
     match cmd.as_str() {
+        "test" => suite::run(rest),
         "fixtures" => fixtures::run(rest),
         "parity" => parity::run(rest),
         "ptx" => gpu::ptx(rest),

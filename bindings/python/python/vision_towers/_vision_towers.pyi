@@ -1,0 +1,142 @@
+"""Type stubs of the extension module (hand-written; `tests/test_stubs.py` checks them against
+the module)."""
+
+import os
+import pathlib
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+
+__version__: str
+
+ImageArg = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
+"""An image: its file's bytes, a path to the file, or a ``data:`` URI string (other URI schemes
+are refused; a plain string is a path)."""
+
+class VisionTowersError(Exception):
+    """Base of every error vision_towers raises; the message is the command line's."""
+
+    kind: str
+    """The error class, e.g. ``prep:OverBudget``, ``safetensors:InvalidJson``, ``out_of_memory``."""
+    index: Optional[int]
+    """The image the error is about, by its position in the call (None when not one image)."""
+
+class BadImageError(VisionTowersError):
+    """An image was refused (not an image, over the decode budget, corrupt, unreadable, a refused
+    URI scheme, over the pass ceiling)."""
+
+class BadModelError(VisionTowersError):
+    """The weight file, its configs or its tokenizer files were refused."""
+
+class BadInputError(VisionTowersError):
+    """Processor tensors given to ``encode_prepared`` were refused."""
+
+class NoDeviceError(VisionTowersError):
+    """The CUDA device asked for does not open."""
+
+class OutOfMemoryError(VisionTowersError):
+    """The device ran out of memory; the model stays usable."""
+
+class UnsupportedError(VisionTowersError):
+    """A device, precision, dtype or output this model cannot give."""
+
+class DeviceError(VisionTowersError):
+    """Any other CUDA failure."""
+
+class ImageRows:
+    """One image's rows ``[rows, width]``, row-major: host float32 for a CPU model, device memory
+    (float32 or bfloat16) for a CUDA model. Exports DLPack without a copy."""
+
+    @property
+    def shape(self) -> Tuple[int, int]: ...
+    @property
+    def dtype(self) -> str:
+        """``"float32"`` or ``"bfloat16"``."""
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``."""
+    @property
+    def data_ptr(self) -> int:
+        """Address of the first row (a device address for CUDA rows)."""
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def plan(self) -> Optional[dict[str, Any]]:
+        """The image's plan (as ``Model.plan``), None for rows of processor tensors."""
+    def to_bytes(self) -> bytes:
+        """The rows' bytes, little-endian in their dtype (a copy; waits for device rows)."""
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    def __dlpack__(
+        self,
+        stream: Optional[int] = None,
+        *,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any:
+        """A DLPack capsule. ``stream``: None or 1 = legacy default stream, 2 = per-thread
+        default stream, -1 = no synchronisation, else a ``CUstream``; that stream waits for the
+        rows on the device before this returns. ``max_version >= (1, 0)``: a versioned capsule."""
+    def __len__(self) -> int: ...
+
+class Model:
+    """A model's image processor and vision tower behind one thread-safe handle."""
+
+    def __init__(
+        self,
+        path: Union[str, "os.PathLike[str]"],
+        device: str = "auto",
+        precision: Optional[str] = None,
+        max_soft_tokens: Optional[int] = None,
+        max_image_tokens: Optional[int] = None,
+        max_megapixels: Optional[float] = None,
+        graphs: bool = True,
+        max_patches_per_pass: Optional[int] = None,
+    ) -> None:
+        """Opens a GGUF mmproj, a ``.safetensors`` file, a model directory or a sharded
+        directory. ``device``: ``"auto"`` (CUDA 0 where it opens, else the CPU), ``"cpu"``,
+        ``"cuda"`` or ``"cuda:N"``. ``precision``: ``"f32"`` or ``"bf16"`` (default: f32 on the
+        CPU, bf16 on CUDA)."""
+    @property
+    def family(self) -> str:
+        """``"gemma4"``, ``"glm5_next"``, ``"glm_ocr"`` or ``"step3p7"``."""
+    @property
+    def width(self) -> int:
+        """The LM width of the rows."""
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``."""
+    @property
+    def precision(self) -> str:
+        """``"f32"`` or ``"bf16"``."""
+    @property
+    def lm_attention(self) -> str:
+        """``"causal"``, ``"bidirectional"`` or ``"bidirectional_image_runs_in_sliding_layers"``."""
+    @property
+    def path(self) -> pathlib.Path:
+        """The weight file or directory it was opened from."""
+    def plan(self, image: ImageArg) -> dict[str, Any]:
+        """The plan from the image's header alone: ``rows``, ``prompt_runs`` ((id, count)
+        tuples), ``prompt_tokens``, ``is_embed`` (one bool per prompt token), ``target`` (w, h),
+        ``grid``, ``width``, ``height``, ``family``, ``processor``, ``detail``."""
+    def max_rows_per_image(self) -> int:
+        """The most rows one image can give under this model's settings."""
+    def encode(
+        self,
+        images: Sequence[ImageArg],
+        dtype: Optional[Any] = None,
+        *,
+        out: Optional[Any] = None,
+        out_stream: Optional[Any] = None,
+    ) -> list[Any]:
+        """One ``ImageRows`` per image (with ``out``: each image's row count). ``dtype``:
+        ``"float32"``/``"bfloat16"`` or a torch dtype (CUDA; default the model's precision).
+        ``out``: a contiguous CUDA tensor ``[total rows, width]``; ``out_stream``: the stream to
+        order with (a ``CUstream`` int or a stream object; default the legacy default stream)."""
+    def encode_prepared(
+        self,
+        tensors: Mapping[str, Any],
+        dtype: Optional[Any] = None,
+        *,
+        out: Optional[Any] = None,
+        out_stream: Optional[Any] = None,
+    ) -> list[Any]:
+        """``encode`` from the HF image processor's tensors (CPU arrays by upstream name)."""

@@ -1,0 +1,436 @@
+//! `Model`: a vision tower and its image processor behind one handle, shared by threads.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use vision_towers::vision_prep::{ImageSource, PrepSettings};
+use vision_towers::{
+    Device, DeviceOut, LmAttention, Model, Precision, RowsDtype, TowerOptions,
+    DEFAULT_MAX_PATCHES_PER_PASS,
+};
+
+use crate::failure::{Failure, Phase};
+use crate::py::errors::detached;
+use crate::py::input::{self, Image, Out, Read};
+use crate::py::plan;
+use crate::py::rows::{ImageRows, PlanInfo};
+
+/// A model: its image processor and its vision tower, on the CPU (the float32 reference) or a
+/// CUDA device. Thread-safe: share one between threads; the GIL is released while images are
+/// prepared and the tower runs.
+#[pyclass(frozen, module = "vision_towers", name = "Model")]
+pub struct PyModel {
+    model: Arc<Model>,
+    family: &'static str,
+    width: usize,
+    device: Device,
+    precision: Precision,
+    lm: LmAttention,
+    max_rows: OnceLock<u64>,
+}
+
+/// What an encode returns: rows per image, or (with `out=`) each image's row count.
+enum Encoded {
+    Rows(Vec<ImageRows>),
+    Counts(Vec<usize>),
+}
+
+impl<'py> IntoPyObject<'py> for Encoded {
+    type Target = PyList;
+    type Output = Bound<'py, PyList>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        match self {
+            Encoded::Rows(r) => PyList::new(py, r),
+            Encoded::Counts(c) => PyList::new(py, c),
+        }
+    }
+}
+
+fn parse_precision(p: Option<&str>) -> Result<Option<Precision>, Failure> {
+    match p.map(str::to_ascii_lowercase).as_deref() {
+        None => Ok(None),
+        Some("f32" | "float32" | "fp32") => Ok(Some(Precision::F32)),
+        Some("bf16" | "bfloat16") => Ok(Some(Precision::Bf16)),
+        Some(other) => Err(Failure::value(format!(
+            "precision must be \"f32\" or \"bf16\", got {other:?}"
+        ))),
+    }
+}
+
+impl PyModel {
+    /// The dtype of the rows asked for, checked against the model.
+    fn rows_dtype(&self, asked: Option<RowsDtype>) -> Result<RowsDtype, Failure> {
+        match (self.device, asked) {
+            (Device::Cuda(_), None) => Ok(match self.precision {
+                Precision::F32 => RowsDtype::F32,
+                Precision::Bf16 => RowsDtype::Bf16,
+            }),
+            (Device::Cuda(_), Some(RowsDtype::Bf16)) if self.precision == Precision::F32 => {
+                Err(Failure::unsupported(
+                    "bfloat16 rows need a model opened in bf16 (this one runs in f32); ask for \
+                     float32 rows or open the model with precision=\"bf16\"",
+                ))
+            }
+            (Device::Cuda(_), Some(d)) => Ok(d),
+            (_, None | Some(RowsDtype::F32)) => Ok(RowsDtype::F32),
+            (_, Some(RowsDtype::Bf16)) => Err(Failure::unsupported(
+                "bfloat16 rows on the CPU are refused: the CPU path is the float32 reference; ask \
+                 for float32 or open the model on CUDA",
+            )),
+        }
+    }
+
+    /// The caller's `out` as a [`DeviceOut`] for `rows` rows (None = check the width only),
+    /// ordered with `stream`.
+    fn device_out(
+        &self,
+        out: &Out,
+        asked: Option<RowsDtype>,
+        stream: Option<u64>,
+        rows: Option<usize>,
+    ) -> Result<DeviceOut, Failure> {
+        let Device::Cuda(ordinal) = self.device else {
+            return Err(Failure::unsupported(format!(
+                "out= takes a CUDA tensor and this model runs on {}; its rows come back as \
+                 float32 host arrays",
+                self.device
+            )));
+        };
+        if let Some(d) = asked {
+            if d != out.dtype {
+                return Err(Failure::value(format!(
+                    "dtype {} differs from out's {}",
+                    d.name(),
+                    out.dtype.name()
+                )));
+            }
+        }
+        self.rows_dtype(Some(out.dtype))?;
+        if let Some(o) = out.ordinal {
+            if o != ordinal {
+                return Err(Failure::value(format!(
+                    "out is on cuda:{o}, the model on cuda:{ordinal}"
+                )));
+            }
+        }
+        let fits = match (out.shape.as_slice(), rows) {
+            ([r, w], Some(n)) => *r == n && *w == self.width,
+            ([_, w], None) => *w == self.width,
+            _ => false,
+        };
+        if !fits {
+            return Err(Failure::value(format!(
+                "out has shape {:?}; the rows need [{}, {}]",
+                out.shape,
+                rows.map_or_else(|| "rows".to_string(), |n| n.to_string()),
+                self.width
+            )));
+        }
+        let len = out.shape.iter().product::<usize>();
+        let stream = stream.or(out.stream).unwrap_or(0);
+        // SAFETY: `out` describes the caller's CUDA tensor (from its own __dlpack__ or
+        // __cuda_array_interface__: device memory of the device's primary context, which PyTorch
+        // and CuPy use), `len` elements of `out.dtype`, contiguous. The caller keeps it alive and
+        // unused by others until `stream`'s work reaches the write (documented on `encode`).
+        Ok(unsafe { DeviceOut::new(out.addr, len, out.dtype, ordinal, stream) })
+    }
+}
+
+#[pymethods]
+impl PyModel {
+    /// Opens the weight file or model directory at `path`.
+    #[new]
+    #[pyo3(signature = (path, device=String::from("auto"), precision=None, max_soft_tokens=None,
+                        max_image_tokens=None, max_megapixels=None, graphs=true,
+                        max_patches_per_pass=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        device: String,
+        precision: Option<String>,
+        max_soft_tokens: Option<u32>,
+        max_image_tokens: Option<u64>,
+        max_megapixels: Option<f64>,
+        graphs: bool,
+        max_patches_per_pass: Option<usize>,
+    ) -> PyResult<PyModel> {
+        let device: Device = device
+            .parse()
+            .map_err(|e: vision_towers::ParseDeviceError| {
+                Failure::value(e.to_string()).into_pyerr(py)
+            })?;
+        let precision = parse_precision(precision.as_deref()).map_err(|f| f.into_pyerr(py))?;
+        let mut settings = PrepSettings {
+            max_soft_tokens,
+            max_image_tokens,
+            ..PrepSettings::default()
+        };
+        if let Some(mp) = max_megapixels {
+            if !(mp.is_finite() && mp > 0.0) {
+                return Err(
+                    Failure::value(format!("max_megapixels must be positive, got {mp}"))
+                        .into_pyerr(py),
+                );
+            }
+            settings.limits.max_pixels = (mp * 1e6).round().max(1.0) as u64;
+        }
+        let options = TowerOptions {
+            device,
+            precision,
+            max_patches_per_pass: max_patches_per_pass.unwrap_or(DEFAULT_MAX_PATCHES_PER_PASS),
+            graphs,
+        };
+        let model = detached(py, move || {
+            Model::open_with(&path, &options, settings).map_err(|e| Failure::model(&e, Phase::Open))
+        })?;
+        Ok(PyModel {
+            family: model.family().name(),
+            width: model.width(),
+            device: model.device(),
+            precision: model.precision(),
+            lm: model.lm_attention(),
+            model: Arc::new(model),
+            max_rows: OnceLock::new(),
+        })
+    }
+
+    /// `"gemma4"`, `"glm5_next"`, `"glm_ocr"` or `"step3p7"`.
+    #[getter]
+    fn family(&self) -> &'static str {
+        self.family
+    }
+
+    /// The LM width of the rows (their columns).
+    #[getter]
+    fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Where the tower runs: `"cpu"` or `"cuda:N"` (what `"auto"` chose).
+    #[getter]
+    fn device(&self) -> String {
+        self.device.to_string()
+    }
+
+    /// The tower's arithmetic: `"f32"` or `"bf16"`.
+    #[getter]
+    fn precision(&self) -> String {
+        self.precision.to_string()
+    }
+
+    /// How the LM attends over image rows: `"causal"`, `"bidirectional"` (the whole text model),
+    /// or `"bidirectional_image_runs_in_sliding_layers"` (gemma4 `use_bidirectional_attention =
+    /// "vision"`: sliding-window layers attend both ways within one image's run of soft tokens).
+    #[getter]
+    fn lm_attention(&self) -> &'static str {
+        match self.lm {
+            LmAttention::Causal => "causal",
+            LmAttention::BidirectionalImageRunsInSlidingLayers => {
+                "bidirectional_image_runs_in_sliding_layers"
+            }
+            LmAttention::Bidirectional => "bidirectional",
+        }
+    }
+
+    /// The weight file or directory it was opened from.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.model.path().to_path_buf()
+    }
+
+    /// The plan of one image from its header alone (nothing decoded): a dict with `rows`,
+    /// `prompt_runs` (`(token_id, count)` tuples; id None when the configs lack it),
+    /// `prompt_tokens` (their texts), `is_embed` (one bool per prompt token: True where it
+    /// receives a row; BOI/EOI and brackets stay text), `target` (w, h), `grid`, `width`,
+    /// `height`, `family`, `processor` and a family `detail`.
+    fn plan<'py>(&self, py: Python<'py>, image: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let img = input::image(image, 0)?;
+        let model = self.model.clone();
+        let planned = detached(py, move || {
+            let read = input::read(&img, None)?;
+            model.plan(read.source()).map_err(|e| match e {
+                vision_towers::ModelError::Image { source, .. } => {
+                    input::plan_failure(&source, &read)
+                }
+                other => Failure::model(&other, Phase::Images),
+            })
+        })?;
+        plan::to_dict(py, &planned)
+    }
+
+    /// The most rows one image can give under this model's settings (its budgets and decode
+    /// limit), for sizing caches and memory profiling.
+    fn max_rows_per_image(&self, py: Python<'_>) -> PyResult<u64> {
+        let model = self.model.clone();
+        let cell = &self.max_rows;
+        detached(py, || {
+            Ok(*cell.get_or_init(move || model.max_rows_per_image()))
+        })
+    }
+
+    /// Encodes images (a list of bytes, bytearray, memoryview, paths or `data:` URIs) in
+    /// padding-free passes and returns one `ImageRows` per image, in order: float32 host rows
+    /// for a CPU model; for a CUDA model rows left on the device in `dtype` (default: the
+    /// model's precision), one buffer shared by the images, exported without a copy through
+    /// `__dlpack__` (`torch.from_dlpack(rows)` on the current stream: ordered, no host sync).
+    ///
+    /// `out`: a contiguous CUDA tensor `[total rows, width]` of float32 or bfloat16 (anything
+    /// exporting `__dlpack__` or `__cuda_array_interface__`) to receive every image's rows in
+    /// order; the call then returns each image's row count. The rows are written after the work
+    /// `out_stream` has queued and `out_stream` waits for them (pass
+    /// `torch.cuda.current_stream()` or its `.cuda_stream`; default: the legacy default stream).
+    /// Keep `out` alive until that stream's work is done (PyTorch's allocator does, if `out` is
+    /// used on that stream).
+    #[pyo3(signature = (images, dtype=None, *, out=None, out_stream=None))]
+    fn encode<'py>(
+        &self,
+        py: Python<'py>,
+        images: &Bound<'py, PyAny>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        out: Option<&Bound<'py, PyAny>>,
+        out_stream: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let objs = input::images(images)?;
+        let imgs = objs
+            .iter()
+            .enumerate()
+            .map(|(i, o)| input::image(o, i))
+            .collect::<PyResult<Vec<Image<'_>>>>()?;
+        let asked = input::dtype(dtype)?;
+        let stream = input::stream(out_stream)?;
+        let out = out
+            .filter(|o| !o.is_none())
+            .map(input::out)
+            .transpose()
+            .map_err(|f| f.into_pyerr(py))?;
+        let dtype = self.rows_dtype(asked).map_err(|f| f.into_pyerr(py))?;
+        let model = self.model.clone();
+        let encoded = detached(py, || {
+            let reads = imgs
+                .iter()
+                .enumerate()
+                .map(|(i, img)| input::read(img, Some(i)))
+                .collect::<Result<Vec<Read<'_>>, Failure>>()?;
+            let sources: Vec<ImageSource<'_>> = reads.iter().map(Read::source).collect();
+            let failed = |e: vision_towers::ModelError| Failure::model(&e, Phase::Images);
+            let info = |plan: vision_towers::vision_prep::Plan| Arc::new(PlanInfo { plan });
+            if let Some(out) = &out {
+                // The plans first (headers only): the output's shape is checked before anything
+                // is decoded or written.
+                let mut total = 0usize;
+                for (i, s) in sources.iter().enumerate() {
+                    let plan = model.plan(*s).map_err(|e| match e {
+                        vision_towers::ModelError::Image { source, .. } => Failure::model(
+                            &vision_towers::ModelError::Image { index: i, source },
+                            Phase::Images,
+                        ),
+                        other => failed(other),
+                    })?;
+                    total += plan.rows as usize;
+                }
+                let target = self.device_out(out, asked, stream, Some(total))?;
+                let plans = model
+                    .encode_device_into(&sources, &target)
+                    .map_err(failed)?;
+                return Ok(Encoded::Counts(
+                    plans.iter().map(|p| p.rows as usize).collect(),
+                ));
+            }
+            if sources.is_empty() {
+                return Ok(Encoded::Rows(Vec::new()));
+            }
+            match self.device {
+                Device::Cuda(_) => {
+                    let d = model.encode_device(&sources, dtype).map_err(failed)?;
+                    let plans = d.plans.into_iter().map(info).collect();
+                    Ok(Encoded::Rows(ImageRows::on_device(d.rows, Some(plans))))
+                }
+                _ => {
+                    let e = model.encode(&sources).map_err(failed)?;
+                    Ok(Encoded::Rows(
+                        e.into_iter()
+                            .map(|e| ImageRows::on_host(e.rows, e.width, Some(info(e.plan))))
+                            .collect(),
+                    ))
+                }
+            }
+        })?;
+        encoded.into_pyobject(py)
+    }
+
+    /// Encodes the tensors of the model's HF image processor (a mapping of upstream names —
+    /// `pixel_values`, `image_position_ids`, `image_grid_thw`, `pixel_values_local`,
+    /// `num_local_patches`, `patch_newline_masks` — to CPU arrays: NumPy arrays, PyTorch CPU
+    /// tensors, anything exporting `__dlpack__`) instead of image bytes: floats are read as
+    /// float32, integers and booleans as int64. Returns as `encode` does (`plan` is None); with
+    /// `out`, its shape must be `[rows, width]` with exactly the tensors' rows.
+    #[pyo3(signature = (tensors, dtype=None, *, out=None, out_stream=None))]
+    fn encode_prepared<'py>(
+        &self,
+        py: Python<'py>,
+        tensors: &Bound<'py, PyAny>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        out: Option<&Bound<'py, PyAny>>,
+        out_stream: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let set = input::tensors(tensors).map_err(|f| f.into_pyerr(py))?;
+        let asked = input::dtype(dtype)?;
+        let stream = input::stream(out_stream)?;
+        let out = out
+            .filter(|o| !o.is_none())
+            .map(input::out)
+            .transpose()
+            .map_err(|f| f.into_pyerr(py))?;
+        let dtype = self.rows_dtype(asked).map_err(|f| f.into_pyerr(py))?;
+        let model = self.model.clone();
+        let encoded = detached(py, || {
+            let failed = |e: vision_towers::ModelError| Failure::model(&e, Phase::Tensors);
+            if let Some(out) = &out {
+                let target = self.device_out(out, asked, stream, None)?;
+                let counts = model.encode_tensors_into(&set, &target).map_err(failed)?;
+                let total: usize = counts.iter().sum();
+                if out.shape.first() != Some(&total) {
+                    return Err(Failure::value(format!(
+                        "out has {} rows, the tensors gave {total} (written to its first rows)",
+                        out.shape.first().copied().unwrap_or(0)
+                    )));
+                }
+                return Ok(Encoded::Counts(counts));
+            }
+            match self.device {
+                Device::Cuda(_) => {
+                    let rows = model.encode_tensors_device(&set, dtype).map_err(failed)?;
+                    Ok(Encoded::Rows(ImageRows::on_device(rows, None)))
+                }
+                _ => {
+                    let rows = model.encode_tensors(&set).map_err(failed)?;
+                    let width = rows.width;
+                    Ok(Encoded::Rows(
+                        rows.per_image
+                            .into_iter()
+                            .map(|r| ImageRows::on_host(r, width, None))
+                            .collect(),
+                    ))
+                }
+            }
+        })?;
+        encoded.into_pyobject(py)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Model({:?}, family={}, device={}, precision={}, width={})",
+            self.model.path().display().to_string(),
+            self.family,
+            self.device,
+            self.precision,
+            self.width
+        )
+    }
+}

@@ -1,0 +1,101 @@
+"""Helpers shared by the tests: where the fixtures are, a tiny safetensors reader (stdlib only),
+rel-L2, and the fixture models."""
+
+import json
+import math
+import os
+import struct
+from pathlib import Path
+
+import vision_towers as vt
+
+
+def fixtures_dir():
+    """The repository's fixtures (``VT_FIXTURES`` names them elsewhere, e.g. on a GPU machine)."""
+    env = os.environ.get("VT_FIXTURES")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3] / "fixtures"
+
+
+_DTYPES = {
+    "F64": ("d", 8),
+    "F32": ("f", 4),
+    "I64": ("q", 8),
+    "I32": ("i", 4),
+    "U8": ("B", 1),
+    "BOOL": ("?", 1),
+}
+
+
+class SafeTensors:
+    """A safetensors file: ``meta`` (its ``__metadata__``), ``names()``, ``shape(name)``,
+    ``dtype(name)``, ``raw(name)`` (bytes) and ``values(name)`` (a flat list)."""
+
+    def __init__(self, path):
+        data = Path(path).read_bytes()
+        (n,) = struct.unpack("<Q", data[:8])
+        self.header = json.loads(data[8 : 8 + n])
+        self.meta = self.header.pop("__metadata__", {})
+        self.data = memoryview(data)[8 + n :]
+
+    def names(self):
+        return list(self.header)
+
+    def shape(self, name):
+        return list(self.header[name]["shape"])
+
+    def dtype(self, name):
+        return self.header[name]["dtype"]
+
+    def raw(self, name):
+        a, b = self.header[name]["data_offsets"]
+        return bytes(self.data[a:b])
+
+    def values(self, name):
+        code, size = _DTYPES[self.dtype(name)]
+        raw = self.raw(name)
+        return list(struct.unpack(f"<{len(raw) // size}{code}", raw))
+
+    def fixture(self):
+        return json.loads(self.meta["fixture"])
+
+
+def f32s(raw):
+    return struct.unpack(f"<{len(raw) // 4}f", raw)
+
+
+def bf16s(raw):
+    """bfloat16 bytes widened to floats (exact)."""
+    halves = struct.unpack(f"<{len(raw) // 2}H", raw)
+    return struct.unpack(f"<{len(halves)}f", struct.pack(f"<{len(halves)}I", *(h << 16 for h in halves)))
+
+
+def rel_l2(got, want):
+    """‖got − want‖ / ‖want‖ in float64."""
+    assert len(got) == len(want), (len(got), len(want))
+    num = math.fsum((g - w) ** 2 for g, w in zip(got, want))
+    den = math.fsum(w * w for w in want)
+    return math.sqrt(num / den)
+
+
+_MODELS = {}
+
+
+def model(name, **kw):
+    """A fixture model on the CPU, opened once per set of arguments."""
+    key = (name, tuple(sorted(kw.items())))
+    if key not in _MODELS:
+        _MODELS[key] = vt.Model(fixtures_dir() / "models" / name, device="cpu", **kw)
+    return _MODELS[key]
+
+
+def image_bytes(name):
+    return (fixtures_dir() / "images" / name).read_bytes()
+
+
+def rss_bytes():
+    """Resident set size of this process (Linux /proc/self/statm)."""
+    with open("/proc/self/statm") as f:
+        resident = int(f.read().split()[1])
+    return resident * os.sysconf("SC_PAGE_SIZE")
