@@ -34,6 +34,17 @@ def torch():
     return t
 
 
+def trim_default_memory_pool(ordinal):
+    """cuMemPoolTrimTo(default pool of the device, 0) through the driver API."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    dev, pool = ctypes.c_int(), ctypes.c_void_p()
+    assert cuda.cuDeviceGet(ctypes.byref(dev), ordinal) == 0
+    assert cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev) == 0
+    assert cuda.cuMemPoolTrimTo(pool, ctypes.c_size_t(0)) == 0
+
+
 def cuda_model(name, **kw):
     key = (name, tuple(sorted(kw.items())))
     if key not in _OPEN:
@@ -141,6 +152,11 @@ def test_out_of_memory_raises_and_the_next_call_works(torch):
     before = [r.to_bytes() for r in m.encode(small)]
     # A request larger than any before: the workspace must grow, past what the ballast leaves.
     big = images() + [image_bytes("coffee_3100x500.jpg")] * 8
+    # The library allocates from the device's default (stream-ordered) memory pool, which keeps
+    # what earlier models of this process freed: give that back first, so the ballast takes
+    # every byte the library's next allocation could use.
+    torch.cuda.synchronize()
+    trim_default_memory_pool(0)
     ballast, chunk = [], 4 << 30
     while chunk >= 1 << 20:
         try:
