@@ -7,10 +7,13 @@
 //! Each timed call is `Model::encode_device` of `batch` copies of the image's bytes followed by
 //! `DeviceRows::synchronize` (wall clock, the same boundary a Python caller sees once it
 //! synchronizes its stream); the median and the minimum of `iters` calls after `warmup` are
-//! printed, one JSON object per batch size.
+//! printed, one JSON object per batch size, with the host half alone (`Preprocessor::prepare`
+//! of the batch, parallel as in the encode) to split the time.
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::time::Instant;
+
+use rayon::prelude::*;
 
 use vision_towers::vision_prep::{ImageSource, PrepSettings};
 use vision_towers::{Device, Model, RowsDtype, TowerOptions};
@@ -91,6 +94,22 @@ pub fn run(args: &[String]) -> Result<()> {
             }
         }
         times.sort_by(f64::total_cmp);
+        // The host half alone (admission, decode, resize, patchify; parallel over the images as
+        // in `encode_device`), to split the end-to-end time.
+        let pre = model.preprocessor();
+        let mut prep = Vec::with_capacity(a.iters);
+        for _ in 0..a.iters {
+            let t = Instant::now();
+            let done: Vec<_> = sources
+                .par_iter()
+                .map(|s| pre.prepare(*s))
+                .collect::<Result<_, _>>()?;
+            prep.push(t.elapsed().as_secs_f64() * 1e3);
+            for p in done {
+                pre.recycle(p);
+            }
+        }
+        prep.sort_by(f64::total_cmp);
         let line = serde_json::json!({
             "family": model.family().name(),
             "batch": b,
@@ -98,6 +117,8 @@ pub fn run(args: &[String]) -> Result<()> {
             "iters": a.iters,
             "median_ms": times[times.len() / 2],
             "min_ms": times[0],
+            "prep_median_ms": prep[prep.len() / 2],
+            "prep_min_ms": prep[0],
             "rows_per_image": model.plan(ImageSource::Bytes(&bytes))?.rows,
         });
         println!("{line}");

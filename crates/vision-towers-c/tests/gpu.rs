@@ -465,6 +465,10 @@ fn the_c_program_writes_device_rows_into_a_cumemalloc_buffer_on_its_stream() {
     ]));
     let mut oom = vec!["oom".to_string(), "0".into(), oom_out.display().to_string()];
     oom.extend(args.clone());
+    // A request far larger than the warm-up's (its first image): the workspace must grow past
+    // what the ballast leaves, whatever the old workspace's freed blocks can hold.
+    let big = file_arg(&fixtures().join("images/coffee_3100x500.jpg"));
+    oom.extend(std::iter::repeat_n(big, 8));
     script.push_str(&(oom.join("\t") + "\n"));
     let run = run_script(&script, Under::Plain, "gpu");
     let mut lines = run.lines.iter().filter(|l| l.cmd() != "free");
