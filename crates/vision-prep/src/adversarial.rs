@@ -352,6 +352,38 @@ fn step3p7_global_view_size_is_bounded() {
     }
 }
 
+/// A step3p7 crop side far below `max_image_size` tiled the image into hundreds of thousands of
+/// crops, each with its prompt runs (a cloned token per run), before any budget applied: the
+/// `configs` fuzzer's `"patch_size": 1` planned 2000×2000 into 4 M crops and 1.3 GB of runs.
+#[test]
+fn step3p7_crop_count_is_bounded() {
+    let with = |patch: u32| {
+        let cfg = ModelConfigs {
+            preprocessor_config: Some(serde_json::json!({
+                "image_processor_type": "Step3p7ImageProcessor",
+                "patch_size": patch})),
+            ..Default::default()
+        };
+        Preprocessor::from_configs(&cfg, PrepSettings::default()).expect("valid config")
+    };
+    // 800×800 in 2-pixel windows: 400² = 160 000 crops.
+    let got = with(2).plan_size(800, 800);
+    assert!(
+        matches!(got, Err(PrepError::Unplannable { .. })),
+        "{:?}",
+        got.map(|p| p.grid())
+    );
+    // The release crop side, and the most crops it gives: 1-pixel windows along a 3024 strip.
+    assert_eq!(
+        with(504).plan_size(3024, 3024).expect("release").grid(),
+        vec![6, 6]
+    );
+    assert_eq!(
+        with(504).plan_size(60000, 32).expect("strip").grid(),
+        vec![1, 3024]
+    );
+}
+
 /// A GGUF patch size meets the bounds a processor config's does (it used to overflow
 /// `gemma4_target`'s `max_patches·p²`).
 #[test]

@@ -362,6 +362,13 @@ pub fn glm46v_size(law: &Glm46VLaw, height: u32, width: u32) -> Result<(u64, u64
     Ok((hb, wb))
 }
 
+/// Most step3p7 local crops one image may be tiled into: 2¹⁶. Upstream has no cap. A strip of
+/// 1-pixel windows gives at most `max_image_size` crops (≤ 2¹⁶ for any config within
+/// `MAX_CONFIG_SIDE`; 3024 for the release config); only a crop side under 1/256 of
+/// `max_image_size` (release: 504 of 3024) goes past it, with ~4 prompt runs per crop held in
+/// the plan before any output budget applies.
+pub const MAX_STEP3P7_CROPS: u64 = 1 << 16;
+
 /// step3p7 patch layout (image_processing_step3p7.py `_plan_patches`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Step3p7Layout {
@@ -471,6 +478,16 @@ pub fn step3p7_layout(law: &Step3p7Law, height: u32, width: u32) -> Result<Step3
         ));
     }
     let (window, crop, nx, ny) = step3p7_tiles(law, w, h);
+    if nx.saturating_mul(ny) > MAX_STEP3P7_CROPS {
+        return Err(unplannable(
+            "Step3p7ImageProcessor",
+            width,
+            height,
+            format!(
+                "{nx}x{ny} local crops of {window} pixels exceed the limit of {MAX_STEP3P7_CROPS}"
+            ),
+        ));
+    }
     Ok(Step3p7Layout {
         global: (w, h),
         crop,
