@@ -12,76 +12,25 @@
 //! same kernels and GEMM plans on the same inputs); the 2e-2 check runs first, so a failure
 //! also says how far apart they are.
 
+mod common;
+
+use common::{fill_the_card, fixtures, image_bytes, largest_image, CUDA_MODELS, IMAGES};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use vision_towers::gpu_core::{self, DeviceBuffer, GpuError};
-use vision_towers::vision_prep::{ImageSource, PrepSettings};
-use vision_towers::{Device, Encoded, Model, ModelError, Precision, TowerError, TowerOptions};
+use vision_towers::gpu_core;
+use vision_towers::vision_prep::ImageSource;
+use vision_towers::{Device, Encoded, Model, Precision};
+
+/// The tests here run eagerly (graphs off); `tests/graphs.rs` covers the replays.
+fn open(model: &str, device: Device, precision: Option<Precision>, ceiling: usize) -> Model {
+    common::open(model, device, precision, ceiling, false)
+}
 
 /// bf16 against the host f32 path, rel-L2 per image.
 const BF16_BOUND: f64 = 2e-2;
 /// CUDA f32 (exactness mode) against the host f32 path.
 const F32_BOUND: f64 = 1e-4;
-
-/// Every fixture model (each family has a CUDA path).
-const CUDA_MODELS: [&str; 10] = [
-    "models/gemma4",
-    "models/gemma4_clipped",
-    "models/gemma4_gguf/mmproj-BF16.gguf",
-    "models/gemma4_gguf/mmproj-F16.gguf",
-    "models/gemma4_gguf/mmproj-clipped-BF16.gguf",
-    "models/glm5_next",
-    "models/glm_ocr",
-    "models/step3p7",
-    "models/step3p7_hf",
-    "models/step3p7_sharded",
-];
-
-const IMAGES: [&str; 4] = [
-    "coffee_144x96.jpg",
-    "tiny_20x15.png",
-    "logo_rgba_112x84.png",
-    "chelsea_168x112.webp",
-];
-
-/// The fixtures: `VT_FIXTURES` (a test binary run on another machine), else this checkout's.
-fn fixtures() -> PathBuf {
-    std::env::var_os("VT_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"))
-}
-
-fn image_bytes() -> Vec<Vec<u8>> {
-    IMAGES
-        .iter()
-        .map(|i| std::fs::read(fixtures().join("images").join(i)).unwrap())
-        .collect()
-}
-
-fn open(model: &str, device: Device, precision: Option<Precision>, ceiling: usize) -> Model {
-    let options = TowerOptions {
-        device,
-        precision,
-        max_patches_per_pass: ceiling,
-        graphs: false,
-    };
-    Model::open_with(&fixtures().join(model), &options, PrepSettings::default())
-        .unwrap_or_else(|e| panic!("{model} on {device}: {e}"))
-}
-
-/// The largest image's patches, from the ceiling's own refusal at one patch per pass (host).
-fn largest_image(model: &str, sources: &[ImageSource<'_>]) -> usize {
-    let tiny = open(model, Device::Cpu, None, 1);
-    sources
-        .iter()
-        .map(|s| match tiny.encode(std::slice::from_ref(s)) {
-            Err(ModelError::Tower(TowerError::OverPassCeiling { patches, .. })) => patches,
-            other => panic!("{model}: expected the ceiling's refusal, got {other:?}"),
-        })
-        .max()
-        .unwrap_or(1)
-}
 
 fn rel_l2(out: &[f32], reference: &[f32]) -> f64 {
     assert_eq!(out.len(), reference.len());
@@ -214,28 +163,6 @@ fn concurrent_cuda_encodes_through_one_model_equal_serial_ones() {
              to the serial ones (worst rel-L2 {worst:.3e})"
         );
     }
-}
-
-/// Allocates device memory until the card is full: chunks from 4 GiB down to 64 KiB, each size
-/// until it fails with out-of-memory. Returns the buffers and the bytes they hold.
-fn fill_the_card(dev: &gpu_core::Device) -> (Vec<DeviceBuffer<f32>>, usize) {
-    let mut ballast = Vec::new();
-    let mut held = 0usize;
-    let mut chunk = 4usize << 30;
-    while chunk >= 64 << 10 {
-        loop {
-            match dev.alloc::<f32>(chunk / 4) {
-                Ok(b) => {
-                    ballast.push(b);
-                    held += chunk;
-                }
-                Err(GpuError::OutOfMemory { .. }) => break,
-                Err(e) => panic!("ballast allocation of {chunk} bytes: {e}"),
-            }
-        }
-        chunk /= 4;
-    }
-    (ballast, held)
 }
 
 #[test]

@@ -12,58 +12,19 @@
 //! so not always the round-to-nearest of the same f32 value); a caller's buffer receives exactly
 //! the library-owned rows; no NaN ever.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{fill_the_card, fixtures, image_bytes, largest_image, CUDA_MODELS};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
-use vision_towers::gpu_core::{self, GpuError};
-use vision_towers::vision_prep::{ImageSource, PrepSettings};
-use vision_towers::{
-    Device, DeviceOut, Model, ModelError, Precision, ProcessorTensors, RowsDtype, TowerOptions,
-};
+use vision_towers::gpu_core;
+use vision_towers::vision_prep::ImageSource;
+use vision_towers::{Device, DeviceOut, Model, Precision, ProcessorTensors, RowsDtype};
 
-const CUDA_MODELS: [&str; 10] = [
-    "models/gemma4",
-    "models/gemma4_clipped",
-    "models/gemma4_gguf/mmproj-BF16.gguf",
-    "models/gemma4_gguf/mmproj-F16.gguf",
-    "models/gemma4_gguf/mmproj-clipped-BF16.gguf",
-    "models/glm5_next",
-    "models/glm_ocr",
-    "models/step3p7",
-    "models/step3p7_hf",
-    "models/step3p7_sharded",
-];
-
-const IMAGES: [&str; 4] = [
-    "coffee_144x96.jpg",
-    "tiny_20x15.png",
-    "logo_rgba_112x84.png",
-    "chelsea_168x112.webp",
-];
-
-fn fixtures() -> PathBuf {
-    std::env::var_os("VT_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"))
-}
-
-fn image_bytes() -> Vec<Vec<u8>> {
-    IMAGES
-        .iter()
-        .map(|i| std::fs::read(fixtures().join("images").join(i)).unwrap())
-        .collect()
-}
-
+/// Graphs on, as a model opens by default.
 fn open(model: &str, device: Device, precision: Option<Precision>, ceiling: usize) -> Model {
-    let options = TowerOptions {
-        device,
-        precision,
-        max_patches_per_pass: ceiling,
-        graphs: true,
-    };
-    Model::open_with(&fixtures().join(model), &options, PrepSettings::default())
-        .unwrap_or_else(|e| panic!("{model} on {device}: {e}"))
+    common::open(model, device, precision, ceiling, true)
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -74,21 +35,6 @@ fn bf16_bytes_to_f32(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(2)
         .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
         .collect()
-}
-
-/// The largest image's patches: the ceiling's own refusal at one patch per pass (host).
-fn largest_image(model: &str, sources: &[ImageSource<'_>]) -> usize {
-    let tiny = open(model, Device::Cpu, None, 1);
-    sources
-        .iter()
-        .map(|s| match tiny.encode(std::slice::from_ref(s)) {
-            Err(ModelError::Tower(vision_towers::TowerError::OverPassCeiling {
-                patches, ..
-            })) => patches,
-            other => panic!("{model}: expected the ceiling's refusal, got {other:?}"),
-        })
-        .max()
-        .unwrap_or(1)
 }
 
 #[test]
@@ -258,18 +204,7 @@ fn out_of_memory_for_device_rows_is_an_error_and_the_model_stays_usable() {
     let before = m.encode_device(&sources, RowsDtype::Bf16).unwrap();
     let before = before.rows.to_host_bytes().unwrap();
     let dev = gpu_core::Device::new(0).unwrap();
-    let mut ballast = Vec::new();
-    let mut chunk = 4usize << 30;
-    while chunk >= 64 << 10 {
-        loop {
-            match dev.alloc::<f32>(chunk / 4) {
-                Ok(b) => ballast.push(b),
-                Err(GpuError::OutOfMemory { .. }) => break,
-                Err(e) => panic!("ballast: {e}"),
-            }
-        }
-        chunk /= 4;
-    }
+    let (ballast, _held) = fill_the_card(&dev);
     let err = m.encode_device(&sources, RowsDtype::Bf16).unwrap_err();
     assert!(err.is_out_of_memory(), "expected out of memory, got {err}");
     drop(ballast);
