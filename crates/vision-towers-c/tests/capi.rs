@@ -1129,11 +1129,11 @@ fn valgrind_cases() -> std::collections::BTreeSet<String> {
 /// caught panic, and one case of every adversarial class ([`valgrind_cases`]).
 #[test]
 fn valgrind_finds_no_error_and_no_leak() {
-    if !valgrind_present() {
-        // CI and the development machines have it; say so loudly where they do not.
-        eprintln!("SKIPPED: valgrind is not installed");
-        return;
-    }
+    // CI and the development machines have it: a run without it must not pass for one with it.
+    assert!(
+        valgrind_present(),
+        "valgrind is not installed: the memcheck of the C test cannot run"
+    );
     let start = Instant::now();
     let mut script = String::new();
     let mut checks = Vec::new();
