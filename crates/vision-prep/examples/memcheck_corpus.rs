@@ -5,9 +5,12 @@
 //! checked by `crates/vision-towers/tests/adversarial.rs`; here only: no panic, and `plan`
 //! refuses nothing `prepare` accepts.
 //!
+//! An example rather than an ignored test: `--ignored` selects the GPU tests alone (xtask's
+//! `every_ignored_test_needs_a_cuda_device`).
+//!
 //! ```text
-//! cargo test -p vision-prep --test memcheck_corpus --no-run
-//! valgrind --error-exitcode=1 --leak-check=full target/debug/deps/memcheck_corpus-<hash> --ignored
+//! cargo build -p vision-prep --example memcheck_corpus
+//! valgrind --error-exitcode=1 --leak-check=full target/debug/examples/memcheck_corpus
 //! ```
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -54,9 +57,7 @@ fn source(src: &Value) -> Option<Result<Vec<u8>, String>> {
     Some(Err(u))
 }
 
-#[test]
-#[ignore = "a driver for valgrind memcheck (see the module doc); adversarial.rs checks the outcomes"]
-fn adversarial_images_through_every_law() {
+fn main() {
     let manifest: Value = serde_json::from_str(
         &std::fs::read_to_string(fixtures().join("adversarial/manifest.json")).expect("manifest"),
     )
