@@ -18,10 +18,21 @@ for f in "$FRESH"/*.ptx; do
     if ! cmp -s <(grep -v '^\s*\.file' "$f") <(grep -v '^\s*\.file' "$ROOT/kernels/ptx/$(basename "$f")"); then echo "PTX CHANGED: $(basename "$f")"; changed=1; fi
 done
 cmp -s "$FRESH/MANIFEST.json" "$ROOT/kernels/ptx/MANIFEST.json" || { echo "MANIFEST CHANGED"; changed=1; }
-[ $changed -eq 0 ] && echo "PTX identical to the committed kernels/ptx"
 tar -C "$FRESH" -czf "$OUT/ptx.tar.gz" .
 cp "$FRESH/RESOURCES.txt" "$OUT/RESOURCES.txt" || true  # ptxas registers / spills of this build
-export GPU_CORE_PTX_DIR="$FRESH"
+if [ $changed -eq 0 ]; then
+    # The committed kernels are this tree's: test what a user loads, the embedded SASS; and check
+    # that kernels/build_sass.sh still gives the committed fatbins from the committed PTX.
+    echo "PTX identical to the committed kernels/ptx: testing the embedded SASS"
+    bash "$ROOT/kernels/build_sass.sh" /tmp/gpu-core-sass >/dev/null || echo "SASS BUILD FAILED"
+    for f in "$ROOT"/kernels/sass/*.fatbin; do
+        cmp -s "$f" "/tmp/gpu-core-sass/$(basename "$f")" || { echo "SASS CHANGED: $(basename "$f") (commit kernels/sass from /tmp/gpu-core-sass)"; changed=1; }
+    done
+    tar -C /tmp/gpu-core-sass -czf "$OUT/sass.tar.gz" . 2>/dev/null || true
+else
+    # Fresh kernels: test them as PTX (commit kernels/ptx, then run kernels/build_sass.sh).
+    export GPU_CORE_PTX_DIR="$FRESH"
+fi
 rc=0
 if [ "$WHAT" != bench ]; then
     "$ROOT/.device/gpu_core_tests" --ignored --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.log"

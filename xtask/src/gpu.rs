@@ -33,7 +33,8 @@ const STAGED_GPU_TESTS: [(&str, &str); 4] = [
     ("tower-step", "cuda"),
 ];
 
-/// Entry point of `cargo xtask ptx`: runs `kernels/build_ptx.sh` (needs nvcc, or `NVCC=/path/to/nvcc`).
+/// Entry point of `cargo xtask ptx`: runs `kernels/build_ptx.sh`, then `kernels/build_sass.sh`
+/// (needs nvcc, ptxas and fatbinary, or `NVCC=/path/to/nvcc`), so the SASS always follows the PTX.
 pub fn ptx(args: &[String]) -> Result<()> {
     let root = workspace_root();
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
@@ -48,6 +49,16 @@ pub fn ptx(args: &[String]) -> Result<()> {
         .context("running kernels/build_ptx.sh")?;
     if !status.success() {
         bail!("kernels/build_ptx.sh failed ({status})");
+    }
+    // SASS only for the committed location: a PTX built elsewhere (an argument) is a trial.
+    if args.is_empty() {
+        let status = Command::new("bash")
+            .arg(root.join("kernels/build_sass.sh"))
+            .status()
+            .context("running kernels/build_sass.sh")?;
+        if !status.success() {
+            bail!("kernels/build_sass.sh failed ({status})");
+        }
     }
     Ok(())
 }
@@ -527,10 +538,12 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 OUT="${OUT:-/tmp/capi-out}"
 mkdir -p "$OUT" /tmp/capi-scratch
 export VT_FIXTURES="${VT_FIXTURES:-$ROOT/fixtures}" VT_CAPI_LIB_DIR="$HERE" VT_CTEST="$HERE/vt_ctest"     VT_CAPI_SCRATCH=/tmp/capi-scratch
+# The PTX the kernels/*.cu of this tree give where it differs from the committed one (else the
+# embedded SASS, what a user loads), unless GPU_CORE_PTX_DIR already names one.
 if [ -z "${GPU_CORE_PTX_DIR:-}" ] && command -v "${NVCC:-nvcc}" >/dev/null; then
-    bash "$ROOT/kernels/build_ptx.sh" /tmp/capi-ptx >/dev/null && export GPU_CORE_PTX_DIR=/tmp/capi-ptx
+    fresh=$(bash "$ROOT/kernels/ptx_override.sh" /tmp/capi-ptx) && [ -n "$fresh" ] && export GPU_CORE_PTX_DIR="$fresh"
 fi
-echo "PTX: ${GPU_CORE_PTX_DIR:-embedded}"
+echo "kernels: ${GPU_CORE_PTX_DIR:-embedded SASS}"
 "$HERE/vision_towers_c_gpu" --ignored --test-threads=1 --nocapture 2>&1 | tee "$OUT/capi_tests.log"
 rc=${PIPESTATUS[0]}
 grep -E "^CAPI-|panicked|^test |test result" "$OUT/capi_tests.log" > "$OUT/capi_summary.txt" || true
@@ -566,12 +579,13 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 OUT="${{OUT:-/tmp/facade-out}}"
 mkdir -p "$OUT"
 export VT_FIXTURES="$ROOT/fixtures" VT_VTOWER="$HERE/vtower"
-# The PTX the kernels/*.cu of this tree give (the embedded copy may predate them), unless
-# GPU_CORE_PTX_DIR already names one (e.g. the one kernels/device_run.sh built).
+# The PTX the kernels/*.cu of this tree give where it differs from the committed one (else the
+# embedded SASS, what a user loads), unless GPU_CORE_PTX_DIR already names one (e.g. the one
+# kernels/device_run.sh built).
 if [ -z "${{GPU_CORE_PTX_DIR:-}}" ] && command -v "${{NVCC:-nvcc}}" >/dev/null; then
-    bash "$ROOT/kernels/build_ptx.sh" /tmp/facade-ptx >/dev/null && export GPU_CORE_PTX_DIR=/tmp/facade-ptx
+    fresh=$(bash "$ROOT/kernels/ptx_override.sh" /tmp/facade-ptx) && [ -n "$fresh" ] && export GPU_CORE_PTX_DIR="$fresh"
 fi
-echo "PTX: ${{GPU_CORE_PTX_DIR:-embedded}}"
+echo "kernels: ${{GPU_CORE_PTX_DIR:-embedded SASS}}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader || true
 rc=0
 : > "$OUT/facade_tests.log"

@@ -25,7 +25,7 @@ commands:
   fixtures   regenerate the oracle fixtures from upstream (makes its own Python venv)
   parity     compare every available path against the oracle fixtures and print the table
              [--require-cuda: a CUDA row that did not run fails; implied where a GPU is present]
-  ptx        compile kernels/*.cu to committed PTX with nvcc (CUDA machine only)
+  ptx        compile kernels/*.cu to committed PTX (nvcc) and that PTX to committed SASS fatbins (CUDA machine only)
   gpu-test   every GPU (ignored) test of the workspace, then parity --require-cuda; needs a
              CUDA device and fails when no GPU test ran [--prepare: stage binaries in .device/]
 

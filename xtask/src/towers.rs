@@ -168,12 +168,12 @@ pub(crate) fn classify(opened: Result<Device, GpuError>) -> Result<Arc<Device>, 
     }
 }
 
-/// [`Device::new`]`(0)`; under [`SIMULATE_GPU_ENV`], every PTX module is read first, as on a
+/// [`Device::new`]`(0)`; under [`SIMULATE_GPU_ENV`], every module image is prepared first, as on a
 /// GPU machine.
 fn open_device0() -> Result<Device, GpuError> {
     if simulate_gpu() {
         for m in gpu_core::Module::ALL {
-            gpu_core::kernels::module_ptx(m)?;
+            gpu_core::kernels::module_images(m)?;
         }
     }
     Device::new(0)

@@ -7,7 +7,7 @@ use cudarc::driver::{
 };
 use half::bf16;
 
-use crate::kernels::{module_ptx, Kernel, Module};
+use crate::kernels::{module_images, Kernel, Module, ModuleImage, ModuleSource};
 use crate::{GpuError, Result};
 
 /// Element types a [`DeviceBuffer`] holds. Sealed: f32, bf16, i32.
@@ -72,6 +72,8 @@ pub struct Device {
     pub(crate) release: Arc<CudaStream>,
     /// Indexed like [`Kernel::ALL`]; `None` for kernels of a module this device cannot load (sm_90a).
     funcs: Vec<Option<CudaFunction>>,
+    /// Where each loaded module's code came from.
+    sources: Vec<(Module, ModuleSource)>,
     pub(crate) lt: crate::gemm::Lt,
     /// Dynamic shared memory a block may use (the device's opt-in maximum, set on the large kernels).
     pub(crate) smem_optin: usize,
@@ -195,17 +197,35 @@ impl Device {
         let release = ctx.new_stream()?;
         let hopper = ctx.compute_capability()? == (9, 0);
         let mut modules = Vec::new();
+        let mut sources = Vec::new();
         for m in Module::ALL {
             if m.needs_sm90a() && !hopper {
                 continue;
             }
-            let src = module_ptx(m)?;
-            let module = ctx
-                .load_module(cudarc::nvrtc::Ptx::from_src(src))
-                .map_err(|e| GpuError::Ptx {
+            // The first image that loads: the fatbin's SASS where it holds code for this device,
+            // else the PTX (JIT); the last failure is the error.
+            let mut loaded = None;
+            let mut failure = String::new();
+            for (source, image) in module_images(m)? {
+                let image = match image {
+                    ModuleImage::Sass(bytes) => cudarc::nvrtc::Ptx::from_binary(bytes.to_vec()),
+                    ModuleImage::Ptx(src) => cudarc::nvrtc::Ptx::from_src(src),
+                };
+                match ctx.load_module(image) {
+                    Ok(module) => {
+                        loaded = Some((source, module));
+                        break;
+                    }
+                    Err(e) => failure = format!("loading ({source:?}): {e}"),
+                }
+            }
+            let Some((source, module)) = loaded else {
+                return Err(GpuError::Ptx {
                     module: m.name(),
-                    what: format!("loading: {e}"),
-                })?;
+                    what: failure,
+                });
+            };
+            sources.push((m, source));
             modules.push((m, module));
         }
         // The most dynamic shared memory one block may opt into (227 KB on compute capability 9.0): the
@@ -245,10 +265,18 @@ impl Device {
             stream,
             release,
             funcs,
+            sources,
             smem_optin: smem_optin.max(0) as usize,
             sms,
             lt,
         })
+    }
+
+    /// Where each loaded module's code came from (modules this device cannot load are absent):
+    /// [`ModuleSource::Sass`] unless the fatbin holds no code for this device or
+    /// `$GPU_CORE_PTX_DIR` is set.
+    pub fn module_sources(&self) -> &[(Module, ModuleSource)] {
+        &self.sources
     }
 
     /// The device's name as the driver reports it.

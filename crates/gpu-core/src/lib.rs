@@ -45,7 +45,7 @@ pub use graph::{
     DEFAULT_GRAPHS_PER_TOWER, SEEN_PER_GRAPH,
 };
 pub use half::bf16;
-pub use kernels::{Kernel, Module};
+pub use kernels::{Kernel, Module, ModuleSource};
 pub use mixed::{
     head_groups, pad_head_cols, pad_head_rows, CudaPrecision, GemmBuffer, BF16_ATTN_HEAD_DIMS,
 };

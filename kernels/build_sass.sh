@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Assemble the committed PTX (kernels/ptx/*.ptx) into SASS for the GPUs gpu-core ships compiled code
+# for: one compressed fatbin per module in kernels/sass/, and kernels/sass/MANIFEST.json (ptxas and
+# fatbinary versions, the architectures, the sha256 of every PTX it was assembled from and of every
+# fatbin). gpu-core embeds the fatbins and loads the one that matches the device (no JIT); the PTX stays
+# the fallback for any other device. A gpu-core test fails when a PTX no longer matches the manifest.
+#
+# Architectures: the PTX targets sm_90 (`.target sm_90`), which ptxas assembles for sm_90 and for the
+# later families that accept sm_90 PTX; `*_sm90a.ptx` (wgmma) targets sm_90a, which exists for
+# compute capability 9.0 alone. sm_80 and sm_89 cannot run sm_90 PTX at all (gpu-core needs 9.0+).
+# Usage: kernels/build_sass.sh [OUT_DIR]   (default: kernels/sass next to this script)
+# Environment: PTXAS, FATBINARY (default: on PATH). All ptxas flags live here and nowhere else.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+OUT="${1:-$HERE/sass}"
+PTXAS="${PTXAS:-ptxas}"
+FATBINARY="${FATBINARY:-fatbinary}"
+read -r -a ARCHS <<< "${SASS_ARCHS:-90 100 120}"  # SASS_ARCHS narrows the list (e.g. an older toolkit)
+ARCHS_90A=(90a)
+PTXAS_FLAGS=(-O3)
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+mkdir -p "$OUT"
+cd "$HERE/ptx"
+for ptx in $(ls *.ptx | sort); do
+    name="${ptx%.ptx}"
+    archs=("${ARCHS[@]}")
+    case "$name" in *_sm90a) archs=("${ARCHS_90A[@]}") ;; esac
+    images=()
+    for a in "${archs[@]}"; do
+        "$PTXAS" "${PTXAS_FLAGS[@]}" -arch="sm_$a" "$ptx" -o "$TMP/$name.sm_$a.cubin"
+        images+=("--image3=kind=elf,sm=$a,file=$TMP/$name.sm_$a.cubin")
+    done
+    "$FATBINARY" --create="$OUT/$name.fatbin" --compress-all "${images[@]}"
+    echo "$name: sm_${archs[*]// /, sm_} -> $(stat -c %s "$OUT/$name.fatbin") bytes"
+done
+{
+    echo "{"
+    echo "  \"ptxas\": \"$("$PTXAS" --version | tail -n 2 | head -n 1)\","
+    echo "  \"fatbinary\": \"$("$FATBINARY" --version | tail -n 2 | head -n 1)\","
+    echo "  \"ptxas_flags\": \"${PTXAS_FLAGS[*]}\","
+    echo "  \"archs\": \"${ARCHS[*]}\","
+    echo "  \"archs_sm90a\": \"${ARCHS_90A[*]}\","
+    echo "  \"ptx\": {"
+    first=1
+    for f in $(ls *.ptx | sort); do
+        [ $first -eq 1 ] || echo ","
+        printf '    "%s": "%s"' "$f" "$(sha256sum "$f" | cut -d' ' -f1)"
+        first=0
+    done
+    echo ""
+    echo "  },"
+    echo "  \"fatbin\": {"
+    first=1
+    for f in $(cd "$OUT" && ls *.fatbin | sort); do
+        [ $first -eq 1 ] || echo ","
+        printf '    "%s": "%s"' "$f" "$(sha256sum "$OUT/$f" | cut -d' ' -f1)"
+        first=0
+    done
+    echo ""
+    echo "  }"
+    echo "}"
+} > "$OUT/MANIFEST.json"
+echo "wrote $(ls "$OUT"/*.fatbin | wc -l) fatbins and MANIFEST.json to $OUT"
