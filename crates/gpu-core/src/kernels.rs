@@ -70,7 +70,9 @@ impl Module {
         match self {
             Module::Act => include_bytes!("../../../kernels/sass/act.fatbin"),
             Module::FlashAttn => include_bytes!("../../../kernels/sass/flash_attn.fatbin"),
-            Module::FlashAttnSm90a => include_bytes!("../../../kernels/sass/flash_attn_sm90a.fatbin"),
+            Module::FlashAttnSm90a => {
+                include_bytes!("../../../kernels/sass/flash_attn_sm90a.fatbin")
+            }
             Module::Layout => include_bytes!("../../../kernels/sass/layout.fatbin"),
             Module::Norm => include_bytes!("../../../kernels/sass/norm.fatbin"),
             Module::Rope => include_bytes!("../../../kernels/sass/rope.fatbin"),
@@ -255,10 +257,9 @@ mod tests {
     #[test]
     fn sass_manifest_matches_the_committed_ptx_and_fatbins() {
         let dir = kernels_dir();
-        let manifest: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(dir.join("sass/MANIFEST.json")).unwrap(),
-        )
-        .unwrap();
+        let manifest: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("sass/MANIFEST.json")).unwrap())
+                .unwrap();
         for m in Module::ALL {
             let ptx = format!("{}.ptx", m.name());
             let fatbin = format!("{}.fatbin", m.name());
