@@ -7,8 +7,9 @@
 //! Each timed call is `Model::encode_device` of `batch` copies of the image's bytes followed by
 //! `DeviceRows::synchronize` (wall clock, the same boundary a Python caller sees once it
 //! synchronizes its stream); the median and the minimum of `iters` calls after `warmup` are
-//! printed, one JSON object per batch size, with the host half alone (`Preprocessor::prepare`
-//! of the batch, parallel as in the encode) to split the time.
+//! printed, one JSON object per batch size, with the time until `encode_device` returned (the
+//! work queued, not done), the host half alone (`Preprocessor::prepare` of the batch, parallel as
+//! in the encode) to split the time, and how the forwards ran (graphs replayed or eager).
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -85,16 +86,20 @@ pub fn run(args: &[String]) -> Result<()> {
         let sources = vec![ImageSource::Bytes(&bytes); b];
         // Each request's rows dropped right after its sync, or held until the next request's are
         // ready (as a consumer that keeps them for a while does).
-        let timed = |hold: bool| -> Result<Vec<f64>> {
+        // (end to end, until `encode_device` returned) per call, each sorted
+        let timed = |hold: bool| -> Result<(Vec<f64>, Vec<f64>)> {
             let mut times = Vec::with_capacity(a.iters);
+            let mut returned = Vec::with_capacity(a.iters);
             let mut held = None;
             for i in 0..a.warmup + a.iters {
                 let t = Instant::now();
                 let out = model.encode_device(&sources, a.dtype)?;
+                let back = t.elapsed().as_secs_f64() * 1e3;
                 out.rows.synchronize()?;
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 if i >= a.warmup {
                     times.push(ms);
+                    returned.push(back);
                 }
                 if hold {
                     held = Some(out);
@@ -102,10 +107,11 @@ pub fn run(args: &[String]) -> Result<()> {
             }
             drop(held);
             times.sort_by(f64::total_cmp);
-            Ok(times)
+            returned.sort_by(f64::total_cmp);
+            Ok((times, returned))
         };
-        let times = timed(false)?;
-        let held = timed(true)?;
+        let (times, returned) = timed(false)?;
+        let (held, _) = timed(true)?;
         // The host half alone (admission, decode, resize, patchify; parallel over the images as
         // in `encode_device`), to split the end-to-end time.
         let pre = model.preprocessor();
@@ -129,11 +135,16 @@ pub fn run(args: &[String]) -> Result<()> {
             "iters": a.iters,
             "median_ms": times[times.len() / 2],
             "min_ms": times[0],
+            "returned_median_ms": returned[returned.len() / 2],
             "held_median_ms": held[held.len() / 2],
             "held_min_ms": held[0],
             "prep_median_ms": prep[prep.len() / 2],
             "prep_min_ms": prep[0],
             "rows_per_image": model.plan(ImageSource::Bytes(&bytes))?.rows,
+            // whether the forwards were replayed graphs or eager launches (a failed capture
+            // turns graphs off for good, and costs the launch overhead of every kernel)
+            "graphs": format!("{:?}", model.tower().graph_status()),
+            "graph_stats": format!("{:?}", model.tower().graph_stats()),
         });
         println!("{line}");
         lines.push(line);
