@@ -21,6 +21,7 @@ PTXAS_FLAGS=(-O3)
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"  # absolute: the fatbinary step runs inside $TMP
 cd "$HERE/ptx"
 for ptx in $(ls *.ptx | sort); do
     name="${ptx%.ptx}"
@@ -29,9 +30,11 @@ for ptx in $(ls *.ptx | sort); do
     images=()
     for a in "${archs[@]}"; do
         "$PTXAS" "${PTXAS_FLAGS[@]}" -arch="sm_$a" "$ptx" -o "$TMP/$name.sm_$a.cubin"
-        images+=("--image3=kind=elf,sm=$a,file=$TMP/$name.sm_$a.cubin")
+        # A relative name: fatbinary records each image's file name, and a temporary directory's
+        # random path in it would make every build differ from the committed fatbins.
+        images+=("--image3=kind=elf,sm=$a,file=$name.sm_$a.cubin")
     done
-    "$FATBINARY" --create="$OUT/$name.fatbin" --compress-all "${images[@]}"
+    (cd "$TMP" && "$FATBINARY" --create="$OUT/$name.fatbin" --compress-all "${images[@]}")
     echo "$name: sm_${archs[*]// /, sm_} -> $(stat -c %s "$OUT/$name.fatbin") bytes"
 done
 {
