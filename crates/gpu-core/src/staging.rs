@@ -12,7 +12,7 @@
 //! **Architecture Invariant:** the copy stream only ever writes an uploader's own slots; every
 //! buffer a forward reads is written on the compute stream.
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::{CudaEvent, CudaStream, PinnedHostSlice};
 use half::bf16;
@@ -22,6 +22,53 @@ use crate::{CudaPrecision, Device, DeviceBuffer, Elem, GemmBuffer, GpuError, Res
 
 /// Values per task when converting host values to bf16 in parallel.
 const CONVERT_CHUNK: usize = 1 << 14;
+
+/// How many bf16 conversion buffers are kept for the next batches (one per upload slot), and
+/// the largest kept (bytes). Without them every encode converts its rows into fresh memory, and
+/// glibc hands large freed blocks back to the kernel, so each call faults its rows in again page
+/// by page: on the H200 host that was ~10 ms of a 19 ms gemma4 batch-1 encode (docs/PERF.md,
+/// v0.7). The memory kept is at most `RECYCLED_BUFFERS × RECYCLED_MAX_BYTES` of host memory per
+/// process, shared by every tower.
+const RECYCLED_BUFFERS: usize = UPLOAD_SLOTS;
+const RECYCLED_MAX_BYTES: usize = 256 << 20;
+
+/// The bf16 conversion buffers of dropped [`HostGemm`]s, for the next conversions.
+static RECYCLED: Mutex<Vec<Vec<bf16>>> = Mutex::new(Vec::new());
+
+/// A buffer of `n` bf16 zeros, reusing the smallest kept buffer that holds `n`.
+fn recycled_bf16(n: usize) -> Vec<bf16> {
+    let mut pool = RECYCLED.lock().unwrap_or_else(PoisonError::into_inner);
+    let best = pool
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.capacity() >= n)
+        .min_by_key(|(_, v)| v.capacity())
+        .map(|(i, _)| i);
+    let mut v = best.map(|i| pool.swap_remove(i)).unwrap_or_default();
+    drop(pool);
+    v.clear();
+    v.resize(n, bf16::ZERO);
+    v
+}
+
+/// Keeps `v` for a later conversion: while fewer than [`RECYCLED_BUFFERS`] are kept, or in place
+/// of a smaller one; never one over [`RECYCLED_MAX_BYTES`].
+fn recycle_bf16(v: Vec<bf16>) {
+    let bytes = v.capacity() * std::mem::size_of::<bf16>();
+    if bytes == 0 || bytes > RECYCLED_MAX_BYTES {
+        return;
+    }
+    let mut pool = RECYCLED.lock().unwrap_or_else(PoisonError::into_inner);
+    if pool.len() < RECYCLED_BUFFERS {
+        pool.push(v);
+    } else if let Some(smallest) = pool
+        .iter_mut()
+        .filter(|k| k.capacity() < v.capacity())
+        .min_by_key(|k| k.capacity())
+    {
+        *smallest = v;
+    }
+}
 
 /// Host values in one GEMM precision: what a [`GemmBuffer`] is uploaded from.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,7 +94,7 @@ impl HostGemm {
         let n = parts.iter().map(|s| s.len()).sum();
         match p {
             CudaPrecision::Bf16 => {
-                let mut out = vec![bf16::ZERO; n];
+                let mut out = recycled_bf16(n);
                 let mut rest = &mut out[..];
                 let mut pairs = Vec::with_capacity(parts.len());
                 for s in parts {
@@ -88,6 +135,15 @@ impl HostGemm {
         match self {
             HostGemm::Bf16(_) => CudaPrecision::Bf16,
             HostGemm::F32(_) => CudaPrecision::F32,
+        }
+    }
+}
+
+impl Drop for HostGemm {
+    /// A bf16 buffer goes back to the conversion buffers kept for the next batch.
+    fn drop(&mut self) {
+        if let HostGemm::Bf16(v) = self {
+            recycle_bf16(std::mem::take(v));
         }
     }
 }
@@ -508,7 +564,7 @@ mod tests {
     #[test]
     fn host_gemm_rounds_bf16_and_keeps_f32() {
         let v = vec![1.0f32, 1.0 + 1.0 / 512.0, -3.5];
-        match HostGemm::from_f32(CudaPrecision::Bf16, v.clone()) {
+        match &HostGemm::from_f32(CudaPrecision::Bf16, v.clone()) {
             HostGemm::Bf16(b) => {
                 assert_eq!(
                     b.iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
@@ -521,6 +577,33 @@ mod tests {
         assert_eq!(f, HostGemm::F32(v));
         assert_eq!(f.len(), 3);
         assert_eq!(f.precision(), CudaPrecision::F32);
+    }
+
+    /// A dropped batch's bf16 buffer is the next conversion's (no fresh memory per encode), and
+    /// what was left in it does not leak into the next batch's values.
+    #[test]
+    fn a_dropped_bf16_buffer_is_reused_and_overwritten() {
+        // Larger than any other test's rows, so no other test takes it in between.
+        let n = 3 << 20;
+        let first = HostGemm::from_f32_parts(CudaPrecision::Bf16, &[&vec![2.0f32; n]]);
+        let HostGemm::Bf16(v) = &first else {
+            panic!("{first:?}")
+        };
+        let ptr = v.as_ptr();
+        drop(first);
+        let short = vec![0.5f32; n - 5];
+        let second = HostGemm::from_f32_parts(CudaPrecision::Bf16, &[&short]);
+        let HostGemm::Bf16(w) = &second else {
+            panic!("{second:?}")
+        };
+        assert_eq!(w.as_ptr(), ptr, "the dropped buffer was not reused");
+        assert_eq!(w.len(), n - 5);
+        assert!(w.iter().all(|x| x.to_f32() == 0.5));
+        // Buffers over the bound are never kept.
+        recycle_bf16(Vec::with_capacity(RECYCLED_MAX_BYTES / 2 + 1));
+        let pool = RECYCLED.lock().unwrap_or_else(PoisonError::into_inner);
+        assert!(pool.iter().all(|k| k.capacity() * 2 <= RECYCLED_MAX_BYTES));
+        assert!(pool.len() <= RECYCLED_BUFFERS);
     }
 
     /// Stacked parts (empty ones and parts longer than a conversion chunk included) equal their

@@ -441,7 +441,7 @@ impl GemmaCuda {
         precision: CudaPrecision,
         images: &[GemmaImage<'_>],
     ) -> CudaResult<GemmaHostBatch> {
-        let mut pixels = Vec::with_capacity(images.len());
+        let mut kept = Vec::with_capacity(images.len());
         let mut pos = Vec::new();
         let mut cu = vec![0i32];
         let mut grids = Vec::with_capacity(images.len());
@@ -457,7 +457,7 @@ impl GemmaCuda {
                 gh,
             } = validate(cfg, img, index)?;
             let n = positions.len() / 2;
-            pixels.extend_from_slice(&patches);
+            kept.push(patches);
             pos.extend_from_slice(&positions);
             let bad = |m: String| GemmaError::Input(format!("image {index}: {m}"));
             let last = *cu.last().unwrap_or(&0);
@@ -479,7 +479,11 @@ impl GemmaCuda {
                 key: GraphKey { precision, layout },
             },
             inputs: HostInputs {
-                rows: HostGemm::from_f32(precision, pixels),
+                // Converted straight from the prepared images (no f32 copy of the batch first).
+                rows: HostGemm::from_f32_parts(
+                    precision,
+                    &kept.iter().map(|p| &p[..]).collect::<Vec<_>>(),
+                ),
                 pos,
                 cu,
             },

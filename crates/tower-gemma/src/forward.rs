@@ -5,6 +5,7 @@ use crate::config::GemmaConfig;
 use crate::error::{GemmaError, Result};
 use crate::weights::{GemmaWeights, Linear};
 use gpu_core::{host, rope_inv_freq, Clamp, Gate, RopeLayout};
+use std::borrow::Cow;
 
 /// transformers `Gemma4VisionAttention.scaling = 1.0`: q/k are RMS-normed per head instead.
 pub const ATTENTION_SCALE: f32 = 1.0;
@@ -36,8 +37,10 @@ pub struct GemmaStages {
 }
 
 /// A validated image: its patches, positions and grid (padding rows dropped).
-pub(crate) struct Grid {
-    pub(crate) patches: Vec<f32>,
+pub(crate) struct Grid<'a> {
+    /// Borrowed from the image when it has no padding rows (no copy of the batch's pixels per
+    /// call); the valid rows copied out otherwise.
+    pub(crate) patches: Cow<'a, [f32]>,
     pub(crate) positions: Vec<i32>,
     pub(crate) gw: usize,
     pub(crate) gh: usize,
@@ -45,7 +48,11 @@ pub(crate) struct Grid {
 
 /// The input checks both paths share: rows of 3·p², (x, y) positions that fit i32 and form the
 /// full raster grid, a grid the pooling kernel and the position tables can take, finite pixels.
-pub(crate) fn validate(cfg: &GemmaConfig, img: &GemmaImage<'_>, index: usize) -> Result<Grid> {
+pub(crate) fn validate<'a>(
+    cfg: &GemmaConfig,
+    img: &GemmaImage<'a>,
+    index: usize,
+) -> Result<Grid<'a>> {
     let pd = cfg.patch_dim();
     let bad = |m: String| GemmaError::Input(format!("image {index}: {m}"));
     if !img.patches.len().is_multiple_of(pd) || img.positions.len() * pd != img.patches.len() * 2 {
@@ -55,21 +62,30 @@ pub(crate) fn validate(cfg: &GemmaConfig, img: &GemmaImage<'_>, index: usize) ->
             img.positions.len()
         )));
     }
-    let mut patches = Vec::with_capacity(img.patches.len());
+    let is_padding = |pos: &[i64]| pos[0] == -1 && pos[1] == -1;
+    let padded = img.positions.chunks_exact(2).any(is_padding);
     let mut positions = Vec::with_capacity(img.positions.len());
+    let mut kept = Vec::with_capacity(if padded { img.patches.len() } else { 0 });
     for (row, pos) in img
         .patches
         .chunks_exact(pd)
         .zip(img.positions.chunks_exact(2))
     {
-        if pos[0] == -1 && pos[1] == -1 {
+        if is_padding(pos) {
             continue;
         }
-        patches.extend_from_slice(row);
+        if padded {
+            kept.extend_from_slice(row);
+        }
         for &p in pos {
             positions.push(i32::try_from(p).map_err(|_| bad(format!("position {pos:?}")))?);
         }
     }
+    let patches: Cow<'a, [f32]> = if padded {
+        Cow::Owned(kept)
+    } else {
+        Cow::Borrowed(img.patches)
+    };
     let n = positions.len() / 2;
     if n == 0 {
         return Err(bad("no patches".into()));
