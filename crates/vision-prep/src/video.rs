@@ -1,0 +1,1734 @@
+//! Video input: a video's frames plus its metadata → upstream's video processor tensors
+//! (`pixel_values_videos`, `video_grid_thw`) and the prompt plan (issue 24; laws and citations in
+//! `docs/VIDEO.md`).
+//!
+//! Decoding a container (MP4, WebM, …) is the caller's job, as in the engines: the caller hands in
+//! every frame of the video, each an encoded image (admitted one by one as an image is) or raw RGB
+//! u8, with the metadata upstream's sampling reads (`fps`, the frame count, optionally the
+//! duration). Admission runs on the metadata first ([`VideoLimits`]: frames, sampled pixels,
+//! bytes handed in, output bytes), before any frame is decoded or resized; then only the sampled
+//! frames are decoded (one per worker thread at a time, only their canvases kept), resized onto
+//! the canvas and patchified.
+//!
+//! Only glm5_next has a video path here (`Glm5NextVideoProcessor`); every other family is refused
+//! with [`PrepError::NoVideoPath`].
+
+use rayon::prelude::*;
+use serde_json::Value;
+
+use crate::config::{self, ModelConfigs, PrepSettings, Token};
+use crate::error::{PrepError, Result};
+use crate::law::{self, Law, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD};
+use crate::norm::{Normalize, Window};
+use crate::plan::{Family, PromptRun};
+use crate::prepare::{GlmInputs, NamedTensor, TensorData};
+use crate::resize::{resize_rgb, Filter};
+use crate::source::{self, AdmissionLimits, ImageSource, RgbImage};
+
+/// Default cap on the frames a video may have (its metadata's `total_num_frames`): 4096, a bit
+/// over two minutes at 30 fps. Ours, not upstream's (which has none).
+pub const DEFAULT_MAX_VIDEO_FRAMES: u64 = 4096;
+/// Default cap on the pixels of the sampled frames together (`sampled · width · height`), the
+/// frames that are decoded and resized: 2²⁸ (128 sampled 1920×1080 frames). Ours.
+pub const DEFAULT_MAX_VIDEO_PIXELS: u64 = 1 << 28;
+/// Default cap on the bytes handed in (the encoded frames' lengths together, or
+/// `frames · width · height · 3` raw): 1 GiB. Ours.
+pub const DEFAULT_MAX_VIDEO_BYTES: u64 = 1 << 30;
+
+/// glm5_next video processor: target sampling rate in frames per second
+/// (video_processing_glm5_next.py:156 `fps = 2`).
+pub const GLM5_NEXT_VIDEO_FPS: f64 = 2.0;
+/// glm5_next video processor: most frames sampled (video_processing_glm5_next.py:160 `max_frames = 2048`).
+pub const GLM5_NEXT_VIDEO_MAX_FRAMES: u64 = 2048;
+/// glm5_next video processor: duration cap in seconds, 0 = none
+/// (video_processing_glm5_next.py:152 `max_duration = 0`).
+pub const GLM5_NEXT_VIDEO_MAX_DURATION: f64 = 0.0;
+/// glm5_next video processor: token budget of the whole video
+/// (video_processing_glm5_next.py:162 `max_image_tokens = 240000`; the image processor's is 8000).
+pub const GLM5_NEXT_VIDEO_MAX_IMAGE_TOKENS: u64 = 240_000;
+/// glm5_next video processor: minimum token budget (video_processing_glm5_next.py:161 `min_image_tokens = 16`).
+pub const GLM5_NEXT_VIDEO_MIN_IMAGE_TOKENS: u64 = 16;
+
+/// Budgets a video must meet, checked on its metadata before any frame is decoded or resized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VideoLimits {
+    /// Most frames in the video (`total_num_frames`; default [`DEFAULT_MAX_VIDEO_FRAMES`]).
+    pub max_frames: u64,
+    /// Most pixels of the sampled frames together (default [`DEFAULT_MAX_VIDEO_PIXELS`]).
+    pub max_pixels: u64,
+    /// Most bytes handed in (default [`DEFAULT_MAX_VIDEO_BYTES`]).
+    pub max_bytes: u64,
+}
+
+impl Default for VideoLimits {
+    fn default() -> Self {
+        VideoLimits {
+            max_frames: DEFAULT_MAX_VIDEO_FRAMES,
+            max_pixels: DEFAULT_MAX_VIDEO_PIXELS,
+            max_bytes: DEFAULT_MAX_VIDEO_BYTES,
+        }
+    }
+}
+
+/// What upstream's sampling reads of a video (transformers `VideoMetadata`, video_utils.py:80-119).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VideoMetadata {
+    /// Frames in the video (= frames handed in).
+    pub total_num_frames: u64,
+    /// The video's frame rate (required by glm5_next's sampling).
+    pub fps: Option<f64>,
+    /// Duration in seconds, if the container states it (`None` or 0: upstream derives it from
+    /// the frame count and fps).
+    pub duration: Option<f64>,
+}
+
+/// The frames of one video, every frame of it, in order.
+#[derive(Debug, Clone, Copy)]
+pub enum VideoFrames<'a> {
+    /// Encoded images (JPEG, PNG, WebP, GIF, BMP, or `data:` URIs), each admitted as an image is.
+    Encoded(&'a [ImageSource<'a>]),
+    /// Raw RGB u8 frames, `height·width·3` bytes each, row-major.
+    Rgb {
+        /// Frame width.
+        width: u32,
+        /// Frame height.
+        height: u32,
+        /// The frames.
+        frames: &'a [&'a [u8]],
+    },
+}
+
+impl VideoFrames<'_> {
+    fn len(&self) -> usize {
+        match self {
+            VideoFrames::Encoded(f) => f.len(),
+            VideoFrames::Rgb { frames, .. } => frames.len(),
+        }
+    }
+}
+
+/// A video: its frames and metadata.
+#[derive(Debug, Clone, Copy)]
+pub struct Video<'a> {
+    /// The frames.
+    pub frames: VideoFrames<'a>,
+    /// The metadata.
+    pub metadata: VideoMetadata,
+}
+
+/// Parameters of `Glm5NextVideoProcessor` (video_processing_glm5_next.py:139-162).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Glm5NextVideoLaw {
+    /// `patch_size` (14).
+    pub patch_size: u32,
+    /// `temporal_patch_size` (2).
+    pub temporal_patch_size: u32,
+    /// `merge_size` (2).
+    pub merge_size: u32,
+    /// `patch_expand_factor` (1).
+    pub patch_expand_factor: u32,
+    /// `min_image_tokens` ([`GLM5_NEXT_VIDEO_MIN_IMAGE_TOKENS`]).
+    pub min_image_tokens: u64,
+    /// `max_image_tokens` ([`GLM5_NEXT_VIDEO_MAX_IMAGE_TOKENS`]).
+    pub max_image_tokens: u64,
+    /// Target `fps` ([`GLM5_NEXT_VIDEO_FPS`]).
+    pub fps: f64,
+    /// `max_frames` ([`GLM5_NEXT_VIDEO_MAX_FRAMES`]).
+    pub max_frames: u64,
+    /// `max_duration` in seconds, ≤ 0 = none ([`GLM5_NEXT_VIDEO_MAX_DURATION`]).
+    pub max_duration: f64,
+    /// Resampling filter (BICUBIC).
+    pub filter: Filter,
+    /// `image_mean` (CLIP).
+    pub mean: [f64; 3],
+    /// `image_std` (CLIP).
+    pub std: [f64; 3],
+    /// `rescale_factor` (1/255).
+    pub rescale_factor: f64,
+}
+
+impl Default for Glm5NextVideoLaw {
+    fn default() -> Self {
+        Glm5NextVideoLaw {
+            patch_size: 14,
+            temporal_patch_size: 2,
+            merge_size: 2,
+            patch_expand_factor: 1,
+            min_image_tokens: GLM5_NEXT_VIDEO_MIN_IMAGE_TOKENS,
+            max_image_tokens: GLM5_NEXT_VIDEO_MAX_IMAGE_TOKENS,
+            fps: GLM5_NEXT_VIDEO_FPS,
+            max_frames: GLM5_NEXT_VIDEO_MAX_FRAMES,
+            max_duration: GLM5_NEXT_VIDEO_MAX_DURATION,
+            filter: Filter::Bicubic,
+            mean: OPENAI_CLIP_MEAN,
+            std: OPENAI_CLIP_STD,
+            rescale_factor: 1.0 / 255.0,
+        }
+    }
+}
+
+impl Glm5NextVideoLaw {
+    /// The image law with the same sizes and this video's frame budget: `smart_resize` is one
+    /// function for both (video_processing_glm5_next.py:74-135 = image_processing_glm5_next.py:59-…).
+    fn image_law(&self) -> law::Glm5NextLaw {
+        law::Glm5NextLaw {
+            patch_size: self.patch_size,
+            temporal_patch_size: self.temporal_patch_size,
+            merge_size: self.merge_size,
+            patch_expand_factor: self.patch_expand_factor,
+            min_image_tokens: self.min_image_tokens,
+            max_image_tokens: self.max_image_tokens,
+            filter: self.filter,
+            mean: self.mean,
+            std: self.std,
+            rescale_factor: self.rescale_factor,
+        }
+    }
+}
+
+/// Caller settings of a [`VideoPreprocessor`] (each `Some` overrides the video processor config).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VideoSettings {
+    /// Metadata budgets.
+    pub limits: VideoLimits,
+    /// Per-frame admission (each encoded frame is admitted as an image).
+    pub frame_limits: AdmissionLimits,
+    /// Target sampling rate (upstream's `fps` kwarg).
+    pub fps: Option<f64>,
+    /// `max_frames`.
+    pub max_frames: Option<u64>,
+    /// `min_image_tokens`.
+    pub min_image_tokens: Option<u64>,
+    /// `max_image_tokens`.
+    pub max_image_tokens: Option<u64>,
+    /// Refuse when the output tensors would exceed this many bytes (default 2 GiB).
+    pub max_output_bytes: u64,
+    /// Decode and resize the sampled frames over the rayon pool (default true).
+    pub parallel: bool,
+}
+
+impl Default for VideoSettings {
+    fn default() -> Self {
+        VideoSettings {
+            limits: VideoLimits::default(),
+            frame_limits: AdmissionLimits::default(),
+            fps: None,
+            max_frames: None,
+            min_image_tokens: None,
+            max_image_tokens: None,
+            max_output_bytes: config::DEFAULT_MAX_OUTPUT_BYTES,
+            parallel: true,
+        }
+    }
+}
+
+/// The prompt tokens of glm5_next video (ids from `config.json`, else the tokenizer files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VideoTokens {
+    /// `<|begin_of_video|>` (`video_start_token_id`), written by the chat template.
+    pub begin_of_video: Token,
+    /// `<|end_of_video|>` (`video_end_token_id`), written by the chat template.
+    pub end_of_video: Token,
+    /// `<|begin_of_image|>` (`image_start_token_id`), per frame pair.
+    pub begin_of_image: Token,
+    /// `<|end_of_image|>` (`image_end_token_id`), per frame pair.
+    pub end_of_image: Token,
+    /// `<|image|>` (`image_token_id`): the positions that receive rows.
+    pub image: Token,
+}
+
+/// One piece of a video's prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VideoPiece {
+    /// A run of one special token.
+    Run(PromptRun),
+    /// Plain text for the tokenizer (the timestamps, e.g. `0.5 seconds`).
+    Text(String),
+}
+
+/// Everything the metadata and frame size determine about one video.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VideoPlan {
+    /// Family (glm5_next).
+    pub family: Family,
+    /// Upstream video processor class whose law was applied.
+    pub processor_class: &'static str,
+    /// Frame width.
+    pub width: u32,
+    /// Frame height.
+    pub height: u32,
+    /// Sampled frame indices (upstream's `metadata.frames_indices`), even in number.
+    pub frames_indices: Vec<u64>,
+    /// `index / fps` per sampled frame (upstream's `metadata.timestamps`).
+    pub timestamps: Vec<f64>,
+    /// Canvas `(width, height)` every sampled frame is padded to.
+    pub target: (u64, u64),
+    /// Resized content `(width, height)` at the canvas' top-left.
+    pub content: (u64, u64),
+    /// `video_grid_thw`: `[frame pairs, patch rows, patch columns]`.
+    pub grid_thw: [u64; 3],
+    /// Values in a row of `pixel_values_videos` (`3 · temporal patch · patch²`).
+    pub values_per_row: u64,
+    /// Embedding rows the tower emits for the video (`t·h·w / merge²`).
+    pub rows: u64,
+    /// The prompt: the chat template's `<|begin_of_video|>`, then the processor's expansion of
+    /// `<|video|>` (per frame pair: `<|begin_of_image|>`, the `<|image|>` run, `<|end_of_image|>`,
+    /// the timestamp text), then `<|end_of_video|>`. Only the `<|image|>` runs receive rows.
+    pub prompt: Vec<VideoPiece>,
+}
+
+impl VideoPlan {
+    /// Bytes of the output tensors: the f32 pixels and the grid.
+    pub fn output_bytes(&self) -> u64 {
+        let [t, h, w] = self.grid_thw;
+        t.saturating_mul(h)
+            .saturating_mul(w)
+            .saturating_mul(self.values_per_row)
+            .saturating_mul(4)
+            .saturating_add(24)
+    }
+}
+
+/// A prepared video: upstream's tensors and the plan they land on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedVideo {
+    /// The plan (from the metadata and frame size alone).
+    pub plan: VideoPlan,
+    /// `pixel_values_videos [N, 3·2·p²]` F32 and `video_grid_thw [1, 3]` I64.
+    pub tensors: Vec<NamedTensor>,
+}
+
+impl PreparedVideo {
+    /// Tensor by upstream name.
+    pub fn tensor(&self, name: &str) -> Option<&NamedTensor> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The glm tower inputs: the rows and `[t, h, w]` (the tower runs `t` attention segments,
+    /// one per frame pair, as upstream's `get_video_features` does).
+    pub fn glm(&self) -> Option<GlmInputs<'_>> {
+        let rows = match &self.tensor("pixel_values_videos")?.data {
+            TensorData::F32(v) => v.as_slice(),
+            _ => return None,
+        };
+        let g = match &self.tensor("video_grid_thw")?.data {
+            TensorData::I64(v) => v,
+            _ => return None,
+        };
+        Some(GlmInputs {
+            rows,
+            grid_thw: [*g.first()?, *g.get(1)?, *g.get(2)?],
+        })
+    }
+}
+
+/// The video law of a model.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VideoLaw {
+    /// `Glm5NextVideoProcessor`.
+    Glm5Next(Glm5NextVideoLaw),
+}
+
+/// A configured video preprocessor for one model.
+#[derive(Debug, Clone)]
+pub struct VideoPreprocessor {
+    law: VideoLaw,
+    tokens: VideoTokens,
+    settings: VideoSettings,
+}
+
+/// The video processor dict the way `AutoVideoProcessor` finds it: `processor_config.json`
+/// `video_processor` if present, else `video_preprocessor_config.json` (read by the caller).
+pub fn video_processor_dict<'a>(
+    cfg: &'a ModelConfigs,
+    video_preprocessor_config: Option<&'a Value>,
+) -> Option<&'a Value> {
+    cfg.processor_config
+        .as_ref()
+        .and_then(|p| p.get("video_processor"))
+        .or(video_preprocessor_config)
+}
+
+/// Read `video_preprocessor_config.json` from a model directory (`None` when absent).
+pub fn read_video_config(dir: &std::path::Path) -> Result<Option<Value>> {
+    let path = dir.join("video_preprocessor_config.json");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| cfg_err(&path.display().to_string(), format!("not JSON: {e}"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(cfg_err(&path.display().to_string(), e.to_string())),
+    }
+}
+
+fn cfg_err(file: &str, reason: impl Into<String>) -> PrepError {
+    PrepError::Config {
+        file: file.into(),
+        reason: reason.into(),
+    }
+}
+
+const VIDEO_FILE: &str = "video processor config";
+
+fn get_u64(v: Option<&Value>, key: &str, default: u64, max: u64) -> Result<u64> {
+    match v.and_then(|v| v.get(key)) {
+        None | Some(Value::Null) => Ok(default),
+        Some(x) => x
+            .as_u64()
+            .or_else(|| {
+                x.as_f64()
+                    .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= max as f64)
+                    .map(|f| f as u64)
+            })
+            .filter(|n| *n <= max)
+            .ok_or_else(|| {
+                cfg_err(
+                    VIDEO_FILE,
+                    format!("`{key}` = {x} out of range (0..={max})"),
+                )
+            }),
+    }
+}
+
+fn get_f64(v: Option<&Value>, key: &str, default: f64) -> Result<f64> {
+    match v.and_then(|v| v.get(key)) {
+        None | Some(Value::Null) => Ok(default),
+        Some(x) => x
+            .as_f64()
+            .filter(|f| f.is_finite())
+            .ok_or_else(|| cfg_err(VIDEO_FILE, format!("`{key}` = {x} is not a finite number"))),
+    }
+}
+
+fn get_triple(v: Option<&Value>, key: &str, default: [f64; 3]) -> Result<[f64; 3]> {
+    match v.and_then(|v| v.get(key)) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Number(n)) => n
+            .as_f64()
+            .map(|f| [f; 3])
+            .ok_or_else(|| cfg_err(VIDEO_FILE, format!("`{key}`"))),
+        Some(Value::Array(a)) if a.len() == 3 => {
+            let mut out = [0.0; 3];
+            for (o, x) in out.iter_mut().zip(a) {
+                *o = x
+                    .as_f64()
+                    .ok_or_else(|| cfg_err(VIDEO_FILE, format!("`{key}` must hold numbers")))?;
+            }
+            Ok(out)
+        }
+        Some(x) => Err(cfg_err(
+            VIDEO_FILE,
+            format!("`{key}` must be a number or 3 numbers, found {x}"),
+        )),
+    }
+}
+
+/// The glm5_next video law from its video processor dict (absent: the class defaults).
+fn glm5_next_video_law(v: Option<&Value>, s: &VideoSettings) -> Result<Glm5NextVideoLaw> {
+    for key in [
+        "do_resize",
+        "do_rescale",
+        "do_normalize",
+        "do_convert_rgb",
+        "do_sample_frames",
+    ] {
+        match v.and_then(|v| v.get(key)) {
+            None | Some(Value::Null) | Some(Value::Bool(true)) => {}
+            Some(x) => {
+                return Err(cfg_err(
+                    VIDEO_FILE,
+                    format!("`{key}` = {x} is not supported (the vendor processor uses true)"),
+                ))
+            }
+        }
+    }
+    let d = Glm5NextVideoLaw::default();
+    let side = u64::from(config::MAX_CONFIG_SIDE);
+    let small = |key: &str, dflt: u32| -> Result<u32> {
+        let n = get_u64(v, key, u64::from(dflt), side)?;
+        u32::try_from(n)
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| cfg_err(VIDEO_FILE, format!("`{key}` = {n} out of range")))
+    };
+    let filter = match v.and_then(|v| v.get("resample")) {
+        None | Some(Value::Null) => d.filter,
+        Some(x) => x.as_i64().and_then(Filter::from_pil_code).ok_or_else(|| {
+            cfg_err(
+                VIDEO_FILE,
+                format!("`resample` = {x}: only BILINEAR (2) and BICUBIC (3) are implemented"),
+            )
+        })?,
+    };
+    let law = Glm5NextVideoLaw {
+        patch_size: small("patch_size", d.patch_size)?,
+        temporal_patch_size: small("temporal_patch_size", d.temporal_patch_size)?,
+        merge_size: small("merge_size", d.merge_size)?,
+        patch_expand_factor: small("patch_expand_factor", d.patch_expand_factor)?,
+        min_image_tokens: match s.min_image_tokens {
+            Some(n) => n,
+            None => get_u64(
+                v,
+                "min_image_tokens",
+                d.min_image_tokens,
+                config::MAX_CONFIG_TOKENS,
+            )?,
+        },
+        max_image_tokens: match s.max_image_tokens {
+            Some(n) => n,
+            None => get_u64(
+                v,
+                "max_image_tokens",
+                d.max_image_tokens,
+                config::MAX_CONFIG_TOKENS,
+            )?,
+        },
+        fps: match s.fps {
+            Some(f) => f,
+            None => get_f64(v, "fps", d.fps)?,
+        },
+        max_frames: match s.max_frames {
+            Some(n) => n,
+            None => get_u64(v, "max_frames", d.max_frames, 1 << 32)?,
+        },
+        max_duration: get_f64(v, "max_duration", d.max_duration)?,
+        filter,
+        mean: get_triple(v, "image_mean", d.mean)?,
+        std: get_triple(v, "image_std", d.std)?,
+        rescale_factor: get_f64(v, "rescale_factor", d.rescale_factor)?,
+    };
+    if !(law.fps.is_finite() && law.fps > 0.0) {
+        return Err(PrepError::BadSetting(format!(
+            "target fps must be a positive number, got {}",
+            law.fps
+        )));
+    }
+    if law.max_image_tokens == 0
+        || law.min_image_tokens > law.max_image_tokens
+        || law.max_image_tokens > config::MAX_CONFIG_TOKENS
+    {
+        return Err(PrepError::BadSetting(format!(
+            "video token budget {}..{} is empty",
+            law.min_image_tokens, law.max_image_tokens
+        )));
+    }
+    if law.max_frames == 0 {
+        return Err(PrepError::BadSetting(
+            "max_frames must be at least 1".into(),
+        ));
+    }
+    // The same bounds the image laws meet (alignment ≤ 4096, temporal patch ≤ 16).
+    config::check_law_bounds(VIDEO_FILE, &Law::Glm5Next(law.image_law()))?;
+    Ok(law)
+}
+
+impl VideoPreprocessor {
+    /// Build from the model's configs and its video processor config (`video_preprocessor_config.json`,
+    /// see [`read_video_config`]; `None` = the class defaults). The video law follows the video
+    /// processor class the config names, else the image processor's family; a family without a
+    /// video path here is [`PrepError::NoVideoPath`].
+    pub fn from_configs(
+        cfg: &ModelConfigs,
+        video_preprocessor_config: Option<&Value>,
+        settings: VideoSettings,
+    ) -> Result<VideoPreprocessor> {
+        let dict = video_processor_dict(cfg, video_preprocessor_config);
+        let named = dict
+            .and_then(|d| d.get("video_processor_type"))
+            .and_then(Value::as_str);
+        match named {
+            Some("Glm5NextVideoProcessor") => {}
+            Some(other) => return Err(PrepError::NoVideoPath(format!("`{other}`"))),
+            None => match config::law_from_configs(cfg, &PrepSettings::default())? {
+                Law::Glm5Next(_) => {}
+                other => {
+                    return Err(PrepError::NoVideoPath(format!(
+                        "`{}` (family {})",
+                        other.processor_class(),
+                        family_of(&other).name()
+                    )))
+                }
+            },
+        }
+        let law = VideoLaw::Glm5Next(glm5_next_video_law(dict, &settings)?);
+        let tokens = VideoTokens {
+            begin_of_video: config::resolve_token(
+                cfg,
+                None,
+                "<|begin_of_video|>",
+                Some("video_start_token_id"),
+            ),
+            end_of_video: config::resolve_token(
+                cfg,
+                None,
+                "<|end_of_video|>",
+                Some("video_end_token_id"),
+            ),
+            begin_of_image: config::resolve_token(
+                cfg,
+                None,
+                "<|begin_of_image|>",
+                Some("image_start_token_id"),
+            ),
+            end_of_image: config::resolve_token(
+                cfg,
+                None,
+                "<|end_of_image|>",
+                Some("image_end_token_id"),
+            ),
+            image: config::resolve_token(
+                cfg,
+                Some("image_token"),
+                "<|image|>",
+                Some("image_token_id"),
+            ),
+        };
+        Ok(VideoPreprocessor {
+            law,
+            tokens,
+            settings,
+        })
+    }
+
+    /// Build from an explicit law and token table.
+    pub fn from_law(law: VideoLaw, tokens: VideoTokens, settings: VideoSettings) -> Self {
+        VideoPreprocessor {
+            law,
+            tokens,
+            settings,
+        }
+    }
+
+    /// The law in use.
+    pub fn law(&self) -> &VideoLaw {
+        &self.law
+    }
+    /// The token table in use.
+    pub fn tokens(&self) -> &VideoTokens {
+        &self.tokens
+    }
+    /// The settings.
+    pub fn settings(&self) -> &VideoSettings {
+        &self.settings
+    }
+    /// The family (glm5_next).
+    pub fn family(&self) -> Family {
+        Family::Glm5Next
+    }
+
+    /// The plan of a video of `width × height` frames with this metadata: sampling, canvas, grid,
+    /// rows and prompt, from the metadata alone. The metadata budgets apply (frame count, sampled
+    /// pixels, output bytes); nothing is decoded.
+    pub fn plan_video(&self, meta: &VideoMetadata, width: u32, height: u32) -> Result<VideoPlan> {
+        check_metadata(meta, &self.settings.limits)?;
+        if width == 0 || height == 0 {
+            return Err(PrepError::ZeroSized { width, height });
+        }
+        let VideoLaw::Glm5Next(l) = &self.law;
+        let indices = glm5_next_sample(l, meta)?;
+        let n = indices.len() as u64;
+        let pixels = n
+            .saturating_mul(u64::from(width))
+            .saturating_mul(u64::from(height));
+        if pixels > self.settings.limits.max_pixels {
+            return Err(PrepError::VideoOverBudget {
+                what: format!("pixels of the {n} sampled {width}x{height} frames"),
+                amount: pixels,
+                budget: self.settings.limits.max_pixels,
+            });
+        }
+        let il = l.image_law();
+        let (th, tw) = smart_resize(&il, height, width, n)?;
+        let (ch, cw) = content_size(&il, height, width, (th, tw), n);
+        let p = u64::from(l.patch_size);
+        let m = u64::from(l.merge_size);
+        let tp = u64::from(l.temporal_patch_size);
+        // patchify (:325-330): an odd count would repeat the last frame; sampling made it even.
+        let gt = n.div_ceil(tp);
+        let (gh, gw) = (th / p, tw / p);
+        let rows = gt * gh * gw / (m * m);
+        let fps = meta.fps.unwrap_or(24.0);
+        let timestamps: Vec<f64> = indices.iter().map(|&i| i as f64 / fps).collect();
+        let prompt = self.prompt(&timestamps, gt, rows / gt.max(1));
+        let plan = VideoPlan {
+            family: Family::Glm5Next,
+            processor_class: "Glm5NextVideoProcessor",
+            width,
+            height,
+            frames_indices: indices,
+            timestamps,
+            target: (tw, th),
+            content: (cw, ch),
+            grid_thw: [gt, gh, gw],
+            values_per_row: 3 * tp * p * p,
+            rows,
+            prompt,
+        };
+        let bytes = plan.output_bytes();
+        if bytes > self.settings.max_output_bytes {
+            return Err(PrepError::OutputTooLarge {
+                bytes,
+                budget: self.settings.max_output_bytes,
+                rows,
+            });
+        }
+        Ok(plan)
+    }
+
+    /// processing_glm5_next.py `replace_video_token` (:62-91) wrapped in the chat template's
+    /// begin/end of video.
+    fn prompt(&self, timestamps: &[f64], pairs: u64, per_pair: u64) -> Vec<VideoPiece> {
+        let run = |t: &Token, count: u64, embeds: bool| {
+            VideoPiece::Run(PromptRun {
+                token: t.clone(),
+                count,
+                embeds,
+            })
+        };
+        let tk = &self.tokens;
+        let mut out = vec![run(&tk.begin_of_video, 1, false)];
+        // `metadata.timestamps[::2]`, padded with its last value (or 0) to `num_frames` (:76-84).
+        let firsts: Vec<f64> = timestamps.iter().step_by(2).copied().collect();
+        for k in 0..pairs as usize {
+            let ts = firsts.get(k).or(firsts.last()).copied().unwrap_or(0.0);
+            out.push(run(&tk.begin_of_image, 1, false));
+            out.push(run(&tk.image, per_pair, true));
+            out.push(run(&tk.end_of_image, 1, false));
+            // `f"{timestamp_sec:.1f} seconds"` (:183): Rust's `{:.1}` rounds the exact binary
+            // value half to even, as Python's format does.
+            out.push(VideoPiece::Text(format!("{ts:.1} seconds")));
+        }
+        out.push(run(&tk.end_of_video, 1, false));
+        out
+    }
+
+    /// The video's frame size and the checks on what was handed in, before the plan: the frame
+    /// count matches the metadata, the bytes handed in are within budget, and (encoded frames)
+    /// every sampled frame's header is admitted as an image and has the first one's size.
+    fn admit(&self, video: &Video<'_>) -> Result<(u32, u32, Vec<Option<source::Header>>)> {
+        let meta = &video.metadata;
+        check_metadata(meta, &self.settings.limits)?;
+        let given = video.frames.len() as u64;
+        if given != meta.total_num_frames {
+            return Err(PrepError::BadVideo(format!(
+                "{given} frames handed in, the metadata says {}",
+                meta.total_num_frames
+            )));
+        }
+        let limits = &self.settings.limits;
+        match video.frames {
+            VideoFrames::Rgb {
+                width,
+                height,
+                frames,
+            } => {
+                let each = u64::from(width) * u64::from(height) * 3;
+                let total = each.saturating_mul(given);
+                if total > limits.max_bytes {
+                    return Err(PrepError::VideoOverBudget {
+                        what: format!("bytes of {given} raw {width}x{height} frames"),
+                        amount: total,
+                        budget: limits.max_bytes,
+                    });
+                }
+                if let Some((i, f)) = frames
+                    .iter()
+                    .enumerate()
+                    .find(|(_, f)| f.len() as u64 != each)
+                {
+                    return Err(PrepError::BadVideo(format!(
+                        "frame {i} holds {} bytes, a {width}x{height} RGB frame {each}",
+                        f.len()
+                    )));
+                }
+                Ok((width, height, Vec::new()))
+            }
+            VideoFrames::Encoded(frames) => {
+                let total = frames.iter().fold(0u64, |a, f| {
+                    a.saturating_add(match f {
+                        ImageSource::Bytes(b) => b.len() as u64,
+                        ImageSource::DataUri(u) => u.len() as u64,
+                    })
+                });
+                if total > limits.max_bytes {
+                    return Err(PrepError::VideoOverBudget {
+                        what: format!("bytes of {given} encoded frames"),
+                        amount: total,
+                        budget: limits.max_bytes,
+                    });
+                }
+                let VideoLaw::Glm5Next(l) = &self.law;
+                let indices = glm5_next_sample(l, meta)?;
+                let mut headers = vec![None; frames.len()];
+                let mut size = None;
+                for &i in &indices {
+                    let i = i as usize;
+                    if headers[i].is_some() {
+                        continue;
+                    }
+                    let f = frames[i];
+                    let h = f
+                        .bytes(&self.settings.frame_limits)
+                        .and_then(|b| source::admit(&b, &self.settings.frame_limits))
+                        .map_err(|e| frame_err(i, e))?;
+                    let (w0, h0) = *size.get_or_insert((h.width, h.height));
+                    if (h.width, h.height) != (w0, h0) {
+                        return Err(PrepError::BadVideo(format!(
+                            "frame {i} is {}x{}, the video's frames {w0}x{h0}",
+                            h.width, h.height
+                        )));
+                    }
+                    headers[i] = Some(h);
+                }
+                let (w, h) = size.ok_or_else(|| PrepError::BadVideo("no frame sampled".into()))?;
+                Ok((w, h, headers))
+            }
+        }
+    }
+
+    /// Plan a video from its metadata and frames' size (encoded frames: the sampled frames'
+    /// headers only); nothing is decoded or resized.
+    pub fn plan(&self, video: &Video<'_>) -> Result<VideoPlan> {
+        let (w, h, _) = self.admit(video)?;
+        self.plan_video(&video.metadata, w, h)
+    }
+
+    /// The sampled frames resized and padded onto the canvas (upstream's uint8 tensor right
+    /// before normalisation), with the plan.
+    pub fn resized_frames(&self, video: &Video<'_>) -> Result<(VideoPlan, Vec<RgbImage>)> {
+        let (w, h, headers) = self.admit(video)?;
+        let plan = self.plan_video(&video.metadata, w, h)?;
+        let VideoLaw::Glm5Next(l) = &self.law;
+        let one = |&idx: &u64| -> Result<RgbImage> {
+            let i = idx as usize;
+            let canvas_of = |data: &[u8], fw: u32, fh: u32| {
+                canvas(data, fw as usize, fh as usize, &plan, l.filter)
+            };
+            match video.frames {
+                VideoFrames::Rgb { frames, .. } => canvas_of(frames[i], w, h),
+                VideoFrames::Encoded(frames) => {
+                    let hdr = headers[i]
+                        .ok_or_else(|| PrepError::BadVideo(format!("frame {i} not admitted")))?;
+                    let bytes = frames[i]
+                        .bytes(&self.settings.frame_limits)
+                        .map_err(|e| frame_err(i, e))?;
+                    let rgb = source::decode(&bytes, &hdr).map_err(|e| frame_err(i, e))?;
+                    canvas_of(&rgb.data, hdr.width, hdr.height)
+                }
+            }
+            .map_err(|e| match e {
+                e @ PrepError::VideoFrame { .. } => e,
+                e => frame_err(i, e),
+            })
+        };
+        // One decoded frame per worker at a time; only the canvases are kept.
+        let idx = &plan.frames_indices;
+        let frames = if self.settings.parallel {
+            idx.par_iter().map(one).collect::<Result<Vec<_>>>()?
+        } else {
+            idx.iter().map(one).collect::<Result<Vec<_>>>()?
+        };
+        Ok((plan, frames))
+    }
+
+    /// Admit (metadata first), sample, decode the sampled frames, resize, pad, normalise and
+    /// patchify: upstream's `pixel_values_videos` and `video_grid_thw`, on the plan.
+    pub fn prepare_video(&self, video: &Video<'_>) -> Result<PreparedVideo> {
+        let (plan, frames) = self.resized_frames(video)?;
+        let VideoLaw::Glm5Next(l) = &self.law;
+        let (m, s) = crate::prepare::fused(&l.mean, &l.std, l.rescale_factor);
+        let norm = Normalize::new(m, s);
+        let rows = patchify(
+            &frames,
+            l.patch_size as usize,
+            l.temporal_patch_size as usize,
+            l.merge_size as usize,
+            &plan,
+            &norm,
+            self.settings.parallel,
+        );
+        let [t, gh, gw] = plan.grid_thw;
+        let row = 3 * l.temporal_patch_size as usize * (l.patch_size as usize).pow(2);
+        let n = (t * gh * gw) as usize;
+        Ok(PreparedVideo {
+            tensors: vec![
+                NamedTensor {
+                    name: "pixel_values_videos",
+                    shape: vec![n, row],
+                    data: TensorData::F32(rows),
+                },
+                NamedTensor {
+                    name: "video_grid_thw",
+                    shape: vec![1, 3],
+                    data: TensorData::I64(vec![t as i64, gh as i64, gw as i64]),
+                },
+            ],
+            plan,
+        })
+    }
+}
+
+fn frame_err(index: usize, e: PrepError) -> PrepError {
+    PrepError::VideoFrame {
+        index,
+        source: Box::new(e),
+    }
+}
+
+fn family_of(law: &Law) -> Family {
+    match law {
+        Law::Gemma4(_) => Family::Gemma4,
+        Law::Glm5Next(_) => Family::Glm5Next,
+        Law::Glm46V(_) => Family::GlmOcr,
+        Law::Step3p7(_) => Family::Step3p7,
+    }
+}
+
+/// The metadata checks that need nothing else: a frame rate, at least one frame, finite values,
+/// and the frame budget.
+fn check_metadata(meta: &VideoMetadata, limits: &VideoLimits) -> Result<()> {
+    if meta.total_num_frames == 0 {
+        return Err(PrepError::BadVideo("a video of 0 frames".into()));
+    }
+    if meta.total_num_frames > limits.max_frames {
+        return Err(PrepError::VideoOverBudget {
+            what: "frames".into(),
+            amount: meta.total_num_frames,
+            budget: limits.max_frames,
+        });
+    }
+    match meta.fps {
+        // video_processing_glm5_next.py:182-186: sampling needs the video's fps.
+        None => {
+            return Err(PrepError::BadVideo(
+                "no fps in the metadata: glm5_next samples frames by time (fps is required)".into(),
+            ))
+        }
+        Some(f) if !(f.is_finite() && f > 0.0) => {
+            return Err(PrepError::BadVideo(format!(
+                "fps must be a positive number, got {f}"
+            )))
+        }
+        Some(_) => {}
+    }
+    if let Some(d) = meta.duration {
+        if !(d.is_finite() && d >= 0.0) {
+            return Err(PrepError::BadVideo(format!(
+                "duration must be a non-negative number of seconds, got {d}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `np.linspace(start, stop, num, dtype=int)` (numpy 2.4 `function_base.py`): `k·step + start`
+/// in f64 with `step = (stop − start)/(num − 1)` (a zero step: `k/(num−1)·delta + start`), the
+/// last value set to `stop`, then floored.
+fn linspace_int(start: f64, stop: f64, num: u64) -> Vec<i64> {
+    let delta = stop - start;
+    let div = num.saturating_sub(1) as f64;
+    let mut out: Vec<f64> = (0..num)
+        .map(|k| {
+            let k = k as f64;
+            if num > 1 {
+                let step = delta / div;
+                if step == 0.0 {
+                    k / div * delta + start
+                } else {
+                    k * step + start
+                }
+            } else {
+                k * delta + start
+            }
+        })
+        .collect();
+    if num > 1 {
+        if let Some(last) = out.last_mut() {
+            *last = stop;
+        }
+    }
+    out.iter_mut().for_each(|y| *y = y.floor());
+    out.into_iter().map(|y| y as i64).collect()
+}
+
+/// `Glm5NextVideoProcessor.sample_frames` (video_processing_glm5_next.py:167-236), exactly: the
+/// sampled indices, deduplicated in order, an odd count completed by repeating the last.
+/// `meta` must have passed [`check_metadata`] (fps present, at least one frame).
+pub fn glm5_next_sample(law: &Glm5NextVideoLaw, meta: &VideoMetadata) -> Result<Vec<u64>> {
+    let fps = meta
+        .fps
+        .ok_or_else(|| PrepError::BadVideo("no fps in the metadata".into()))?;
+    let total = meta.total_num_frames;
+    if total == 0 {
+        return Err(PrepError::BadVideo("a video of 0 frames".into()));
+    }
+    let max_frame_idx = (total - 1) as f64;
+    // `metadata.duration or round(max_frame_idx / fps) + 1` (:190): Python's round, half to even.
+    let duration = match meta.duration {
+        Some(d) if d != 0.0 => d,
+        _ => (max_frame_idx / fps).round_ties_even() + 1.0,
+    };
+    // `int(duration)` before the max_duration cap (:192).
+    let max_seconds = duration.trunc();
+    let duration = if law.max_duration <= 0.0 {
+        duration
+    } else {
+        duration.min(law.max_duration)
+    };
+    let target = law.fps;
+    // `int(duration * target_fps)`, capped by max_frames (:196-197); a product past u64 is
+    // over max_frames anyway.
+    let product = (duration * target).trunc();
+    let extract_t = if product >= law.max_frames as f64 {
+        law.max_frames
+    } else {
+        product.max(0.0) as u64
+    };
+    let per_frame = 1.0 / fps;
+    let mut indices: Vec<i64> = if total < extract_t {
+        linspace_int(0.0, max_frame_idx, extract_t)
+    } else {
+        let mut taken = Vec::new();
+        let mut current = 0.0f64;
+        let inv = 1.0 / target;
+        for i in 0..total {
+            if i as f64 * per_frame >= current {
+                current += inv;
+                taken.push(i as i64);
+                if current >= max_seconds {
+                    break;
+                }
+            }
+        }
+        taken
+    };
+    let len = indices.len() as u64;
+    if len < extract_t {
+        let (start, end) = match (indices.first(), indices.last()) {
+            (Some(&a), Some(&b)) => (a as f64, b as f64),
+            _ => (0.0, max_frame_idx.max(0.0)),
+        };
+        indices = linspace_int(start, end, extract_t);
+    } else if len > extract_t {
+        indices = linspace_int(0.0, max_frame_idx, extract_t);
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut uniq: Vec<u64> = Vec::with_capacity(indices.len() + 1);
+    for i in indices {
+        // Every index lies in 0..total (linspace between indices of the video); a negative or
+        // past-the-end one would be upstream's IndexError.
+        let u = u64::try_from(i)
+            .ok()
+            .filter(|&u| u < total)
+            .ok_or_else(|| {
+                PrepError::BadVideo(format!("sampled frame index {i} outside the video"))
+            })?;
+        if seen.insert(u) {
+            uniq.push(u);
+        }
+    }
+    if uniq.len() % 2 == 1 {
+        if let Some(&last) = uniq.last() {
+            uniq.push(last);
+        }
+    }
+    if uniq.is_empty() {
+        // upstream: an empty index list gives an empty video, which its resize cannot take.
+        return Err(PrepError::BadVideo(format!(
+            "no frame sampled ({} s at {target} fps gives 0 frames)",
+            duration
+        )));
+    }
+    Ok(uniq)
+}
+
+/// glm5_next `smart_resize` over `num_frames` frames (video_processing_glm5_next.py:74-135,
+/// called by `resize` with the sampled frame count, :250-259): the canvas `(height, width)` within
+/// the whole video's budget `min/max_image_tokens · temporal · factor²`. With `num_frames` =
+/// the temporal patch size it is the image law (`law::glm5_next_canvas`; a test holds them equal).
+pub fn smart_resize(
+    law: &law::Glm5NextLaw,
+    height: u32,
+    width: u32,
+    num_frames: u64,
+) -> Result<(u64, u64)> {
+    let factor =
+        u64::from(law.patch_size) * u64::from(law.merge_size) * u64::from(law.patch_expand_factor);
+    let tf = u64::from(law.temporal_patch_size);
+    let ppt = tf * factor * factor;
+    let min_pixels = law.min_image_tokens.saturating_mul(ppt);
+    let max_pixels = law.max_image_tokens.saturating_mul(ppt);
+    let align = |v: f64| -> u64 { (v / factor as f64).ceil() as u64 * factor };
+    let (h, w) = (u64::from(height), u64::from(width));
+    // `max(temporal_factor, round(num_frames / temporal_factor) * temporal_factor)` (:119).
+    let aligned_frames = tf.max((num_frames as f64 / tf as f64).round_ties_even() as u64 * tf);
+    let mut ah = align(h as f64);
+    let mut aw = align(w as f64);
+    let mut budget = aligned_frames.saturating_mul(ah).saturating_mul(aw);
+    if budget < min_pixels {
+        // `sqrt(min_pixels / (num_frames * height * width))` (:126): the frame count, not the aligned one.
+        let scale = (min_pixels as f64 / (num_frames * h * w) as f64).sqrt();
+        ah = align(((h as f64 * scale).ceil()).max(1.0));
+        aw = align(((w as f64 * scale).ceil()).max(1.0));
+        budget = aligned_frames.saturating_mul(ah).saturating_mul(aw);
+    }
+    if budget > max_pixels {
+        let minimum = aligned_frames.saturating_mul(factor * factor);
+        if max_pixels < minimum {
+            return Err(PrepError::Unplannable {
+                processor: "Glm5NextVideoProcessor".into(),
+                width,
+                height,
+                reason: format!(
+                    "max_pixels={max_pixels} is too small: at least {minimum} pixels are \
+                     required for one aligned patch of {num_frames} frames"
+                ),
+            });
+        }
+        let (mut low, mut high) = (1i64, h as i64);
+        let (mut bh, mut bw) = (factor, factor);
+        while low <= high {
+            let ch = (low + high) / 2;
+            let cw = ((w * ch as u64) as f64 / h as f64).floor().max(1.0);
+            let cand_h = align(ch as f64);
+            let cand_w = align(cw);
+            if aligned_frames.saturating_mul(cand_h).saturating_mul(cand_w) <= max_pixels {
+                bh = cand_h;
+                bw = cand_w;
+                low = ch + 1;
+            } else {
+                high = ch - 1;
+            }
+        }
+        ah = bh;
+        aw = bw;
+    }
+    Ok((ah, aw))
+}
+
+/// The content `(height, width)` pasted at the canvas' top-left (video_processing_glm5_next.py:262-267):
+/// `s = min(H/h, W/w)`, capped at 1 unless `num_frames·h·w` is under the minimum budget;
+/// `content = max(1, min(canvas, floor(side·s)))`.
+pub fn content_size(
+    law: &law::Glm5NextLaw,
+    height: u32,
+    width: u32,
+    canvas: (u64, u64),
+    num_frames: u64,
+) -> (u64, u64) {
+    let factor =
+        u64::from(law.patch_size) * u64::from(law.merge_size) * u64::from(law.patch_expand_factor);
+    let ppt = u64::from(law.temporal_patch_size) * factor * factor;
+    let (h, w) = (f64::from(height), f64::from(width));
+    let (th, tw) = canvas;
+    let mut scale = (th as f64 / h).min(tw as f64 / w);
+    let pixels = num_frames
+        .saturating_mul(u64::from(height))
+        .saturating_mul(u64::from(width));
+    if pixels >= ppt.saturating_mul(law.min_image_tokens) {
+        scale = scale.min(1.0);
+    }
+    let ch = ((h * scale).floor() as u64).min(th).max(1);
+    let cw = ((w * scale).floor() as u64).min(tw).max(1);
+    (ch, cw)
+}
+
+/// One sampled frame resized to the plan's content size and pasted at the top-left of a black
+/// canvas (video_processing_glm5_next.py:262-275).
+fn canvas(
+    frame: &[u8],
+    width: usize,
+    height: usize,
+    plan: &VideoPlan,
+    filter: Filter,
+) -> Result<RgbImage> {
+    let (cw, ch) = (plan.content.0 as usize, plan.content.1 as usize);
+    let (tw, th) = (plan.target.0 as usize, plan.target.1 as usize);
+    let resized;
+    let content: &[u8] = if (cw, ch) == (width, height) {
+        frame
+    } else {
+        resized = resize_rgb(frame, width, height, cw, ch, filter, false)?;
+        &resized
+    };
+    let mut data = vec![0u8; tw * th * 3];
+    for (dst, src) in data
+        .chunks_exact_mut(tw * 3)
+        .zip(content.chunks_exact(cw * 3))
+    {
+        dst[..cw * 3].copy_from_slice(src);
+    }
+    Ok(RgbImage {
+        width: tw,
+        height: th,
+        data,
+    })
+}
+
+/// `patchify` (video_processing_glm5_next.py:314-352) of the normalised canvases: rows ordered
+/// by frame pair, then 2×2 block-major; each row `(c, tp, ky, kx)`, frames `2k`, `2k+1` as
+/// `tp` = 0, 1 of pair `k`.
+fn patchify(
+    frames: &[RgbImage],
+    p: usize,
+    tp: usize,
+    merge: usize,
+    plan: &VideoPlan,
+    norm: &Normalize,
+    parallel: bool,
+) -> Vec<f32> {
+    let [t, gh, gw] = plan.grid_thw.map(|x| x as usize);
+    let pp = p * p;
+    let row = 3 * tp * pp;
+    let per_pair = gh * gw * row;
+    let mut out = vec![0f32; t * per_pair];
+    let body = |(k, dst): (usize, &mut [f32])| {
+        let mut stage = vec![0f32; 3 * pp];
+        for (j, r) in dst.chunks_exact_mut(row).enumerate() {
+            let (bh, rest) = (
+                j / ((gw / merge) * merge * merge),
+                j % ((gw / merge) * merge * merge),
+            );
+            let (bw, m) = (rest / (merge * merge), rest % (merge * merge));
+            let (py, px) = (bh * merge + m / merge, bw * merge + m % merge);
+            for s in 0..tp {
+                // patchify pads an odd count with the last frame (:325-328).
+                let f = &frames[(k * tp + s).min(frames.len() - 1)];
+                let (a, rest) = stage.split_at_mut(pp);
+                let (b, c) = rest.split_at_mut(pp);
+                norm.window(
+                    &f.data,
+                    Window::square(f.width, px * p, py * p, p),
+                    [a, b, c],
+                );
+                for ch in 0..3 {
+                    let o = ch * tp * pp + s * pp;
+                    r[o..o + pp].copy_from_slice(&stage[ch * pp..(ch + 1) * pp]);
+                }
+            }
+        }
+    };
+    if parallel {
+        out.par_chunks_mut(per_pair).enumerate().for_each(body);
+    } else {
+        out.chunks_mut(per_pair).enumerate().for_each(body);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::law::Glm5NextLaw;
+    use safetensors::SafeTensors;
+    use sha2::{Digest, Sha256};
+    use std::path::{Path, PathBuf};
+
+    fn fixtures() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+    }
+
+    fn sha256_hex(bytes: &[u8]) -> String {
+        Sha256::digest(bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    fn glm5_configs() -> ModelConfigs {
+        ModelConfigs::from_dir(&fixtures().join("models/glm5_next")).expect("glm5_next configs")
+    }
+
+    /// One upstream video case: its input frames (HWC), metadata JSON and tensors.
+    struct Case {
+        name: String,
+        width: u32,
+        height: u32,
+        frames: Vec<Vec<u8>>,
+        meta: Value,
+        indices: Vec<i64>,
+        grid: Vec<i64>,
+        resized: Option<Vec<u8>>,
+    }
+
+    fn i64s(st: &SafeTensors<'_>, name: &str) -> Vec<i64> {
+        st.tensor(name)
+            .expect(name)
+            .data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+            .collect()
+    }
+
+    /// Every case of `fixtures/outputs/glm5_next_video/` (written by `oracle/fam_video.py` from
+    /// upstream's `Glm5NextVideoProcessor`); at least the six the generator writes.
+    fn cases() -> Vec<Case> {
+        let dir = fixtures().join("outputs/glm5_next_video");
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e} (cargo xtask fixtures)", dir.display()))
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        paths.sort();
+        assert!(paths.len() >= 6, "{} video cases", paths.len());
+        paths
+            .iter()
+            .map(|p| {
+                let bytes = std::fs::read(p).expect("read");
+                let (_, header) = SafeTensors::read_metadata(&bytes).expect("header");
+                let meta: Value = header
+                    .metadata()
+                    .as_ref()
+                    .and_then(|m| m.get("fixture"))
+                    .and_then(|s| serde_json::from_str(s).ok())
+                    .expect("fixture metadata");
+                let st = SafeTensors::deserialize(&bytes).expect("safetensors");
+                let f = st.tensor("frames_u8").expect("frames_u8");
+                let [n, h, w, 3] = f.shape() else {
+                    panic!("frames_u8 shape {:?}", f.shape())
+                };
+                let frames = f
+                    .data()
+                    .chunks_exact(h * w * 3)
+                    .map(<[u8]>::to_vec)
+                    .collect::<Vec<_>>();
+                assert_eq!(frames.len(), *n);
+                Case {
+                    name: p
+                        .file_stem()
+                        .map(|s| s.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                    width: *w as u32,
+                    height: *h as u32,
+                    frames,
+                    indices: i64s(&st, "frames_indices"),
+                    grid: i64s(&st, "video_grid_thw"),
+                    resized: st.tensor("resized_u8").ok().map(|t| t.data().to_vec()),
+                    meta,
+                }
+            })
+            .collect()
+    }
+
+    /// The case's video processor settings given as a checkpoint's
+    /// `video_preprocessor_config.json` (upstream took them at construction).
+    fn preprocessor_for(meta: &Value) -> VideoPreprocessor {
+        let dict = &meta["video_processor_config"];
+        VideoPreprocessor::from_configs(&glm5_configs(), Some(dict), VideoSettings::default())
+            .expect("video preprocessor")
+    }
+
+    fn metadata_of(meta: &Value) -> VideoMetadata {
+        let m = &meta["video_metadata"];
+        VideoMetadata {
+            total_num_frames: m["total_num_frames"].as_u64().expect("total_num_frames"),
+            fps: m["fps"].as_f64(),
+            duration: m["duration"].as_f64(),
+        }
+    }
+
+    /// The prompt against upstream's runs: special tokens `{token, id, count}` (only `<|image|>`
+    /// receiving rows) and timestamp text `{text}`.
+    fn assert_prompt(case: &str, got: &[VideoPiece], want: &Value) {
+        let want = want.as_array().expect("prompt_plan");
+        assert_eq!(got.len(), want.len(), "{case}: prompt pieces {got:?}");
+        for (g, w) in got.iter().zip(want) {
+            match g {
+                VideoPiece::Run(r) => {
+                    assert_eq!(Some(r.token.text.as_str()), w["token"].as_str(), "{case}");
+                    assert_eq!(r.token.id.map(u64::from), w["id"].as_u64(), "{case}");
+                    assert_eq!(Some(r.count), w["count"].as_u64(), "{case}");
+                    assert_eq!(r.embeds, r.token.text == "<|image|>", "{case}");
+                }
+                VideoPiece::Text(t) => assert_eq!(Some(t.as_str()), w["text"].as_str(), "{case}"),
+            }
+        }
+    }
+
+    /// The canvases as upstream's `[n, 3, H, W]` uint8 tensor.
+    fn chw(frames: &[RgbImage]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for f in frames {
+            for c in 0..3 {
+                out.extend(f.data.iter().skip(c).step_by(3));
+            }
+        }
+        out
+    }
+
+    fn png(frame: &[u8], w: u32, h: u32) -> Vec<u8> {
+        use image::ImageEncoder;
+        let mut buf = Vec::new();
+        image::codecs::png::PngEncoder::new(&mut buf)
+            .write_image(frame, w, h, image::ExtendedColorType::Rgb8)
+            .expect("png");
+        buf
+    }
+
+    /// Sampled indices, grid, timestamps, prompt, resized frames and `pixel_values_videos`
+    /// against upstream's, for raw RGB frames and for the same frames as PNG files: indices,
+    /// grid, prompt and both tensors exactly equal (the tensors by sha256).
+    #[test]
+    fn upstream_video_fixtures() {
+        for case in cases() {
+            let name = &case.name;
+            let pre = preprocessor_for(&case.meta);
+            let meta = metadata_of(&case.meta);
+            let refs: Vec<&[u8]> = case.frames.iter().map(Vec::as_slice).collect();
+            let pngs: Vec<Vec<u8>> = case
+                .frames
+                .iter()
+                .map(|f| png(f, case.width, case.height))
+                .collect();
+            let sources: Vec<ImageSource<'_>> =
+                pngs.iter().map(|b| ImageSource::Bytes(b)).collect();
+            let raw = Video {
+                frames: VideoFrames::Rgb {
+                    width: case.width,
+                    height: case.height,
+                    frames: &refs,
+                },
+                metadata: meta,
+            };
+            let encoded = Video {
+                frames: VideoFrames::Encoded(&sources),
+                metadata: meta,
+            };
+            for (kind, video) in [("raw", raw), ("png", encoded)] {
+                let plan = pre
+                    .plan(&video)
+                    .unwrap_or_else(|e| panic!("{name} {kind}: {e}"));
+                let want: Vec<u64> = case.indices.iter().map(|&i| i as u64).collect();
+                assert_eq!(plan.frames_indices, want, "{name} {kind}: frames_indices");
+                let grid: Vec<u64> = case.grid.iter().map(|&i| i as u64).collect();
+                assert_eq!(
+                    plan.grid_thw.to_vec(),
+                    grid,
+                    "{name} {kind}: video_grid_thw"
+                );
+                // JSON carries Python's repr of each timestamp; both are `idx / fps` in f64.
+                let ts: Vec<f64> = case.meta["timestamps"]
+                    .as_array()
+                    .expect("timestamps")
+                    .iter()
+                    .filter_map(Value::as_f64)
+                    .collect();
+                assert_eq!(plan.timestamps.len(), ts.len(), "{name}");
+                for (a, b) in plan.timestamps.iter().zip(&ts) {
+                    assert!(
+                        (a - b).abs() <= 1e-12 * b.abs().max(1.0),
+                        "{name}: {a} vs {b}"
+                    );
+                }
+                assert_prompt(name, &plan.prompt, &case.meta["prompt_plan"]);
+                assert_eq!(
+                    plan.rows,
+                    grid.iter().product::<u64>() / 4,
+                    "{name}: rows = prod(grid) / merge²"
+                );
+
+                let (_, frames) = pre.resized_frames(&video).expect("resized");
+                let u8s = chw(&frames);
+                assert_eq!(
+                    sha256_hex(&u8s),
+                    case.meta["resized_u8_sha256"].as_str().unwrap_or(""),
+                    "{name} {kind}: resized frames differ from upstream's"
+                );
+                if let Some(r) = &case.resized {
+                    assert!(&u8s == r, "{name} {kind}: resized_u8");
+                }
+                let prepared = pre.prepare_video(&video).expect("prepare");
+                let pv = prepared
+                    .tensor("pixel_values_videos")
+                    .expect("pixel_values_videos");
+                let shape: Vec<u64> = case.meta["pixel_values_videos_shape"]
+                    .as_array()
+                    .expect("shape")
+                    .iter()
+                    .filter_map(Value::as_u64)
+                    .collect();
+                assert_eq!(
+                    pv.shape.iter().map(|&s| s as u64).collect::<Vec<_>>(),
+                    shape,
+                    "{name}"
+                );
+                assert_eq!(
+                    sha256_hex(&pv.to_le_bytes()),
+                    case.meta["pixel_values_videos_sha256"]
+                        .as_str()
+                        .unwrap_or(""),
+                    "{name} {kind}: pixel_values_videos differ from upstream's"
+                );
+                assert_eq!(prepared.plan, plan, "{name} {kind}");
+                assert_eq!(plan.output_bytes(), pv.to_le_bytes().len() as u64 + 24);
+            }
+        }
+    }
+
+    /// The video `smart_resize` with `num_frames` = the temporal patch is the image law.
+    #[test]
+    fn smart_resize_of_two_frames_is_the_image_law() {
+        for max_t in [8000u64, 240_000, 12] {
+            let l = Glm5NextLaw {
+                max_image_tokens: max_t,
+                ..Default::default()
+            };
+            for (w, h) in [
+                (20, 15),
+                (1, 1),
+                (28, 28),
+                (1000, 60),
+                (60, 1000),
+                (1920, 1080),
+                (4000, 3000),
+                (333, 777),
+                (12000, 17),
+            ] {
+                let canvas = law::glm5_next_canvas(&l, h, w).map_err(|e| e.to_string());
+                let video = smart_resize(&l, h, w, 2).map_err(|e| e.to_string());
+                assert_eq!(video, canvas, "{w}x{h} max {max_t}");
+                if let Ok(c) = canvas {
+                    assert_eq!(
+                        content_size(&l, h, w, c, 2),
+                        law::glm5_next_content(&l, h, w, c),
+                        "{w}x{h}"
+                    );
+                }
+            }
+        }
+    }
+
+    fn glm5() -> VideoPreprocessor {
+        VideoPreprocessor::from_configs(&glm5_configs(), None, VideoSettings::default())
+            .expect("glm5_next video")
+    }
+
+    /// 10 000 frames are refused from the metadata alone: no frame is looked at (the raw frames
+    /// here are empty slices and the encoded ones are not images: a frame check would say so).
+    #[test]
+    fn ten_thousand_frames_are_refused_from_the_metadata() {
+        let pre = glm5();
+        let meta = VideoMetadata {
+            total_num_frames: 10_000,
+            fps: Some(30.0),
+            duration: None,
+        };
+        let empty: Vec<&[u8]> = vec![&[]; 10_000];
+        let junk = [0u8; 4];
+        let sources = vec![ImageSource::Bytes(&junk); 10_000];
+        for frames in [
+            VideoFrames::Rgb {
+                width: 1920,
+                height: 1080,
+                frames: &empty,
+            },
+            VideoFrames::Encoded(&sources),
+        ] {
+            let video = Video {
+                frames,
+                metadata: meta,
+            };
+            for r in [
+                pre.plan(&video).map(|_| ()),
+                pre.prepare_video(&video).map(|_| ()),
+            ] {
+                match r {
+                    Err(PrepError::VideoOverBudget {
+                        what,
+                        amount: 10_000,
+                        budget: DEFAULT_MAX_VIDEO_FRAMES,
+                    }) => assert_eq!(what, "frames"),
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+        assert!(matches!(
+            pre.plan_video(&meta, 1920, 1080),
+            Err(PrepError::VideoOverBudget { .. })
+        ));
+    }
+
+    /// 10⁹ pixels in total (4000 frames of 500×500 at the target rate, 2048 of them sampled)
+    /// are refused from the metadata: by the sampled-pixel budget when planning, by the byte
+    /// budget for raw frames (whose empty slices show no frame was read).
+    #[test]
+    fn a_billion_pixels_are_refused_from_the_metadata() {
+        let pre = glm5();
+        let meta = VideoMetadata {
+            total_num_frames: 4000,
+            fps: Some(2.0),
+            duration: None,
+        };
+        match pre.plan_video(&meta, 500, 500) {
+            Err(PrepError::VideoOverBudget { amount, budget, .. }) => {
+                assert_eq!(amount, 2048 * 500 * 500);
+                assert_eq!(budget, DEFAULT_MAX_VIDEO_PIXELS);
+            }
+            other => panic!("{other:?}"),
+        }
+        let empty: Vec<&[u8]> = vec![&[]; 4000];
+        let video = Video {
+            frames: VideoFrames::Rgb {
+                width: 500,
+                height: 500,
+                frames: &empty,
+            },
+            metadata: meta,
+        };
+        match pre.prepare_video(&video) {
+            Err(PrepError::VideoOverBudget { amount, budget, .. }) => {
+                assert_eq!(amount, 4000 * 500 * 500 * 3);
+                assert_eq!(budget, DEFAULT_MAX_VIDEO_BYTES);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Within the frame and byte budgets, the sampled pixels still decide (encoded frames:
+        // refused before any header is read, the bytes here are no image).
+        let junk = [0u8; 4];
+        let sources = vec![ImageSource::Bytes(&junk); 4000];
+        let small = VideoPreprocessor::from_configs(
+            &glm5_configs(),
+            None,
+            VideoSettings {
+                limits: VideoLimits {
+                    max_pixels: 1000,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .expect("pre");
+        let raw = vec![0u8; 20 * 20 * 3];
+        let frames: Vec<&[u8]> = vec![&raw; 4000];
+        let video = Video {
+            frames: VideoFrames::Rgb {
+                width: 20,
+                height: 20,
+                frames: &frames,
+            },
+            metadata: meta,
+        };
+        assert!(matches!(
+            small.prepare_video(&video),
+            Err(PrepError::VideoOverBudget { .. })
+        ));
+        let video = Video {
+            frames: VideoFrames::Encoded(&sources),
+            metadata: meta,
+        };
+        // the sampled encoded frames' headers are read first (to learn the size): junk is a frame error
+        assert!(matches!(
+            small.prepare_video(&video),
+            Err(PrepError::VideoFrame { index: 0, .. })
+        ));
+    }
+
+    /// Metadata and frames that do not fit together are typed errors.
+    #[test]
+    fn inconsistent_videos_are_errors() {
+        let pre = glm5();
+        let frame = vec![7u8; 28 * 21 * 3];
+        let frames: Vec<&[u8]> = vec![&frame; 5];
+        let video = |meta: VideoMetadata| Video {
+            frames: VideoFrames::Rgb {
+                width: 28,
+                height: 21,
+                frames: &frames,
+            },
+            metadata: meta,
+        };
+        let ok = VideoMetadata {
+            total_num_frames: 5,
+            fps: Some(2.0),
+            duration: None,
+        };
+        assert!(pre.prepare_video(&video(ok)).is_ok());
+        for bad in [
+            VideoMetadata { fps: None, ..ok },
+            VideoMetadata {
+                fps: Some(0.0),
+                ..ok
+            },
+            VideoMetadata {
+                fps: Some(f64::NAN),
+                ..ok
+            },
+            VideoMetadata {
+                total_num_frames: 6,
+                ..ok
+            },
+            VideoMetadata {
+                total_num_frames: 0,
+                ..ok
+            },
+            VideoMetadata {
+                duration: Some(-1.0),
+                ..ok
+            },
+        ] {
+            assert!(
+                matches!(pre.prepare_video(&video(bad)), Err(PrepError::BadVideo(_))),
+                "{bad:?}"
+            );
+        }
+        // a raw frame of the wrong length
+        let short = vec![0u8; 10];
+        let mut mixed = frames.clone();
+        mixed[3] = &short;
+        let v = Video {
+            frames: VideoFrames::Rgb {
+                width: 28,
+                height: 21,
+                frames: &mixed,
+            },
+            metadata: ok,
+        };
+        assert!(matches!(pre.prepare_video(&v), Err(PrepError::BadVideo(_))));
+        // encoded frames of two sizes
+        let a = png(&frame, 28, 21);
+        let b = png(&vec![1u8; 21 * 28 * 3], 21, 28);
+        let sources = [ImageSource::Bytes(&a), ImageSource::Bytes(&b)];
+        let v = Video {
+            frames: VideoFrames::Encoded(&sources),
+            metadata: VideoMetadata {
+                total_num_frames: 2,
+                fps: Some(2.0),
+                duration: None,
+            },
+        };
+        match pre.prepare_video(&v) {
+            Err(PrepError::BadVideo(m)) => assert!(m.contains("frame 1 is 21x28"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Families without a video path here refuse video with a typed error.
+    #[test]
+    fn families_without_video_refuse_it() {
+        for model in ["gemma4", "glm_ocr", "step3p7"] {
+            let cfg = ModelConfigs::from_dir(&fixtures().join("models").join(model)).expect("cfg");
+            match VideoPreprocessor::from_configs(&cfg, None, VideoSettings::default()) {
+                Err(PrepError::NoVideoPath(m)) => assert!(m.contains("family"), "{m}"),
+                other => panic!("{model}: {other:?}"),
+            }
+        }
+        let gemma = serde_json::json!({"video_processor_type": "Gemma4VideoProcessor"});
+        assert!(matches!(
+            VideoPreprocessor::from_configs(
+                &glm5_configs(),
+                Some(&gemma),
+                VideoSettings::default()
+            ),
+            Err(PrepError::NoVideoPath(_))
+        ));
+        let named = serde_json::json!({"video_processor_type": "Glm5NextVideoProcessor", "fps": 1});
+        let pre = VideoPreprocessor::from_configs(
+            &glm5_configs(),
+            Some(&named),
+            VideoSettings::default(),
+        )
+        .expect("named glm5_next video processor");
+        let VideoLaw::Glm5Next(l) = pre.law();
+        assert_eq!(l.fps, 1.0);
+    }
+}
