@@ -278,6 +278,41 @@ pub struct VideoPlan {
 }
 
 impl VideoPlan {
+    /// The plan as one JSON object (what `vtower` prints): `prompt` lists the pieces in order,
+    /// `[id, count, embeds]` for a token run (`id` null when unknown) and `{"text": …}` for text.
+    pub fn to_json(&self) -> Value {
+        let prompt: Vec<Value> = self
+            .prompt
+            .iter()
+            .map(|p| match p {
+                VideoPiece::Run(r) => serde_json::json!([r.token.id, r.count, r.embeds]),
+                VideoPiece::Text(t) => serde_json::json!({ "text": t }),
+            })
+            .collect();
+        let tokens: Vec<Value> = self
+            .prompt
+            .iter()
+            .map(|p| match p {
+                VideoPiece::Run(r) => serde_json::json!(r.token.text),
+                VideoPiece::Text(_) => Value::Null,
+            })
+            .collect();
+        serde_json::json!({
+            "family": self.family.name(),
+            "processor": self.processor_class,
+            "width": self.width,
+            "height": self.height,
+            "frames_indices": self.frames_indices,
+            "timestamps": self.timestamps,
+            "target": [self.target.0, self.target.1],
+            "content": [self.content.0, self.content.1],
+            "video_grid_thw": self.grid_thw,
+            "rows": self.rows,
+            "prompt": prompt,
+            "prompt_tokens": tokens,
+        })
+    }
+
     /// Bytes of the output tensors: the f32 pixels and the grid.
     pub fn output_bytes(&self) -> u64 {
         let [t, h, w] = self.grid_thw;
@@ -614,6 +649,15 @@ impl VideoPreprocessor {
     /// The family (glm5_next).
     pub fn family(&self) -> Family {
         Family::Glm5Next
+    }
+
+    /// The indices of the frames upstream's sampling picks for this metadata (after the metadata
+    /// checks): a caller holding encoded frames needs to read only these, and may hand in empty
+    /// sources for the others (they are never looked at).
+    pub fn sampled_indices(&self, meta: &VideoMetadata) -> Result<Vec<u64>> {
+        check_metadata(meta, &self.settings.limits)?;
+        let VideoLaw::Glm5Next(l) = &self.law;
+        glm5_next_sample(l, meta)
     }
 
     /// The plan of a video of `width × height` frames with this metadata: sampling, canvas, grid,
