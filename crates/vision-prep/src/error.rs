@@ -104,8 +104,8 @@ pub enum PrepError {
         /// Rows of the plan.
         rows: u64,
     },
-    /// The model's family has no video path here (step3p7 has none upstream; glm_ocr and gemma4
-    /// are not implemented yet, see docs/VIDEO.md).
+    /// The model's family has no video path here (step3p7 has none upstream; GLM-OCR's is not
+    /// implemented, see docs/VIDEO.md).
     #[error("no video path for {0}")]
     NoVideoPath(String),
     /// A video over one of its metadata budgets ([`crate::video::VideoLimits`], checked before

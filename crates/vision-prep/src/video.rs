@@ -10,8 +10,8 @@
 //! frames are decoded (one per worker thread at a time, only their canvases kept), resized onto
 //! the canvas and patchified.
 //!
-//! Only glm5_next has a video path here (`Glm5NextVideoProcessor`); every other family is refused
-//! with [`PrepError::NoVideoPath`].
+//! glm5_next (`Glm5NextVideoProcessor`) and gemma4 (`Gemma4VideoProcessor`) have a video path;
+//! every other family is refused with [`PrepError::NoVideoPath`].
 
 use rayon::prelude::*;
 use serde_json::Value;
@@ -21,7 +21,7 @@ use crate::error::{PrepError, Result};
 use crate::law::{self, Law, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD};
 use crate::norm::{Normalize, Window};
 use crate::plan::{Family, PromptRun};
-use crate::prepare::{GlmInputs, NamedTensor, TensorData};
+use crate::prepare::{Gemma4Inputs, GlmInputs, NamedTensor, TensorData};
 use crate::resize::{resize_rgb, Filter};
 use crate::source::{self, AdmissionLimits, ImageSource, RgbImage};
 
@@ -186,6 +186,67 @@ impl Glm5NextVideoLaw {
     }
 }
 
+/// gemma4 video processor: frames sampled, uniformly (video_processing_gemma4.py:165 `num_frames = 32`).
+pub const GEMMA4_VIDEO_NUM_FRAMES: u64 = 32;
+/// gemma4 video processor: soft tokens per frame (video_processing_gemma4.py:168 `max_soft_tokens = 70`).
+pub const GEMMA4_VIDEO_MAX_SOFT_TOKENS: u32 = 70;
+/// Frame rate the gemma4 processor assumes for timestamps when the metadata has none
+/// (processing_gemma4.py:207-213).
+pub const GEMMA4_VIDEO_DEFAULT_FPS: f64 = 24.0;
+
+/// Parameters of `Gemma4VideoProcessor` (video_processing_gemma4.py:155-170).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gemma4VideoLaw {
+    /// `patch_size` (16).
+    pub patch_size: u32,
+    /// `pooling_kernel_size` (3).
+    pub pooling_kernel_size: u32,
+    /// `max_soft_tokens` per frame ([`GEMMA4_VIDEO_MAX_SOFT_TOKENS`]; one of 70, 140, 280, 560, 1120).
+    pub max_soft_tokens: u32,
+    /// `num_frames` sampled uniformly ([`GEMMA4_VIDEO_NUM_FRAMES`]).
+    pub num_frames: u64,
+    /// Resampling filter (BICUBIC).
+    pub filter: Filter,
+    /// `do_normalize` (true: the fused `(x − mean·255)/(std·255)`; false: `x · rescale_factor`).
+    pub normalize: bool,
+    /// `image_mean` (0).
+    pub mean: [f64; 3],
+    /// `image_std` (1).
+    pub std: [f64; 3],
+    /// `rescale_factor` (1/255).
+    pub rescale_factor: f64,
+}
+
+impl Default for Gemma4VideoLaw {
+    fn default() -> Self {
+        Gemma4VideoLaw {
+            patch_size: 16,
+            pooling_kernel_size: 3,
+            max_soft_tokens: GEMMA4_VIDEO_MAX_SOFT_TOKENS,
+            num_frames: GEMMA4_VIDEO_NUM_FRAMES,
+            filter: Filter::Bicubic,
+            normalize: true,
+            mean: [0.0; 3],
+            std: [1.0; 3],
+            rescale_factor: 1.0 / 255.0,
+        }
+    }
+}
+
+impl Gemma4VideoLaw {
+    /// The image law with this video law's sizes: `get_aspect_ratio_preserving_size` is the
+    /// image processor's (video_processing_gemma4.py:67-119, "Copied from").
+    fn image_law(&self) -> law::Gemma4Law {
+        law::Gemma4Law {
+            patch_size: self.patch_size,
+            pooling_kernel_size: self.pooling_kernel_size,
+            max_soft_tokens: self.max_soft_tokens,
+            filter: self.filter,
+            rescale_factor: self.rescale_factor,
+        }
+    }
+}
+
 /// Caller settings of a [`VideoPreprocessor`] (each `Some` overrides the video processor config).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct VideoSettings {
@@ -193,7 +254,7 @@ pub struct VideoSettings {
     pub limits: VideoLimits,
     /// Per-frame admission (each encoded frame is admitted as an image).
     pub frame_limits: AdmissionLimits,
-    /// Target sampling rate (upstream's `fps` kwarg).
+    /// glm5_next target sampling rate (upstream's `fps` kwarg; gemma4 refuses one, as upstream).
     pub fps: Option<f64>,
     /// `max_frames`.
     pub max_frames: Option<u64>,
@@ -201,6 +262,10 @@ pub struct VideoSettings {
     pub min_image_tokens: Option<u64>,
     /// `max_image_tokens`.
     pub max_image_tokens: Option<u64>,
+    /// gemma4 `num_frames`.
+    pub num_frames: Option<u64>,
+    /// gemma4 `max_soft_tokens` per frame.
+    pub max_soft_tokens: Option<u32>,
     /// Refuse when the output tensors would exceed this many bytes (default 2 GiB).
     pub max_output_bytes: u64,
     /// Decode and resize the sampled frames over the rayon pool (default true).
@@ -216,25 +281,61 @@ impl Default for VideoSettings {
             max_frames: None,
             min_image_tokens: None,
             max_image_tokens: None,
+            num_frames: None,
+            max_soft_tokens: None,
             max_output_bytes: config::DEFAULT_MAX_OUTPUT_BYTES,
             parallel: true,
         }
     }
 }
 
-/// The prompt tokens of glm5_next video (ids from `config.json`, else the tokenizer files).
+/// The prompt tokens of a video (ids from `config.json`, else the tokenizer files).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VideoTokens {
-    /// `<|begin_of_video|>` (`video_start_token_id`), written by the chat template.
-    pub begin_of_video: Token,
-    /// `<|end_of_video|>` (`video_end_token_id`), written by the chat template.
-    pub end_of_video: Token,
-    /// `<|begin_of_image|>` (`image_start_token_id`), per frame pair.
-    pub begin_of_image: Token,
-    /// `<|end_of_image|>` (`image_end_token_id`), per frame pair.
-    pub end_of_image: Token,
-    /// `<|image|>` (`image_token_id`): the positions that receive rows.
-    pub image: Token,
+pub enum VideoTokens {
+    /// glm5_next.
+    Glm5Next {
+        /// `<|begin_of_video|>` (`video_start_token_id`), written by the chat template.
+        begin_of_video: Token,
+        /// `<|end_of_video|>` (`video_end_token_id`), written by the chat template.
+        end_of_video: Token,
+        /// `<|begin_of_image|>` (`image_start_token_id`), per frame pair.
+        begin_of_image: Token,
+        /// `<|end_of_image|>` (`image_end_token_id`), per frame pair.
+        end_of_image: Token,
+        /// `<|image|>` (`image_token_id`): the positions that receive rows.
+        image: Token,
+    },
+    /// gemma4 (processing_gemma4.py:203-220).
+    Gemma4 {
+        /// Begin of image (`boi_token_id`), per frame.
+        boi: Token,
+        /// `<|video|>` (`video_token_id`): the positions that receive rows.
+        video: Token,
+        /// End of image (`eoi_token_id`), per frame.
+        eoi: Token,
+    },
+}
+
+impl VideoTokens {
+    /// Every token of the table.
+    pub fn all(&self) -> Vec<&Token> {
+        match self {
+            VideoTokens::Glm5Next {
+                begin_of_video,
+                end_of_video,
+                begin_of_image,
+                end_of_image,
+                image,
+            } => vec![
+                begin_of_video,
+                end_of_video,
+                begin_of_image,
+                end_of_image,
+                image,
+            ],
+            VideoTokens::Gemma4 { boi, video, eoi } => vec![boi, video, eoi],
+        }
+    }
 }
 
 /// One piece of a video's prompt.
@@ -249,7 +350,7 @@ pub enum VideoPiece {
 /// Everything the metadata and frame size determine about one video.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VideoPlan {
-    /// Family (glm5_next).
+    /// Family (glm5_next or gemma4).
     pub family: Family,
     /// Upstream video processor class whose law was applied.
     pub processor_class: &'static str,
@@ -261,19 +362,27 @@ pub struct VideoPlan {
     pub frames_indices: Vec<u64>,
     /// `index / fps` per sampled frame (upstream's `metadata.timestamps`).
     pub timestamps: Vec<f64>,
-    /// Canvas `(width, height)` every sampled frame is padded to.
+    /// Size `(width, height)` every sampled frame is brought to (glm5_next: the canvas it is
+    /// padded to; gemma4: the resized frame).
     pub target: (u64, u64),
-    /// Resized content `(width, height)` at the canvas' top-left.
+    /// Resized content `(width, height)` at the canvas' top-left (gemma4: = `target`).
     pub content: (u64, u64),
-    /// `video_grid_thw`: `[frame pairs, patch rows, patch columns]`.
+    /// glm5_next: `video_grid_thw` `[frame pairs, patch rows, patch columns]`; gemma4 (which has
+    /// no grid tensor): `[frames, patch rows, patch columns]`.
     pub grid_thw: [u64; 3],
-    /// Values in a row of `pixel_values_videos` (`3 · temporal patch · patch²`).
+    /// Values in a row of `pixel_values_videos` (glm5_next `3 · temporal patch · patch²`,
+    /// gemma4 `3 · patch²`).
     pub values_per_row: u64,
-    /// Embedding rows the tower emits for the video (`t·h·w / merge²`).
+    /// Bytes of the output tensors.
+    pub tensor_bytes: u64,
+    /// Embedding rows the tower emits for the video (glm5_next `t·h·w / merge²`; gemma4
+    /// frames × soft tokens per frame).
     pub rows: u64,
-    /// The prompt: the chat template's `<|begin_of_video|>`, then the processor's expansion of
-    /// `<|video|>` (per frame pair: `<|begin_of_image|>`, the `<|image|>` run, `<|end_of_image|>`,
-    /// the timestamp text), then `<|end_of_video|>`. Only the `<|image|>` runs receive rows.
+    /// The prompt. glm5_next: the chat template's `<|begin_of_video|>`, then the processor's
+    /// expansion of `<|video|>` (per frame pair: `<|begin_of_image|>`, the `<|image|>` run,
+    /// `<|end_of_image|>`, the timestamp text), then `<|end_of_video|>`; only the `<|image|>`
+    /// runs receive rows. gemma4: per frame the text `mm:ss `, `<boi>`, the `<|video|>` run
+    /// (receiving rows), `<eoi>`, frames separated by a space.
     pub prompt: Vec<VideoPiece>,
 }
 
@@ -313,14 +422,9 @@ impl VideoPlan {
         })
     }
 
-    /// Bytes of the output tensors: the f32 pixels and the grid.
+    /// Bytes of the output tensors.
     pub fn output_bytes(&self) -> u64 {
-        let [t, h, w] = self.grid_thw;
-        t.saturating_mul(h)
-            .saturating_mul(w)
-            .saturating_mul(self.values_per_row)
-            .saturating_mul(4)
-            .saturating_add(24)
+        self.tensor_bytes
     }
 }
 
@@ -329,7 +433,10 @@ impl VideoPlan {
 pub struct PreparedVideo {
     /// The plan (from the metadata and frame size alone).
     pub plan: VideoPlan,
-    /// `pixel_values_videos [N, 3·2·p²]` F32 and `video_grid_thw [1, 3]` I64.
+    /// Under upstream's names: glm5_next `pixel_values_videos [N, 3·2·p²]` F32 and
+    /// `video_grid_thw [1, 3]` I64; gemma4 `pixel_values_videos [F, max_patches, 3·p²]` F32,
+    /// `video_position_ids [F, max_patches, 2]` I64, `num_frames_per_video [1]`,
+    /// `num_soft_tokens_per_video [1]` I64.
     pub tensors: Vec<NamedTensor>,
 }
 
@@ -355,6 +462,32 @@ impl PreparedVideo {
             grid_thw: [*g.first()?, *g.get(1)?, *g.get(2)?],
         })
     }
+
+    /// The gemma4 tower inputs, one image per frame (its real patches, no padding rows).
+    pub fn gemma4_frames(&self) -> Option<Vec<Gemma4Inputs<'_>>> {
+        let pv = match &self.tensor("pixel_values_videos")?.data {
+            TensorData::F32(v) => v.as_slice(),
+            _ => return None,
+        };
+        let pos_t = self.tensor("video_position_ids")?;
+        let pos = match &pos_t.data {
+            TensorData::I64(v) => v.as_slice(),
+            _ => return None,
+        };
+        let (frames, max_patches) = (*pos_t.shape.first()?, *pos_t.shape.get(1)?);
+        let row = pv.len().checked_div(frames * max_patches)?;
+        (0..frames)
+            .map(|f| {
+                let p = pos.get(f * max_patches * 2..(f + 1) * max_patches * 2)?;
+                let n = p.chunks_exact(2).take_while(|xy| xy != &[-1, -1]).count();
+                Some(Gemma4Inputs {
+                    patches: pv.get(f * max_patches * row..(f * max_patches + n) * row)?,
+                    positions: p.get(..n * 2)?,
+                    num_patches: n,
+                })
+            })
+            .collect()
+    }
 }
 
 /// The video law of a model.
@@ -362,6 +495,8 @@ impl PreparedVideo {
 pub enum VideoLaw {
     /// `Glm5NextVideoProcessor`.
     Glm5Next(Glm5NextVideoLaw),
+    /// `Gemma4VideoProcessor`.
+    Gemma4(Gemma4VideoLaw),
 }
 
 /// A configured video preprocessor for one model.
@@ -557,6 +692,94 @@ fn glm5_next_video_law(v: Option<&Value>, s: &VideoSettings) -> Result<Glm5NextV
     Ok(law)
 }
 
+/// The gemma4 video law from its video processor dict (absent: the class defaults).
+fn gemma4_video_law(v: Option<&Value>, s: &VideoSettings) -> Result<Gemma4VideoLaw> {
+    for key in [
+        "do_resize",
+        "do_rescale",
+        "do_convert_rgb",
+        "do_sample_frames",
+    ] {
+        match v.and_then(|v| v.get(key)) {
+            None | Some(Value::Null) | Some(Value::Bool(true)) => {}
+            Some(x) => {
+                return Err(cfg_err(
+                    VIDEO_FILE,
+                    format!("`{key}` = {x} is not supported (the vendor processor uses true)"),
+                ))
+            }
+        }
+    }
+    // `sample_frames` raises when both are set (video_processing_utils.py:629-630), and a
+    // config's `num_frames: null` keeps the class default 32: an `fps` always raises upstream.
+    if let Some(x) = v.and_then(|v| v.get("fps")).filter(|x| !x.is_null()) {
+        return Err(cfg_err(
+            VIDEO_FILE,
+            format!("`fps` = {x}: `num_frames` and `fps` are mutually exclusive upstream"),
+        ));
+    }
+    let d = Gemma4VideoLaw::default();
+    let side = u64::from(config::MAX_CONFIG_SIDE);
+    let small = |key: &str, dflt: u32| -> Result<u32> {
+        let n = get_u64(v, key, u64::from(dflt), side)?;
+        u32::try_from(n)
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| cfg_err(VIDEO_FILE, format!("`{key}` = {n} out of range")))
+    };
+    let normalize = match v.and_then(|v| v.get("do_normalize")) {
+        None | Some(Value::Null) => d.normalize,
+        Some(Value::Bool(b)) => *b,
+        Some(x) => return Err(cfg_err(VIDEO_FILE, format!("`do_normalize` = {x}"))),
+    };
+    let filter = match v.and_then(|v| v.get("resample")) {
+        None | Some(Value::Null) => d.filter,
+        Some(x) => x.as_i64().and_then(Filter::from_pil_code).ok_or_else(|| {
+            cfg_err(
+                VIDEO_FILE,
+                format!("`resample` = {x}: only BILINEAR (2) and BICUBIC (3) are implemented"),
+            )
+        })?,
+    };
+    let mst = match s.max_soft_tokens {
+        Some(m) => m,
+        None => small("max_soft_tokens", d.max_soft_tokens)?,
+    };
+    if !law::GEMMA4_SUPPORTED_SOFT_TOKENS.contains(&mst) {
+        return Err(PrepError::BadSetting(format!(
+            "max_soft_tokens must be one of {:?}, got {mst}",
+            law::GEMMA4_SUPPORTED_SOFT_TOKENS
+        )));
+    }
+    if let Some(f) = s.fps {
+        return Err(PrepError::BadSetting(format!(
+            "a target fps ({f}) with gemma4: `num_frames` and `fps` are mutually exclusive upstream"
+        )));
+    }
+    let num_frames = match s.num_frames {
+        Some(n) => n,
+        None => get_u64(v, "num_frames", d.num_frames, 1 << 32)?,
+    };
+    if num_frames == 0 {
+        return Err(PrepError::BadSetting(
+            "num_frames must be at least 1".into(),
+        ));
+    }
+    let law = Gemma4VideoLaw {
+        patch_size: small("patch_size", d.patch_size)?,
+        pooling_kernel_size: small("pooling_kernel_size", d.pooling_kernel_size)?,
+        max_soft_tokens: mst,
+        num_frames,
+        filter,
+        normalize,
+        mean: get_triple(v, "image_mean", d.mean)?,
+        std: get_triple(v, "image_std", d.std)?,
+        rescale_factor: get_f64(v, "rescale_factor", d.rescale_factor)?,
+    };
+    config::check_law_bounds(VIDEO_FILE, &Law::Gemma4(law.image_law()))?;
+    Ok(law)
+}
+
 impl VideoPreprocessor {
     /// Build from the model's configs and its video processor config (`video_preprocessor_config.json`,
     /// see [`read_video_config`]; `None` = the class defaults). The video law follows the video
@@ -571,11 +794,13 @@ impl VideoPreprocessor {
         let named = dict
             .and_then(|d| d.get("video_processor_type"))
             .and_then(Value::as_str);
-        match named {
-            Some("Glm5NextVideoProcessor") => {}
+        let family = match named {
+            Some("Glm5NextVideoProcessor") => Family::Glm5Next,
+            Some("Gemma4VideoProcessor") => Family::Gemma4,
             Some(other) => return Err(PrepError::NoVideoPath(format!("`{other}`"))),
             None => match config::law_from_configs(cfg, &PrepSettings::default())? {
-                Law::Glm5Next(_) => {}
+                Law::Glm5Next(_) => Family::Glm5Next,
+                Law::Gemma4(_) => Family::Gemma4,
                 other => {
                     return Err(PrepError::NoVideoPath(format!(
                         "`{}` (family {})",
@@ -584,38 +809,29 @@ impl VideoPreprocessor {
                     )))
                 }
             },
-        }
-        let law = VideoLaw::Glm5Next(glm5_next_video_law(dict, &settings)?);
-        let tokens = VideoTokens {
-            begin_of_video: config::resolve_token(
-                cfg,
-                None,
-                "<|begin_of_video|>",
-                Some("video_start_token_id"),
+        };
+        let tok = |attr: Option<&str>, text: &str, key: &str| {
+            config::resolve_token(cfg, attr, text, Some(key))
+        };
+        let (law, tokens) = match family {
+            Family::Gemma4 => (
+                VideoLaw::Gemma4(gemma4_video_law(dict, &settings)?),
+                // the labels the image plan uses; ids from config.json (processing_gemma4.py:118-126)
+                VideoTokens::Gemma4 {
+                    boi: tok(Some("boi_token"), "<|image>", "boi_token_id"),
+                    video: tok(None, "<|video|>", "video_token_id"),
+                    eoi: tok(Some("eoi_token"), "<image|>", "eoi_token_id"),
+                },
             ),
-            end_of_video: config::resolve_token(
-                cfg,
-                None,
-                "<|end_of_video|>",
-                Some("video_end_token_id"),
-            ),
-            begin_of_image: config::resolve_token(
-                cfg,
-                None,
-                "<|begin_of_image|>",
-                Some("image_start_token_id"),
-            ),
-            end_of_image: config::resolve_token(
-                cfg,
-                None,
-                "<|end_of_image|>",
-                Some("image_end_token_id"),
-            ),
-            image: config::resolve_token(
-                cfg,
-                Some("image_token"),
-                "<|image|>",
-                Some("image_token_id"),
+            _ => (
+                VideoLaw::Glm5Next(glm5_next_video_law(dict, &settings)?),
+                VideoTokens::Glm5Next {
+                    begin_of_video: tok(None, "<|begin_of_video|>", "video_start_token_id"),
+                    end_of_video: tok(None, "<|end_of_video|>", "video_end_token_id"),
+                    begin_of_image: tok(None, "<|begin_of_image|>", "image_start_token_id"),
+                    end_of_image: tok(None, "<|end_of_image|>", "image_end_token_id"),
+                    image: tok(Some("image_token"), "<|image|>", "image_token_id"),
+                },
             ),
         };
         Ok(VideoPreprocessor {
@@ -625,12 +841,18 @@ impl VideoPreprocessor {
         })
     }
 
-    /// Build from an explicit law and token table.
-    pub fn from_law(law: VideoLaw, tokens: VideoTokens, settings: VideoSettings) -> Self {
-        VideoPreprocessor {
-            law,
-            tokens,
-            settings,
+    /// Build from an explicit law and token table (the table must be the law's family's).
+    pub fn from_law(law: VideoLaw, tokens: VideoTokens, settings: VideoSettings) -> Result<Self> {
+        match (&law, &tokens) {
+            (VideoLaw::Glm5Next(_), VideoTokens::Glm5Next { .. })
+            | (VideoLaw::Gemma4(_), VideoTokens::Gemma4 { .. }) => Ok(VideoPreprocessor {
+                law,
+                tokens,
+                settings,
+            }),
+            _ => Err(PrepError::BadSetting(
+                "the video token table is another family's than the law".into(),
+            )),
         }
     }
 
@@ -646,30 +868,38 @@ impl VideoPreprocessor {
     pub fn settings(&self) -> &VideoSettings {
         &self.settings
     }
-    /// The family (glm5_next).
+    /// The family (glm5_next or gemma4).
     pub fn family(&self) -> Family {
-        Family::Glm5Next
+        match self.law {
+            VideoLaw::Glm5Next(_) => Family::Glm5Next,
+            VideoLaw::Gemma4(_) => Family::Gemma4,
+        }
     }
 
     /// The indices of the frames upstream's sampling picks for this metadata (after the metadata
     /// checks): a caller holding encoded frames needs to read only these, and may hand in empty
     /// sources for the others (they are never looked at).
     pub fn sampled_indices(&self, meta: &VideoMetadata) -> Result<Vec<u64>> {
-        check_metadata(meta, &self.settings.limits)?;
-        let VideoLaw::Glm5Next(l) = &self.law;
-        glm5_next_sample(l, meta)
+        match &self.law {
+            VideoLaw::Glm5Next(l) => {
+                check_metadata(meta, &self.settings.limits, true)?;
+                glm5_next_sample(l, meta)
+            }
+            VideoLaw::Gemma4(l) => {
+                check_metadata(meta, &self.settings.limits, false)?;
+                gemma4_sample(l, meta)
+            }
+        }
     }
 
-    /// The plan of a video of `width × height` frames with this metadata: sampling, canvas, grid,
+    /// The plan of a video of `width × height` frames with this metadata: sampling, sizes, grid,
     /// rows and prompt, from the metadata alone. The metadata budgets apply (frame count, sampled
     /// pixels, output bytes); nothing is decoded.
     pub fn plan_video(&self, meta: &VideoMetadata, width: u32, height: u32) -> Result<VideoPlan> {
-        check_metadata(meta, &self.settings.limits)?;
+        let indices = self.sampled_indices(meta)?;
         if width == 0 || height == 0 {
             return Err(PrepError::ZeroSized { width, height });
         }
-        let VideoLaw::Glm5Next(l) = &self.law;
-        let indices = glm5_next_sample(l, meta)?;
         let n = indices.len() as u64;
         let pixels = n
             .saturating_mul(u64::from(width))
@@ -681,6 +911,29 @@ impl VideoPreprocessor {
                 budget: self.settings.limits.max_pixels,
             });
         }
+        let plan = match &self.law {
+            VideoLaw::Glm5Next(l) => self.plan_glm5_next(l, meta, indices, width, height)?,
+            VideoLaw::Gemma4(l) => self.plan_gemma4(l, meta, indices, width, height)?,
+        };
+        if plan.tensor_bytes > self.settings.max_output_bytes {
+            return Err(PrepError::OutputTooLarge {
+                bytes: plan.tensor_bytes,
+                budget: self.settings.max_output_bytes,
+                rows: plan.rows,
+            });
+        }
+        Ok(plan)
+    }
+
+    fn plan_glm5_next(
+        &self,
+        l: &Glm5NextVideoLaw,
+        meta: &VideoMetadata,
+        indices: Vec<u64>,
+        width: u32,
+        height: u32,
+    ) -> Result<VideoPlan> {
+        let n = indices.len() as u64;
         let il = l.image_law();
         let (th, tw) = smart_resize(&il, height, width, n)?;
         let (ch, cw) = content_size(&il, height, width, (th, tw), n);
@@ -693,8 +946,15 @@ impl VideoPreprocessor {
         let rows = gt * gh * gw / (m * m);
         let fps = meta.fps.unwrap_or(24.0);
         let timestamps: Vec<f64> = indices.iter().map(|&i| i as f64 / fps).collect();
-        let prompt = self.prompt(&timestamps, gt, rows / gt.max(1));
-        let plan = VideoPlan {
+        let prompt = self.prompt_glm5_next(&timestamps, gt, rows / gt.max(1));
+        let values_per_row = 3 * tp * p * p;
+        let tensor_bytes = gt
+            .saturating_mul(gh)
+            .saturating_mul(gw)
+            .saturating_mul(values_per_row)
+            .saturating_mul(4)
+            .saturating_add(24);
+        Ok(VideoPlan {
             family: Family::Glm5Next,
             processor_class: "Glm5NextVideoProcessor",
             width,
@@ -704,45 +964,111 @@ impl VideoPreprocessor {
             target: (tw, th),
             content: (cw, ch),
             grid_thw: [gt, gh, gw],
-            values_per_row: 3 * tp * p * p,
+            values_per_row,
+            tensor_bytes,
             rows,
             prompt,
-        };
-        let bytes = plan.output_bytes();
-        if bytes > self.settings.max_output_bytes {
-            return Err(PrepError::OutputTooLarge {
-                bytes,
-                budget: self.settings.max_output_bytes,
-                rows,
-            });
-        }
-        Ok(plan)
+        })
+    }
+
+    fn plan_gemma4(
+        &self,
+        l: &Gemma4VideoLaw,
+        meta: &VideoMetadata,
+        indices: Vec<u64>,
+        width: u32,
+        height: u32,
+    ) -> Result<VideoPlan> {
+        let n = indices.len() as u64;
+        let (th, tw) = law::gemma4_target(&l.image_law(), height, width).map_err(|e| match e {
+            PrepError::Unplannable {
+                width,
+                height,
+                reason,
+                ..
+            } => PrepError::Unplannable {
+                processor: "Gemma4VideoProcessor".into(),
+                width,
+                height,
+                reason,
+            },
+            e => e,
+        })?;
+        let (th, tw) = (u64::from(th), u64::from(tw));
+        let p = u64::from(l.patch_size);
+        let k = u64::from(l.pooling_kernel_size);
+        let (gh, gw) = (th / p, tw / p);
+        let per_frame = gh * gw / (k * k);
+        let max_patches = u64::from(l.max_soft_tokens) * k * k;
+        let values_per_row = 3 * p * p;
+        // processing_gemma4.py:207-213: no fps → 24 for the timestamps.
+        let fps = meta.fps.unwrap_or(GEMMA4_VIDEO_DEFAULT_FPS);
+        let timestamps: Vec<f64> = indices.iter().map(|&i| i as f64 / fps).collect();
+        let prompt = self.prompt_gemma4(&timestamps, per_frame);
+        let tensor_bytes = n
+            .saturating_mul(max_patches)
+            .saturating_mul(values_per_row * 4 + 16)
+            .saturating_add(16);
+        Ok(VideoPlan {
+            family: Family::Gemma4,
+            processor_class: "Gemma4VideoProcessor",
+            width,
+            height,
+            frames_indices: indices,
+            timestamps,
+            target: (tw, th),
+            content: (tw, th),
+            grid_thw: [n, gh, gw],
+            values_per_row,
+            tensor_bytes,
+            rows: n * per_frame,
+            prompt,
+        })
     }
 
     /// processing_glm5_next.py `replace_video_token` (:62-91) wrapped in the chat template's
     /// begin/end of video.
-    fn prompt(&self, timestamps: &[f64], pairs: u64, per_pair: u64) -> Vec<VideoPiece> {
-        let run = |t: &Token, count: u64, embeds: bool| {
-            VideoPiece::Run(PromptRun {
-                token: t.clone(),
-                count,
-                embeds,
-            })
+    fn prompt_glm5_next(&self, timestamps: &[f64], pairs: u64, per_pair: u64) -> Vec<VideoPiece> {
+        let VideoTokens::Glm5Next {
+            begin_of_video,
+            end_of_video,
+            begin_of_image,
+            end_of_image,
+            image,
+        } = &self.tokens
+        else {
+            return Vec::new();
         };
-        let tk = &self.tokens;
-        let mut out = vec![run(&tk.begin_of_video, 1, false)];
+        let mut out = vec![run(begin_of_video, 1, false)];
         // `metadata.timestamps[::2]`, padded with its last value (or 0) to `num_frames` (:76-84).
         let firsts: Vec<f64> = timestamps.iter().step_by(2).copied().collect();
         for k in 0..pairs as usize {
             let ts = firsts.get(k).or(firsts.last()).copied().unwrap_or(0.0);
-            out.push(run(&tk.begin_of_image, 1, false));
-            out.push(run(&tk.image, per_pair, true));
-            out.push(run(&tk.end_of_image, 1, false));
+            out.push(run(begin_of_image, 1, false));
+            out.push(run(image, per_pair, true));
+            out.push(run(end_of_image, 1, false));
             // `f"{timestamp_sec:.1f} seconds"` (:183): Rust's `{:.1}` rounds the exact binary
             // value half to even, as Python's format does.
             out.push(VideoPiece::Text(format!("{ts:.1} seconds")));
         }
-        out.push(run(&tk.end_of_video, 1, false));
+        out.push(run(end_of_video, 1, false));
+        out
+    }
+
+    /// processing_gemma4.py `replace_video_token` (:203-220): per sampled frame
+    /// `f"{mm:02d}:{ss:02d} "` + boi + `n × <|video|>` + eoi, joined by a space.
+    fn prompt_gemma4(&self, timestamps: &[f64], per_frame: u64) -> Vec<VideoPiece> {
+        let VideoTokens::Gemma4 { boi, video, eoi } = &self.tokens else {
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(timestamps.len() * 4);
+        for (i, &t) in timestamps.iter().enumerate() {
+            let sep = if i == 0 { "" } else { " " };
+            out.push(VideoPiece::Text(format!("{sep}{} ", gemma4_timestamp(t))));
+            out.push(run(boi, 1, false));
+            out.push(run(video, per_frame, true));
+            out.push(run(eoi, 1, false));
+        }
         out
     }
 
@@ -751,7 +1077,7 @@ impl VideoPreprocessor {
     /// every sampled frame's header is admitted as an image and has the first one's size.
     fn admit(&self, video: &Video<'_>) -> Result<(u32, u32, Vec<Option<source::Header>>)> {
         let meta = &video.metadata;
-        check_metadata(meta, &self.settings.limits)?;
+        let indices = self.sampled_indices(meta)?;
         let given = video.frames.len() as u64;
         if given != meta.total_num_frames {
             return Err(PrepError::BadVideo(format!(
@@ -801,8 +1127,6 @@ impl VideoPreprocessor {
                         budget: limits.max_bytes,
                     });
                 }
-                let VideoLaw::Glm5Next(l) = &self.law;
-                let indices = glm5_next_sample(l, meta)?;
                 let mut headers = vec![None; frames.len()];
                 let mut size = None;
                 for &i in &indices {
@@ -810,8 +1134,7 @@ impl VideoPreprocessor {
                     if headers[i].is_some() {
                         continue;
                     }
-                    let f = frames[i];
-                    let h = f
+                    let h = frames[i]
                         .bytes(&self.settings.frame_limits)
                         .and_then(|b| source::admit(&b, &self.settings.frame_limits))
                         .map_err(|e| frame_err(i, e))?;
@@ -837,19 +1160,22 @@ impl VideoPreprocessor {
         self.plan_video(&video.metadata, w, h)
     }
 
-    /// The sampled frames resized and padded onto the canvas (upstream's uint8 tensor right
-    /// before normalisation), with the plan.
+    /// The sampled frames as upstream has them right before normalisation (uint8): glm5_next
+    /// resized and padded onto the canvas, gemma4 resized; with the plan.
     pub fn resized_frames(&self, video: &Video<'_>) -> Result<(VideoPlan, Vec<RgbImage>)> {
         let (w, h, headers) = self.admit(video)?;
         let plan = self.plan_video(&video.metadata, w, h)?;
-        let VideoLaw::Glm5Next(l) = &self.law;
+        let (filter, pad) = match &self.law {
+            VideoLaw::Glm5Next(l) => (l.filter, true),
+            VideoLaw::Gemma4(l) => (l.filter, false),
+        };
         let one = |&idx: &u64| -> Result<RgbImage> {
             let i = idx as usize;
-            let canvas_of = |data: &[u8], fw: u32, fh: u32| {
-                canvas(data, fw as usize, fh as usize, &plan, l.filter)
+            let view = |data: &[u8], fw: u32, fh: u32| {
+                canvas(data, fw as usize, fh as usize, &plan, filter, pad)
             };
             match video.frames {
-                VideoFrames::Rgb { frames, .. } => canvas_of(frames[i], w, h),
+                VideoFrames::Rgb { frames, .. } => view(frames[i], w, h),
                 VideoFrames::Encoded(frames) => {
                     let hdr = headers[i]
                         .ok_or_else(|| PrepError::BadVideo(format!("frame {i} not admitted")))?;
@@ -857,7 +1183,7 @@ impl VideoPreprocessor {
                         .bytes(&self.settings.frame_limits)
                         .map_err(|e| frame_err(i, e))?;
                     let rgb = source::decode(&bytes, &hdr).map_err(|e| frame_err(i, e))?;
-                    canvas_of(&rgb.data, hdr.width, hdr.height)
+                    view(&rgb.data, hdr.width, hdr.height)
                 }
             }
             .map_err(|e| match e {
@@ -865,7 +1191,7 @@ impl VideoPreprocessor {
                 e => frame_err(i, e),
             })
         };
-        // One decoded frame per worker at a time; only the canvases are kept.
+        // One decoded frame per worker at a time; only the resized frames are kept.
         let idx = &plan.frames_indices;
         let frames = if self.settings.parallel {
             idx.par_iter().map(one).collect::<Result<Vec<_>>>()?
@@ -875,41 +1201,110 @@ impl VideoPreprocessor {
         Ok((plan, frames))
     }
 
-    /// Admit (metadata first), sample, decode the sampled frames, resize, pad, normalise and
-    /// patchify: upstream's `pixel_values_videos` and `video_grid_thw`, on the plan.
+    /// Admit (metadata first), sample, decode the sampled frames, resize, (glm5_next) pad,
+    /// normalise and patchify: upstream's video tensors, on the plan.
     pub fn prepare_video(&self, video: &Video<'_>) -> Result<PreparedVideo> {
         let (plan, frames) = self.resized_frames(video)?;
-        let VideoLaw::Glm5Next(l) = &self.law;
-        let (m, s) = crate::prepare::fused(&l.mean, &l.std, l.rescale_factor);
-        let norm = Normalize::new(m, s);
-        let rows = patchify(
-            &frames,
-            l.patch_size as usize,
-            l.temporal_patch_size as usize,
-            l.merge_size as usize,
-            &plan,
-            &norm,
-            self.settings.parallel,
-        );
-        let [t, gh, gw] = plan.grid_thw;
-        let row = 3 * l.temporal_patch_size as usize * (l.patch_size as usize).pow(2);
-        let n = (t * gh * gw) as usize;
-        Ok(PreparedVideo {
-            tensors: vec![
-                NamedTensor {
-                    name: "pixel_values_videos",
-                    shape: vec![n, row],
-                    data: TensorData::F32(rows),
-                },
-                NamedTensor {
-                    name: "video_grid_thw",
-                    shape: vec![1, 3],
-                    data: TensorData::I64(vec![t as i64, gh as i64, gw as i64]),
-                },
-            ],
-            plan,
-        })
+        let tensors = match &self.law {
+            VideoLaw::Glm5Next(l) => {
+                let (m, s) = crate::prepare::fused(&l.mean, &l.std, l.rescale_factor);
+                let norm = Normalize::new(m, s);
+                let rows = patchify(
+                    &frames,
+                    l.patch_size as usize,
+                    l.temporal_patch_size as usize,
+                    l.merge_size as usize,
+                    &plan,
+                    &norm,
+                    self.settings.parallel,
+                );
+                let [t, gh, gw] = plan.grid_thw;
+                vec![
+                    NamedTensor {
+                        name: "pixel_values_videos",
+                        shape: vec![(t * gh * gw) as usize, plan.values_per_row as usize],
+                        data: TensorData::F32(rows),
+                    },
+                    NamedTensor {
+                        name: "video_grid_thw",
+                        shape: vec![1, 3],
+                        data: TensorData::I64(vec![t as i64, gh as i64, gw as i64]),
+                    },
+                ]
+            }
+            VideoLaw::Gemma4(l) => gemma4_tensors(l, &plan, &frames),
+        };
+        Ok(PreparedVideo { plan, tensors })
     }
+}
+
+/// A run of one prompt token.
+fn run(t: &Token, count: u64, embeds: bool) -> VideoPiece {
+    VideoPiece::Run(PromptRun {
+        token: t.clone(),
+        count,
+        embeds,
+    })
+}
+
+/// gemma4 `_preprocess` (video_processing_gemma4.py:255-281) on the resized frames: per frame
+/// the fused rescale+normalise (mean 0, std 1 → `f32(u8) / f32(255)`, image_processing_backends.py
+/// :329-367), patches `(ky, kx, c)` raster over the frame, positions `(x, y)`, both padded to
+/// `max_patches` rows with 0 / `(−1, −1)` (`pad_to_max_patches`, :138-152).
+fn gemma4_tensors(l: &Gemma4VideoLaw, plan: &VideoPlan, frames: &[RgbImage]) -> Vec<NamedTensor> {
+    let p = l.patch_size as usize;
+    let k2 = (l.pooling_kernel_size as usize).pow(2);
+    let max_patches = l.max_soft_tokens as usize * k2;
+    let row = 3 * p * p;
+    let [_, gh, gw] = plan.grid_thw.map(|x| x as usize);
+    let n = frames.len();
+    let mut pv = vec![0f32; n * max_patches * row];
+    let mut pos = vec![-1i64; n * max_patches * 2];
+    let lut: [[f32; 256]; 3] = if l.normalize {
+        let (m, s) = crate::prepare::fused(&l.mean, &l.std, l.rescale_factor);
+        std::array::from_fn(|c| std::array::from_fn(|v| (v as f32 - m[c]) / s[c]))
+    } else {
+        let r = l.rescale_factor as f32;
+        [std::array::from_fn(|v| v as f32 * r); 3]
+    };
+    for (f, frame) in frames.iter().enumerate() {
+        let out = &mut pv[f * max_patches * row..(f + 1) * max_patches * row];
+        for i in 0..gh * gw {
+            let (py, px) = (i / gw, i % gw);
+            let dst = &mut out[i * row..(i + 1) * row];
+            for ky in 0..p {
+                let src = ((py * p + ky) * frame.width + px * p) * 3;
+                for (j, &v) in frame.data[src..src + p * 3].iter().enumerate() {
+                    dst[ky * p * 3 + j] = lut[j % 3][usize::from(v)];
+                }
+            }
+            let at = (f * max_patches + i) * 2;
+            pos[at] = px as i64;
+            pos[at + 1] = py as i64;
+        }
+    }
+    vec![
+        NamedTensor {
+            name: "pixel_values_videos",
+            shape: vec![n, max_patches, row],
+            data: TensorData::F32(pv),
+        },
+        NamedTensor {
+            name: "video_position_ids",
+            shape: vec![n, max_patches, 2],
+            data: TensorData::I64(pos),
+        },
+        NamedTensor {
+            name: "num_frames_per_video",
+            shape: vec![1],
+            data: TensorData::I64(vec![n as i64]),
+        },
+        NamedTensor {
+            name: "num_soft_tokens_per_video",
+            shape: vec![1],
+            data: TensorData::I64(vec![(gh * gw / k2) as i64]),
+        },
+    ]
 }
 
 fn frame_err(index: usize, e: PrepError) -> PrepError {
@@ -928,9 +1323,9 @@ fn family_of(law: &Law) -> Family {
     }
 }
 
-/// The metadata checks that need nothing else: a frame rate, at least one frame, finite values,
-/// and the frame budget.
-fn check_metadata(meta: &VideoMetadata, limits: &VideoLimits) -> Result<()> {
+/// The metadata checks that need nothing else: a frame rate (where the law samples by time), at
+/// least one frame, finite values, and the frame budget.
+fn check_metadata(meta: &VideoMetadata, limits: &VideoLimits, fps_required: bool) -> Result<()> {
     if meta.total_num_frames == 0 {
         return Err(PrepError::BadVideo("a video of 0 frames".into()));
     }
@@ -942,7 +1337,9 @@ fn check_metadata(meta: &VideoMetadata, limits: &VideoLimits) -> Result<()> {
         });
     }
     match meta.fps {
-        // video_processing_glm5_next.py:182-186: sampling needs the video's fps.
+        // video_processing_glm5_next.py:182-186: glm5_next's sampling needs the video's fps
+        // (gemma4 samples by count and assumes 24 fps for its timestamps).
+        None if !fps_required => {}
         None => {
             return Err(PrepError::BadVideo(
                 "no fps in the metadata: glm5_next samples frames by time (fps is required)".into(),
@@ -1086,6 +1483,40 @@ pub fn glm5_next_sample(law: &Glm5NextVideoLaw, meta: &VideoMetadata) -> Result<
     Ok(uniq)
 }
 
+/// The base `sample_frames` → `default_sample_indices_fn` with `num_frames`
+/// (video_processing_utils.py:605-633, video_utils.py:317-356): `arange(n) · total // n`;
+/// `n > total` is upstream's ValueError.
+pub fn gemma4_sample(law: &Gemma4VideoLaw, meta: &VideoMetadata) -> Result<Vec<u64>> {
+    let total = meta.total_num_frames;
+    let n = law.num_frames;
+    if n > total {
+        return Err(PrepError::BadVideo(format!(
+            "num_frames={n} exceeds the video's {total} frames (upstream raises; set num_frames lower)"
+        )));
+    }
+    Ok((0..n)
+        .map(|k| (u128::from(k) * u128::from(total) / u128::from(n)) as u64)
+        .collect())
+}
+
+/// Python's float `//` and `%` for `x ≥ 0`, `y > 0` (CPython `float_divmod`: `mod = fmod(x, y)`,
+/// `div = (x − mod)/y`, floored, plus one when `div − floor > 0.5`).
+fn py_divmod(x: f64, y: f64) -> (f64, f64) {
+    let m = x % y;
+    let div = (x - m) / y;
+    let mut fd = div.floor();
+    if div - fd > 0.5 {
+        fd += 1.0;
+    }
+    (fd, m)
+}
+
+/// processing_gemma4.py:216 `f"{int(seconds // 60):02d}:{int(seconds % 60):02d}"`.
+fn gemma4_timestamp(seconds: f64) -> String {
+    let (minutes, rest) = py_divmod(seconds, 60.0);
+    format!("{:02}:{:02}", minutes.trunc() as u64, rest.trunc() as u64)
+}
+
 /// glm5_next `smart_resize` over `num_frames` frames (video_processing_glm5_next.py:74-135,
 /// called by `resize` with the sampled frame count, :250-259): the canvas `(height, width)` within
 /// the whole video's budget `min/max_image_tokens · temporal · factor²`. With `num_frames` =
@@ -1177,24 +1608,32 @@ pub fn content_size(
     (ch, cw)
 }
 
-/// One sampled frame resized to the plan's content size and pasted at the top-left of a black
-/// canvas (video_processing_glm5_next.py:262-275).
+/// One sampled frame resized to the plan's content size and (glm5_next, `pad`) pasted at the
+/// top-left of a black canvas (video_processing_glm5_next.py:262-275); gemma4 resizes only
+/// (video_processing_gemma4.py:187-212). Either skips the resize when the size is unchanged.
 fn canvas(
     frame: &[u8],
     width: usize,
     height: usize,
     plan: &VideoPlan,
     filter: Filter,
+    pad: bool,
 ) -> Result<RgbImage> {
     let (cw, ch) = (plan.content.0 as usize, plan.content.1 as usize);
     let (tw, th) = (plan.target.0 as usize, plan.target.1 as usize);
-    let resized;
-    let content: &[u8] = if (cw, ch) == (width, height) {
-        frame
+    let resized = if (cw, ch) == (width, height) {
+        None
     } else {
-        resized = resize_rgb(frame, width, height, cw, ch, filter, false)?;
-        &resized
+        Some(resize_rgb(frame, width, height, cw, ch, filter, false)?)
     };
+    if !pad {
+        return Ok(RgbImage {
+            width: cw,
+            height: ch,
+            data: resized.unwrap_or_else(|| frame.to_vec()),
+        });
+    }
+    let content: &[u8] = resized.as_deref().unwrap_or(frame);
     let mut data = vec![0u8; tw * th * 3];
     for (dst, src) in data
         .chunks_exact_mut(tw * 3)
@@ -1291,7 +1730,10 @@ mod tests {
         frames: Vec<Vec<u8>>,
         meta: Value,
         indices: Vec<i64>,
-        grid: Vec<i64>,
+        /// glm5_next `video_grid_thw`.
+        grid: Option<Vec<i64>>,
+        /// gemma4 `num_frames_per_video`, `num_soft_tokens_per_video`.
+        counts: Option<(i64, i64)>,
         resized: Option<Vec<u8>>,
     }
 
@@ -1304,17 +1746,17 @@ mod tests {
             .collect()
     }
 
-    /// Every case of `fixtures/outputs/glm5_next_video/` (written by `oracle/fam_video.py` from
-    /// upstream's `Glm5NextVideoProcessor`); at least the six the generator writes.
-    fn cases() -> Vec<Case> {
-        let dir = fixtures().join("outputs/glm5_next_video");
+    /// Every case of `fixtures/outputs/<variant>/` (written by `oracle/fam_video.py` from
+    /// upstream's video processors); at least `min` of them.
+    fn cases(variant: &str, min: usize) -> Vec<Case> {
+        let dir = fixtures().join("outputs").join(variant);
         let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("{}: {e} (cargo xtask fixtures)", dir.display()))
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
             .collect();
         paths.sort();
-        assert!(paths.len() >= 6, "{} video cases", paths.len());
+        assert!(paths.len() >= min, "{variant}: {} video cases", paths.len());
         paths
             .iter()
             .map(|p| {
@@ -1346,7 +1788,16 @@ mod tests {
                     height: *h as u32,
                     frames,
                     indices: i64s(&st, "frames_indices"),
-                    grid: i64s(&st, "video_grid_thw"),
+                    grid: st
+                        .tensor("video_grid_thw")
+                        .is_ok()
+                        .then(|| i64s(&st, "video_grid_thw")),
+                    counts: st.tensor("num_frames_per_video").is_ok().then(|| {
+                        (
+                            i64s(&st, "num_frames_per_video")[0],
+                            i64s(&st, "num_soft_tokens_per_video")[0],
+                        )
+                    }),
                     resized: st.tensor("resized_u8").ok().map(|t| t.data().to_vec()),
                     meta,
                 }
@@ -1355,10 +1806,12 @@ mod tests {
     }
 
     /// The case's video processor settings given as a checkpoint's
-    /// `video_preprocessor_config.json` (upstream took them at construction).
+    /// `video_preprocessor_config.json` (upstream took them at construction), on its model.
     fn preprocessor_for(meta: &Value) -> VideoPreprocessor {
         let dict = &meta["video_processor_config"];
-        VideoPreprocessor::from_configs(&glm5_configs(), Some(dict), VideoSettings::default())
+        let model = meta["model"].as_str().expect("model");
+        let cfg = ModelConfigs::from_dir(&fixtures().join(model)).expect("configs");
+        VideoPreprocessor::from_configs(&cfg, Some(dict), VideoSettings::default())
             .expect("video preprocessor")
     }
 
@@ -1382,7 +1835,8 @@ mod tests {
                     assert_eq!(Some(r.token.text.as_str()), w["token"].as_str(), "{case}");
                     assert_eq!(r.token.id.map(u64::from), w["id"].as_u64(), "{case}");
                     assert_eq!(Some(r.count), w["count"].as_u64(), "{case}");
-                    assert_eq!(r.embeds, r.token.text == "<|image|>", "{case}");
+                    let placeholder = ["<|image|>", "<|video|>"].contains(&r.token.text.as_str());
+                    assert_eq!(r.embeds, placeholder, "{case}");
                 }
                 VideoPiece::Text(t) => assert_eq!(Some(t.as_str()), w["text"].as_str(), "{case}"),
             }
@@ -1410,11 +1864,22 @@ mod tests {
     }
 
     /// Sampled indices, grid, timestamps, prompt, resized frames and `pixel_values_videos`
-    /// against upstream's, for raw RGB frames and for the same frames as PNG files: indices,
-    /// grid, prompt and both tensors exactly equal (the tensors by sha256).
+    /// against upstream's `Glm5NextVideoProcessor`, for raw RGB frames and for the same frames
+    /// as PNG files: indices, grid, prompt and both tensors exactly equal (the tensors by sha256).
     #[test]
-    fn upstream_video_fixtures() {
-        for case in cases() {
+    fn upstream_glm5_next_video_fixtures() {
+        check_cases(cases("glm5_next_video", 6));
+    }
+
+    /// The same against upstream's `Gemma4VideoProcessor` (plus `video_position_ids` by sha256
+    /// and the frame and soft-token counts).
+    #[test]
+    fn upstream_gemma4_video_fixtures() {
+        check_cases(cases("gemma4_video", 5));
+    }
+
+    fn check_cases(cases: Vec<Case>) {
+        for case in cases {
             let name = &case.name;
             let pre = preprocessor_for(&case.meta);
             let meta = metadata_of(&case.meta);
@@ -1444,12 +1909,19 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{name} {kind}: {e}"));
                 let want: Vec<u64> = case.indices.iter().map(|&i| i as u64).collect();
                 assert_eq!(plan.frames_indices, want, "{name} {kind}: frames_indices");
-                let grid: Vec<u64> = case.grid.iter().map(|&i| i as u64).collect();
-                assert_eq!(
-                    plan.grid_thw.to_vec(),
-                    grid,
-                    "{name} {kind}: video_grid_thw"
-                );
+                if let Some(g) = &case.grid {
+                    let grid: Vec<u64> = g.iter().map(|&i| i as u64).collect();
+                    assert_eq!(
+                        plan.grid_thw.to_vec(),
+                        grid,
+                        "{name} {kind}: video_grid_thw"
+                    );
+                    assert_eq!(
+                        plan.rows,
+                        grid.iter().product::<u64>() / 4,
+                        "{name}: rows = prod(grid) / merge²"
+                    );
+                }
                 // JSON carries Python's repr of each timestamp; both are `idx / fps` in f64.
                 let ts: Vec<f64> = case.meta["timestamps"]
                     .as_array()
@@ -1465,11 +1937,6 @@ mod tests {
                     );
                 }
                 assert_prompt(name, &plan.prompt, &case.meta["prompt_plan"]);
-                assert_eq!(
-                    plan.rows,
-                    grid.iter().product::<u64>() / 4,
-                    "{name}: rows = prod(grid) / merge²"
-                );
 
                 let (_, frames) = pre.resized_frames(&video).expect("resized");
                 let u8s = chw(&frames);
@@ -1503,8 +1970,30 @@ mod tests {
                         .unwrap_or(""),
                     "{name} {kind}: pixel_values_videos differ from upstream's"
                 );
+                if let Some((frames, soft)) = case.counts {
+                    let pos = prepared.tensor("video_position_ids").expect("positions");
+                    assert_eq!(
+                        sha256_hex(&pos.to_le_bytes()),
+                        case.meta["video_position_ids_sha256"]
+                            .as_str()
+                            .unwrap_or(""),
+                        "{name} {kind}: video_position_ids"
+                    );
+                    let one = |n: &str| match prepared.tensor(n).map(|t| &t.data) {
+                        Some(TensorData::I64(v)) => v.first().copied(),
+                        _ => None,
+                    };
+                    assert_eq!(one("num_frames_per_video"), Some(frames), "{name}");
+                    assert_eq!(one("num_soft_tokens_per_video"), Some(soft), "{name}");
+                    assert_eq!(plan.rows, (frames * soft) as u64, "{name}: rows");
+                }
                 assert_eq!(prepared.plan, plan, "{name} {kind}");
-                assert_eq!(plan.output_bytes(), pv.to_le_bytes().len() as u64 + 24);
+                let bytes: u64 = prepared
+                    .tensors
+                    .iter()
+                    .map(|t| t.to_le_bytes().len() as u64)
+                    .sum();
+                assert_eq!(plan.output_bytes(), bytes, "{name}: output bytes");
             }
         }
     }
@@ -1746,21 +2235,22 @@ mod tests {
         }
     }
 
-    /// Families without a video path here refuse video with a typed error.
+    /// Families without a video path here refuse video with a typed error; gemma4 and glm5_next
+    /// follow the video processor class a config names.
     #[test]
     fn families_without_video_refuse_it() {
-        for model in ["gemma4", "glm_ocr", "step3p7"] {
+        for model in ["glm_ocr", "step3p7"] {
             let cfg = ModelConfigs::from_dir(&fixtures().join("models").join(model)).expect("cfg");
             match VideoPreprocessor::from_configs(&cfg, None, VideoSettings::default()) {
                 Err(PrepError::NoVideoPath(m)) => assert!(m.contains("family"), "{m}"),
                 other => panic!("{model}: {other:?}"),
             }
         }
-        let gemma = serde_json::json!({"video_processor_type": "Gemma4VideoProcessor"});
+        let other = serde_json::json!({"video_processor_type": "Qwen3VLVideoProcessor"});
         assert!(matches!(
             VideoPreprocessor::from_configs(
                 &glm5_configs(),
-                Some(&gemma),
+                Some(&other),
                 VideoSettings::default()
             ),
             Err(PrepError::NoVideoPath(_))
@@ -1772,7 +2262,26 @@ mod tests {
             VideoSettings::default(),
         )
         .expect("named glm5_next video processor");
-        let VideoLaw::Glm5Next(l) = pre.law();
-        assert_eq!(l.fps, 1.0);
+        assert!(matches!(pre.law(), VideoLaw::Glm5Next(l) if l.fps == 1.0));
+        let gemma = ModelConfigs::from_dir(&fixtures().join("models/gemma4")).expect("cfg");
+        let pre = VideoPreprocessor::from_configs(&gemma, None, VideoSettings::default())
+            .expect("gemma4 video");
+        assert_eq!(pre.family(), Family::Gemma4);
+        // upstream raises when a config sets fps (num_frames is always set)
+        let fps = serde_json::json!({"fps": 2});
+        assert!(matches!(
+            VideoPreprocessor::from_configs(&gemma, Some(&fps), VideoSettings::default()),
+            Err(PrepError::Config { .. })
+        ));
+        // more frames asked than the video has: upstream's ValueError, typed here
+        let meta = VideoMetadata {
+            total_num_frames: 31,
+            fps: None,
+            duration: None,
+        };
+        assert!(matches!(
+            pre.sampled_indices(&meta),
+            Err(PrepError::BadVideo(_))
+        ));
     }
 }

@@ -1,6 +1,6 @@
 //! Video through a model (issue 24, `docs/VIDEO.md`): the video preprocessor a checkpoint asks
-//! for, and a video's rows from its tower in one pass with one attention segment per frame pair,
-//! as upstream's `get_video_features` runs it.
+//! for, and a video's rows from its tower in one pass, as upstream's `get_video_features` runs
+//! it: glm5_next one attention segment per frame pair, gemma4 each frame one image.
 
 use std::path::Path;
 
@@ -8,15 +8,20 @@ use crate::device_rows::Dest;
 use crate::tower::{Images, InputError};
 use crate::{DeviceOut, DeviceRows};
 use crate::{Family, Model, ModelError, PrepOpenError, RowsDtype, TowerError, WeightFile};
+use tower_gemma::GemmaImage;
 use tower_glm5::GlmImage;
-use vision_prep::video::{read_video_config, VideoPlan, VideoPreprocessor, VideoSettings};
+use vision_prep::video::{
+    read_video_config, Gemma4VideoLaw, VideoLaw, VideoPlan, VideoPreprocessor, VideoSettings,
+    VideoTokens,
+};
+use vision_prep::Token;
 use vision_prep::{ModelConfigs, PrepError, Video};
 
 /// Largest `video_preprocessor_config.json` read (a config is a few hundred bytes).
 const MAX_VIDEO_CONFIG_BYTES: u64 = 1 << 20;
 
-/// One video's result: its plan and its rows in the LM width, frame pair after frame pair, in
-/// the order the plan's `<|image|>` runs lay out.
+/// One video's result: its plan and its rows in the LM width, in the order the plan's
+/// placeholder runs lay out (glm5_next frame pair after pair, gemma4 frame after frame).
 #[derive(Debug, Clone)]
 pub struct EncodedVideo {
     /// What the prompt holds for this video.
@@ -32,14 +37,16 @@ pub struct EncodedVideo {
 pub struct DeviceEncodedVideo {
     /// What the prompt holds for this video.
     pub plan: VideoPlan,
-    /// The rows (one "image" of `plan.rows` rows).
+    /// The rows, `plan.rows` of them in one buffer (glm5_next one "image"; gemma4 one per frame,
+    /// consecutive).
     pub rows: DeviceRows,
 }
 
 /// The video preprocessor the model at `model` (opened as `file`) asks for: its configs, its
 /// `video_preprocessor_config.json` (or `processor_config.json` `video_processor`), and the token
-/// ids of `config.json` (the tokenizer files when it lacks one). A GGUF mmproj (gemma4) and every
-/// family without a video path here give [`PrepError::NoVideoPath`].
+/// ids of `config.json` (the tokenizer files when it lacks one). A GGUF mmproj (gemma4, no
+/// processor config) gets `Gemma4VideoProcessor`'s defaults with the file's patch size, token ids
+/// unknown. Every family without a video path here gives [`PrepError::NoVideoPath`].
 pub fn video_preprocessor_for(
     model: &Path,
     file: &WeightFile,
@@ -50,10 +57,30 @@ pub fn video_preprocessor_for(
         source,
     };
     let ck = match file {
-        WeightFile::Gguf(_) => {
-            return Err(prep_err(PrepError::NoVideoPath(
-                "a GGUF mmproj (gemma4 video is not implemented)".into(),
-            )))
+        WeightFile::Gguf(g) => {
+            let d = Gemma4VideoLaw::default();
+            let patch_size = g
+                .get("clip.vision.patch_size")
+                .and_then(|v| v.as_u32())
+                .unwrap_or(d.patch_size);
+            let max_soft_tokens = settings.max_soft_tokens.unwrap_or(d.max_soft_tokens);
+            let num_frames = settings.num_frames.unwrap_or(d.num_frames);
+            let law = VideoLaw::Gemma4(Gemma4VideoLaw {
+                patch_size,
+                max_soft_tokens,
+                num_frames,
+                ..d
+            });
+            let t = |text: &str| Token {
+                text: text.into(),
+                id: None,
+            };
+            let tokens = VideoTokens::Gemma4 {
+                boi: t("<|image>"),
+                video: t("<|video|>"),
+                eoi: t("<image|>"),
+            };
+            return VideoPreprocessor::from_law(law, tokens, settings).map_err(prep_err);
         }
         WeightFile::SafeTensors(ck) => ck,
     };
@@ -72,17 +99,7 @@ pub fn video_preprocessor_for(
     };
     let pre =
         VideoPreprocessor::from_configs(&cfg, video_cfg.as_ref(), settings).map_err(prep_err)?;
-    let t = pre.tokens();
-    let known = [
-        &t.begin_of_video,
-        &t.end_of_video,
-        &t.begin_of_image,
-        &t.end_of_image,
-        &t.image,
-    ]
-    .iter()
-    .all(|t| t.id.is_some());
-    if known {
+    if pre.tokens().all().iter().all(|t| t.id.is_some()) {
         return Ok(pre);
     }
     cfg.tokenizer_json = ck.tokenizer_json()?;
@@ -98,7 +115,7 @@ impl Model {
     ) -> Result<VideoPreprocessor, ModelError> {
         let file =
             WeightFile::open(self.path()).map_err(|e| ModelError::Tower(TowerError::Open(e)))?;
-        if !matches!(self.family(), Family::Glm5Next) {
+        if !matches!(self.family(), Family::Glm5Next | Family::Gemma4) {
             return Err(self.video_err(PrepError::NoVideoPath(format!(
                 "the {} tower",
                 self.family().name()
@@ -108,8 +125,8 @@ impl Model {
     }
 
     /// Admits the video from its metadata, samples, decodes and prepares the sampled frames, and
-    /// runs the tower once over the whole video (`video_grid_thw = [t, h, w]`: `t` attention
-    /// segments, one per frame pair). Rows f32 on the host. A video vision-prep refuses (its
+    /// runs the tower once over the whole video (glm5_next `video_grid_thw = [t, h, w]`: `t`
+    /// attention segments, one per frame pair; gemma4: each frame one image of the pass). Rows f32 on the host. A video vision-prep refuses (its
     /// budgets, a frame, a family without video) is `ModelError::Prep(PrepOpenError::Prep {..})`
     /// with the [`PrepError`] as its source.
     pub fn encode_video(
@@ -129,16 +146,13 @@ impl Model {
     ) -> Result<EncodedVideo, ModelError> {
         let (plan, rows) = self.with_video(pre, video, |m, images| {
             let rows = m.tower().run(images)?;
-            let n = rows
-                .per_image
-                .first()
-                .map_or(0, |r| r.len() / rows.width.max(1));
+            let n = rows.per_image.iter().map(Vec::len).sum::<usize>() / rows.width.max(1);
             Ok((rows, n))
         })?;
         let width = rows.width;
         Ok(EncodedVideo {
             plan,
-            rows: rows.per_image.into_iter().next().unwrap_or_default(),
+            rows: rows.per_image.concat(),
             width,
         })
     }
@@ -153,7 +167,7 @@ impl Model {
     ) -> Result<DeviceEncodedVideo, ModelError> {
         let (plan, rows) = self.with_video(pre, video, |m, images| {
             let r = m.tower().run_device(images, Dest::Owned(dtype))?;
-            let n = r.rows_per_image.first().copied().unwrap_or(0);
+            let n = r.rows_per_image.iter().sum();
             Ok((r.owned, n))
         })?;
         let rows = rows.ok_or_else(|| {
@@ -172,7 +186,7 @@ impl Model {
     ) -> Result<VideoPlan, ModelError> {
         let (plan, ()) = self.with_video(pre, video, |m, images| {
             let r = m.tower().run_device(images, Dest::Caller(out))?;
-            Ok(((), r.rows_per_image.first().copied().unwrap_or(0)))
+            Ok(((), r.rows_per_image.iter().sum()))
         })?;
         Ok(plan)
     }
@@ -186,31 +200,55 @@ impl Model {
         })
     }
 
-    /// Prepares the video, hands the tower inputs (one glm image of grid `[t, h, w]`) to `run`
-    /// (which returns its result and the video's row count), and checks the count against the plan.
+    /// Prepares the video, hands the tower inputs to `run` (glm5_next: one glm image of grid
+    /// `[t, h, w]`; gemma4: one image per frame; `run` returns its result and the rows of all of
+    /// them), and checks the count against the plan.
     fn with_video<R>(
         &self,
         pre: &VideoPreprocessor,
         video: &Video<'_>,
         run: impl FnOnce(&Model, &Images<'_>) -> Result<(R, usize), InputError>,
     ) -> Result<(VideoPlan, R), ModelError> {
-        if !matches!(self.family(), Family::Glm5Next) {
+        if pre.family() != self.family() {
             return Err(self.video_err(PrepError::NoVideoPath(format!(
-                "the {} tower",
+                "a {} video preprocessor for the {} tower",
+                pre.family().name(),
                 self.family().name()
             ))));
         }
         let prepared = pre.prepare_video(video).map_err(|e| self.video_err(e))?;
-        let g = prepared.glm().ok_or_else(|| {
+        let missing = || {
             ModelError::Tower(TowerError::Unsupported(
-                "the prepared video lacks its glm tensors".into(),
+                "the prepared video lacks its tower tensors".into(),
             ))
-        })?;
-        let dim = |v: i64| usize::try_from(v).unwrap_or(0);
-        let images = Images::Glm(vec![GlmImage {
-            patches: g.rows,
-            grid_thw: [dim(g.grid_thw[0]), dim(g.grid_thw[1]), dim(g.grid_thw[2])],
-        }]);
+        };
+        let images = match self.family() {
+            Family::Glm5Next => {
+                let g = prepared.glm().ok_or_else(missing)?;
+                let dim = |v: i64| usize::try_from(v).unwrap_or(0);
+                Images::Glm(vec![GlmImage {
+                    patches: g.rows,
+                    grid_thw: [dim(g.grid_thw[0]), dim(g.grid_thw[1]), dim(g.grid_thw[2])],
+                }])
+            }
+            Family::Gemma4 => Images::Gemma4(
+                prepared
+                    .gemma4_frames()
+                    .ok_or_else(missing)?
+                    .into_iter()
+                    .map(|f| GemmaImage {
+                        patches: f.patches,
+                        positions: f.positions,
+                    })
+                    .collect(),
+            ),
+            other => {
+                return Err(self.video_err(PrepError::NoVideoPath(format!(
+                    "the {} tower",
+                    other.name()
+                ))))
+            }
+        };
         let (out, got) = run(self, &images).map_err(|e| ModelError::Tower(e.at(self.path())))?;
         let planned = prepared.plan.rows as usize;
         if got != planned {

@@ -75,7 +75,7 @@ enum Command {
         /// A video's frames, every frame of it in order: a directory (its files sorted by name)
         /// or the frame files (JPEG, PNG, WebP, GIF, BMP). The container (MP4, WebM) is decoded
         /// by the caller, e.g. `ffmpeg -i v.mp4 frames/%06d.png`. Needs `--fps`; the model's
-        /// video processor samples, resizes and pairs them (glm5_next; docs/VIDEO.md).
+        /// video processor samples and prepares them (glm5_next, gemma4; docs/VIDEO.md).
         #[arg(long, num_args = 1.., conflicts_with = "inputs", requires = "fps")]
         video_frames: Vec<PathBuf>,
         /// The video's frame rate (its metadata's fps), for `--video-frames`.
@@ -85,10 +85,14 @@ enum Command {
         /// the frame count and fps, as upstream does).
         #[arg(long, requires = "video_frames")]
         duration: Option<f64>,
-        /// The target sampling rate in frames per second (default: the video processor config's,
-        /// glm5_next 2).
+        /// glm5_next: the target sampling rate in frames per second (default: the video
+        /// processor config's, 2).
         #[arg(long, requires = "video_frames")]
         sample_fps: Option<f64>,
+        /// gemma4: how many frames to sample, uniformly (default: the video processor config's,
+        /// 32; a video with fewer frames is refused, as upstream).
+        #[arg(long, requires = "video_frames")]
+        num_frames: Option<u64>,
         /// The processor's tensors instead of an image (as `vtower prep` or the upstream
         /// processor writes them).
         #[arg(long)]
@@ -196,6 +200,7 @@ fn run(cli: Cli) -> Result<()> {
             fps,
             duration,
             sample_fps,
+            num_frames,
             inputs,
             out,
             device,
@@ -216,6 +221,7 @@ fn run(cli: Cli) -> Result<()> {
                 let m = Model::open_with(&model, &options, PrepSettings::default())?;
                 let settings = VideoSettings {
                     fps: sample_fps,
+                    num_frames,
                     ..Default::default()
                 };
                 let pre = m.video_preprocessor(settings)?;
