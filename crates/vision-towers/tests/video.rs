@@ -335,3 +335,68 @@ fn families_without_video_refuse_it() {
         }
     }
 }
+
+/// Both video tower cases on CUDA, bf16 and f32: the rows `encode_video_device` leaves on the
+/// device are bitwise the rows `encode_video` downloads (the same projection GEMM writes both),
+/// and within the CUDA bounds of upstream's float64 rows (bf16 2e-2, f32 1e-4 rel-L2), three
+/// rounds (the second and third replay a captured graph of the same layout where graphs apply).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn video_rows_on_cuda() {
+    use vision_towers::{Precision, RowsDtype, TowerOptions};
+    let cases = [
+        ("glm5_next_video/fps1_odd7", "models/glm5_next"),
+        ("gemma4_video/g4_n2", "models/gemma4"),
+    ];
+    for (name, model) in cases {
+        let case = tower_case(name);
+        let refs: Vec<&[u8]> = case.frames.iter().map(Vec::as_slice).collect();
+        let settings = VideoSettings {
+            num_frames: case.meta["video_processor_config"]["num_frames"].as_u64(),
+            ..Default::default()
+        };
+        for precision in [None, Some(Precision::F32)] {
+            let options = TowerOptions {
+                device: Device::Cuda(0),
+                precision,
+                ..Default::default()
+            };
+            let m = Model::open_with(&fixtures().join(model), &options, PrepSettings::default())
+                .unwrap_or_else(|e| panic!("{model}: {e}"));
+            let what = format!("{name} on {model} {}", m.precision());
+            let bound = match m.precision() {
+                Precision::F32 => 1e-4,
+                Precision::Bf16 => 2e-2,
+            };
+            let pre = m.video_preprocessor(settings).unwrap();
+            let video = Video {
+                frames: VideoFrames::Rgb {
+                    width: case.width,
+                    height: case.height,
+                    frames: &refs,
+                },
+                metadata: metadata(&case),
+            };
+            for round in 0..3 {
+                let host = m.encode_video_with(&pre, &video).unwrap();
+                let dev = m
+                    .encode_video_device(&pre, &video, RowsDtype::F32)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(dev.plan, host.plan, "{what}");
+                let got = dev.rows.to_host_f32().unwrap();
+                assert!(got.iter().all(|v| v.is_finite()), "{what}: NaN");
+                let same = got
+                    .iter()
+                    .zip(&host.rows)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same && got.len() == host.rows.len(),
+                    "{what} round {round}: device rows differ from the downloaded rows"
+                );
+                let rel = rel_l2(&got, &case.rows);
+                eprintln!("{what} round {round}: rel-L2 {rel:e} (bound {bound:e})");
+                assert!(rel <= bound, "{what}: rel-L2 {rel:e} over {bound:e}");
+            }
+        }
+    }
+}
