@@ -35,6 +35,10 @@ pub const DEFAULT_MAX_VIDEO_PIXELS: u64 = 1 << 28;
 /// `frames · width · height · 3` raw): 1 GiB. Ours.
 pub const DEFAULT_MAX_VIDEO_BYTES: u64 = 1 << 30;
 
+/// Largest `max_frames` / `num_frames` a config or setting may ask for (2²⁰): the sampling
+/// builds an index list that long before deduplicating it, so the value bounds that allocation.
+pub const MAX_SAMPLED_FRAMES: u64 = 1 << 20;
+
 /// glm5_next video processor: target sampling rate in frames per second
 /// (video_processing_glm5_next.py:156 `fps = 2`).
 pub const GLM5_NEXT_VIDEO_FPS: f64 = 2.0;
@@ -659,7 +663,7 @@ fn glm5_next_video_law(v: Option<&Value>, s: &VideoSettings) -> Result<Glm5NextV
         },
         max_frames: match s.max_frames {
             Some(n) => n,
-            None => get_u64(v, "max_frames", d.max_frames, 1 << 32)?,
+            None => get_u64(v, "max_frames", d.max_frames, MAX_SAMPLED_FRAMES)?,
         },
         max_duration: get_f64(v, "max_duration", d.max_duration)?,
         filter,
@@ -758,7 +762,7 @@ fn gemma4_video_law(v: Option<&Value>, s: &VideoSettings) -> Result<Gemma4VideoL
     }
     let num_frames = match s.num_frames {
         Some(n) => n,
-        None => get_u64(v, "num_frames", d.num_frames, 1 << 32)?,
+        None => get_u64(v, "num_frames", d.num_frames, MAX_SAMPLED_FRAMES)?,
     };
     if num_frames == 0 {
         return Err(PrepError::BadSetting(
