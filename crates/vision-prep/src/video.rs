@@ -1478,7 +1478,8 @@ pub fn glm5_next_sample(law: &Glm5NextVideoLaw, meta: &VideoMetadata) -> Result<
         }
     }
     if uniq.is_empty() {
-        // upstream: an empty index list gives an empty video, which its resize cannot take.
+        // upstream returns the empty list; its processor then fails on the empty video
+        // (ZeroDivisionError in smart_resize, checked against transformers 5.23).
         return Err(PrepError::BadVideo(format!(
             "no frame sampled ({} s at {target} fps gives 0 frames)",
             duration
@@ -2287,5 +2288,123 @@ mod tests {
             pre.sampled_indices(&meta),
             Err(PrepError::BadVideo(_))
         ));
+    }
+
+    /// Runs `[[first, step, count], …]` back to an index list.
+    fn expand(runs: &Value) -> Vec<u64> {
+        let mut out = Vec::new();
+        for r in runs.as_array().expect("runs") {
+            let (a, d, n) = (
+                r[0].as_i64().unwrap_or(0),
+                r[1].as_i64().unwrap_or(0),
+                r[2].as_i64().unwrap_or(0),
+            );
+            out.extend((0..n).map(|k| (a + k * d) as u64));
+        }
+        out
+    }
+
+    /// A float written as Python's repr, parsed exactly (`str::parse` rounds correctly).
+    fn float(v: &Value) -> Option<f64> {
+        v.as_str().map(|s| s.parse::<f64>().expect("a float repr"))
+    }
+
+    /// Upstream's own functions on a grid of inputs (`outputs/video_laws/grid.safetensors`,
+    /// written by `oracle/fam_video.py`): `Glm5NextVideoProcessor.sample_frames` over frame
+    /// counts, frame rates, durations, target rates, `max_frames` and `max_duration`; its
+    /// `smart_resize` over frame counts, sizes and budgets; gemma4's `num_frames` sampling and
+    /// `mm:ss` timestamps. Every value equal, every upstream refusal an error here.
+    #[test]
+    fn upstream_law_grids() {
+        let path = fixtures().join("outputs/video_laws/grid.safetensors");
+        let bytes = std::fs::read(&path).expect("video_laws/grid (cargo xtask fixtures)");
+        let (_, header) = SafeTensors::read_metadata(&bytes).expect("header");
+        let meta: Value = header
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get("fixture"))
+            .and_then(|s| serde_json::from_str(s).ok())
+            .expect("fixture metadata");
+        let rows = |key: &str| meta[key]["rows"].as_array().cloned().expect(key);
+        let mut checked = 0;
+        for r in rows("glm5_next_sample_frames") {
+            let law = Glm5NextVideoLaw {
+                fps: float(&r[3]).expect("target"),
+                max_frames: r[4].as_u64().expect("max_frames"),
+                max_duration: r[5].as_f64().expect("max_duration"),
+                ..Default::default()
+            };
+            let m = VideoMetadata {
+                total_num_frames: r[0].as_u64().expect("total"),
+                fps: float(&r[1]),
+                duration: float(&r[2]),
+            };
+            let got = glm5_next_sample(&law, &m);
+            match &r[6] {
+                Value::String(e) => assert!(got.is_err(), "{r}: upstream {e}, here {got:?}"),
+                // an empty sample: upstream's processor then fails (ZeroDivisionError in
+                // smart_resize); refused here at once
+                runs if expand(runs).is_empty() => assert!(got.is_err(), "{r}: {got:?}"),
+                runs => assert_eq!(got.ok(), Some(expand(runs)), "{r}"),
+            }
+            checked += 1;
+        }
+        for r in rows("glm5_next_smart_resize") {
+            let l = Glm5NextLaw {
+                max_image_tokens: r[3].as_u64().expect("max"),
+                min_image_tokens: r[4].as_u64().expect("min"),
+                ..Default::default()
+            };
+            let (n, h, w) = (
+                r[0].as_u64().expect("n"),
+                r[1].as_u64().expect("h") as u32,
+                r[2].as_u64().expect("w") as u32,
+            );
+            let got = smart_resize(&l, h, w, n);
+            match &r[5] {
+                Value::String(e) => assert!(got.is_err(), "{r}: upstream {e}, here {got:?}"),
+                hw => assert_eq!(
+                    got.ok(),
+                    Some((hw[0].as_u64().unwrap_or(0), hw[1].as_u64().unwrap_or(0))),
+                    "{r}"
+                ),
+            }
+            checked += 1;
+        }
+        for r in rows("gemma4_sample_frames") {
+            let law = Gemma4VideoLaw {
+                num_frames: r[1].as_u64().expect("num_frames"),
+                ..Default::default()
+            };
+            let m = VideoMetadata {
+                total_num_frames: r[0].as_u64().expect("total"),
+                fps: Some(24.0),
+                duration: None,
+            };
+            let got = gemma4_sample(&law, &m);
+            match &r[2] {
+                Value::String(e) => assert!(got.is_err(), "{r}: upstream {e}, here {got:?}"),
+                idx => {
+                    let want: Vec<u64> = idx
+                        .as_array()
+                        .expect("indices")
+                        .iter()
+                        .filter_map(Value::as_u64)
+                        .collect();
+                    assert_eq!(got.ok(), Some(want), "{r}");
+                }
+            }
+            checked += 1;
+        }
+        for r in rows("gemma4_timestamps") {
+            let seconds = r[0].as_u64().expect("index") as f64 / float(&r[1]).expect("fps");
+            assert_eq!(
+                Some(gemma4_timestamp(seconds).as_str()),
+                r[2].as_str(),
+                "{r}"
+            );
+            checked += 1;
+        }
+        assert!(checked >= 800, "{checked} grid rows");
     }
 }
