@@ -2407,4 +2407,46 @@ mod tests {
         }
         assert!(checked >= 800, "{checked} grid rows");
     }
+
+    /// Only the sampled frames are ever looked at: a 20 s, 30 fps video (600 frames) whose
+    /// unsampled frames are not images at all prepares, for glm5_next (40 frames sampled at
+    /// 2 fps) and gemma4 (`num_frames` 4); the decoded frames never all exist at once.
+    #[test]
+    fn only_sampled_frames_are_read() {
+        let frame = png(&vec![90u8; 40 * 30 * 3], 40, 30);
+        let junk = [0u8; 16];
+        let meta = VideoMetadata {
+            total_num_frames: 600,
+            fps: Some(30.0),
+            duration: None,
+        };
+        let gemma = ModelConfigs::from_dir(&fixtures().join("models/gemma4")).expect("cfg");
+        let settings = VideoSettings {
+            num_frames: Some(4),
+            ..Default::default()
+        };
+        for pre in [
+            glm5(),
+            VideoPreprocessor::from_configs(&gemma, None, settings).expect("gemma4"),
+        ] {
+            let sampled = pre.sampled_indices(&meta).expect("sample");
+            let sources: Vec<ImageSource<'_>> = (0..600u64)
+                .map(|i| ImageSource::Bytes(if sampled.contains(&i) { &frame } else { &junk }))
+                .collect();
+            let video = Video {
+                frames: VideoFrames::Encoded(&sources),
+                metadata: meta,
+            };
+            let prepared = pre
+                .prepare_video(&video)
+                .expect("only sampled frames are decoded");
+            assert_eq!(prepared.plan.frames_indices, sampled);
+            assert!(
+                sampled.len() < 64,
+                "{:?}: {} sampled",
+                pre.family(),
+                sampled.len()
+            );
+        }
+    }
 }
