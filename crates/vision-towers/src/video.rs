@@ -10,11 +10,7 @@ use crate::{DeviceOut, DeviceRows};
 use crate::{Family, Model, ModelError, PrepOpenError, RowsDtype, TowerError, WeightFile};
 use tower_gemma::GemmaImage;
 use tower_glm5::GlmImage;
-use vision_prep::video::{
-    read_video_config, Gemma4VideoLaw, VideoLaw, VideoPlan, VideoPreprocessor, VideoSettings,
-    VideoTokens,
-};
-use vision_prep::Token;
+use vision_prep::video::{read_video_config, VideoPlan, VideoPreprocessor, VideoSettings};
 use vision_prep::{ModelConfigs, PrepError, Video};
 
 /// Largest `video_preprocessor_config.json` read (a config is a few hundred bytes).
@@ -58,29 +54,18 @@ pub fn video_preprocessor_for(
     };
     let ck = match file {
         WeightFile::Gguf(g) => {
-            let d = Gemma4VideoLaw::default();
-            let patch_size = g
-                .get("clip.vision.patch_size")
-                .and_then(|v| v.as_u32())
-                .unwrap_or(d.patch_size);
-            let max_soft_tokens = settings.max_soft_tokens.unwrap_or(d.max_soft_tokens);
-            let num_frames = settings.num_frames.unwrap_or(d.num_frames);
-            let law = VideoLaw::Gemma4(Gemma4VideoLaw {
-                patch_size,
-                max_soft_tokens,
-                num_frames,
-                ..d
-            });
-            let t = |text: &str| Token {
-                text: text.into(),
-                id: None,
-            };
-            let tokens = VideoTokens::Gemma4 {
-                boi: t("<|image>"),
-                video: t("<|video|>"),
-                eoi: t("<image|>"),
-            };
-            return VideoPreprocessor::from_law(law, tokens, settings).map_err(prep_err);
+            // The class defaults with the file's patch size, validated as a config would be
+            // (patch bounds, the max_soft_tokens set, no fps); no config: token ids unknown.
+            let mut dict = serde_json::json!({"video_processor_type": "Gemma4VideoProcessor"});
+            if let Some(p) = g.get("clip.vision.patch_size").and_then(|v| v.as_u32()) {
+                dict["patch_size"] = p.into();
+            }
+            return VideoPreprocessor::from_configs(
+                &ModelConfigs::default(),
+                Some(&dict),
+                settings,
+            )
+            .map_err(prep_err);
         }
         WeightFile::SafeTensors(ck) => ck,
     };

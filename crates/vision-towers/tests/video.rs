@@ -264,6 +264,28 @@ fn gemma4_video_matches_upstream_rows() {
             rel <= 1e-5,
             "{model}: rel-L2 {rel:e} over the host f32 bound 1e-5"
         );
+        // settings are checked as a config's would be, GGUF included
+        for bad in [
+            VideoSettings {
+                max_soft_tokens: Some(99),
+                ..Default::default()
+            },
+            VideoSettings {
+                fps: Some(2.0),
+                ..Default::default()
+            },
+        ] {
+            assert!(
+                matches!(
+                    m.video_preprocessor(bad),
+                    Err(ModelError::Prep(PrepOpenError::Prep {
+                        source: PrepError::BadSetting(_),
+                        ..
+                    }))
+                ),
+                "{model}: {bad:?}"
+            );
+        }
     }
     let dir = std::env::temp_dir().join(format!("vtower-video-g4-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
