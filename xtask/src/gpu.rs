@@ -26,10 +26,11 @@ const GPU_TEST_RUNS: &[&[&str]] = &[&["--workspace", "--tests"]];
 
 /// The integration-test targets (package, `tests/<name>.rs`) that hold GPU tests outside gpu-core,
 /// staged by `--prepare` for `.device/facade/run.sh` (gpu-core's own go to `kernels/device_run.sh`).
-const STAGED_GPU_TESTS: [(&str, &str); 4] = [
+const STAGED_GPU_TESTS: [(&str, &str); 5] = [
     ("vision-towers", "cuda"),
     ("vision-towers", "graphs"),
     ("vision-towers", "device_rows"),
+    ("vision-towers", "video"),
     ("tower-step", "cuda"),
 ];
 

@@ -104,6 +104,34 @@ pub enum PrepError {
         /// Rows of the plan.
         rows: u64,
     },
+    /// The model's family has no video path here (step3p7 has none upstream; GLM-OCR's is not
+    /// implemented, see docs/VIDEO.md).
+    #[error("no video path for {0}")]
+    NoVideoPath(String),
+    /// A video over one of its metadata budgets ([`crate::video::VideoLimits`], checked before
+    /// any frame is decoded or resized).
+    #[error("video refused: {amount} {what}, over the budget of {budget}")]
+    VideoOverBudget {
+        /// What was counted (frames, pixels of the sampled frames, bytes handed in).
+        what: String,
+        /// The count.
+        amount: u64,
+        /// The configured budget.
+        budget: u64,
+    },
+    /// A video whose metadata or frames do not fit together (no fps, 0 frames, frames of
+    /// different sizes, a frame count other than the metadata's).
+    #[error("bad video: {0}")]
+    BadVideo(String),
+    /// One frame of a video failed as an image would (admission, decode, resize).
+    #[error("video frame {index}: {source}")]
+    VideoFrame {
+        /// The frame's index in the video.
+        index: usize,
+        /// Why.
+        #[source]
+        source: Box<PrepError>,
+    },
     /// A setting out of its allowed range (e.g. `max_soft_tokens` not in {70,140,280,560,1120}).
     #[error("invalid setting: {0}")]
     BadSetting(String),

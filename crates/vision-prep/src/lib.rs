@@ -33,6 +33,7 @@ mod pngfast;
 pub mod prepare;
 pub mod resize;
 pub mod source;
+pub mod video;
 
 #[cfg(test)]
 mod parity;
@@ -47,6 +48,10 @@ pub use max_rows::MaxRows;
 pub use plan::{Family, Geometry, Plan, PromptRun};
 pub use prepare::{DType, NamedTensor, Prepared, TensorData};
 pub use source::{AdmissionLimits, Header, ImageSource, RgbImage};
+pub use video::{
+    PreparedVideo, Video, VideoFrames, VideoLimits, VideoMetadata, VideoPiece, VideoPlan,
+    VideoPreprocessor, VideoSettings,
+};
 
 /// A configured preprocessor for one model.
 #[derive(Debug, Clone)]

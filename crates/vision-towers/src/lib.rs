@@ -16,6 +16,7 @@ mod st_write;
 mod stream;
 mod tensors;
 mod tower;
+mod video;
 mod weights;
 
 pub use device_rows::{DeviceOut, DeviceRows};
@@ -31,6 +32,7 @@ pub use tower::{
     Device, ParseDeviceError, Precision, Rows, Tower, TowerError, TowerOptions,
     DEFAULT_MAX_PATCHES_PER_PASS,
 };
+pub use video::{video_preprocessor_for, DeviceEncodedVideo, EncodedVideo};
 pub use weights::WeightFile;
 
 pub use gguf_reader;

@@ -8,7 +8,10 @@ use clap::{Parser, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use vision_towers::vision_prep::{PrepSettings, Prepared, TensorData};
+use vision_towers::vision_prep::video::VideoSettings;
+use vision_towers::vision_prep::{
+    ImageSource, PrepSettings, Prepared, TensorData, Video, VideoFrames, VideoMetadata,
+};
 use vision_towers::{
     inspect_json, preprocessor_for, read_image_arg, write_safetensors, Device, Model, OutTensor,
     Precision, Rows, Tower, TowerOptions, WeightFile, DEFAULT_MAX_PATCHES_PER_PASS,
@@ -63,8 +66,33 @@ enum Command {
         model: PathBuf,
         /// An image (a file path or a `data:` URI), prepared by the model's own processor;
         /// repeat the flag to encode several images in one pass.
-        #[arg(long, conflicts_with = "inputs", required_unless_present = "inputs")]
+        #[arg(
+            long,
+            conflicts_with_all = ["inputs", "video_frames"],
+            required_unless_present_any = ["inputs", "video_frames"]
+        )]
         image: Vec<String>,
+        /// A video's frames, every frame of it in order: a directory (its files sorted by name)
+        /// or the frame files (JPEG, PNG, WebP, GIF, BMP). The container (MP4, WebM) is decoded
+        /// by the caller, e.g. `ffmpeg -i v.mp4 frames/%06d.png`. Needs `--fps`; the model's
+        /// video processor samples and prepares them (glm5_next, gemma4; docs/VIDEO.md).
+        #[arg(long, num_args = 1.., conflicts_with = "inputs", requires = "fps")]
+        video_frames: Vec<PathBuf>,
+        /// The video's frame rate (its metadata's fps), for `--video-frames`.
+        #[arg(long, requires = "video_frames")]
+        fps: Option<f64>,
+        /// The video's duration in seconds, if the container states it (otherwise derived from
+        /// the frame count and fps, as upstream does).
+        #[arg(long, requires = "video_frames")]
+        duration: Option<f64>,
+        /// glm5_next: the target sampling rate in frames per second (default: the video
+        /// processor config's, 2).
+        #[arg(long, requires = "video_frames")]
+        sample_fps: Option<f64>,
+        /// gemma4: how many frames to sample, uniformly (default: the video processor config's,
+        /// 32; a video with fewer frames is refused, as upstream).
+        #[arg(long, requires = "video_frames")]
+        num_frames: Option<u64>,
         /// The processor's tensors instead of an image (as `vtower prep` or the upstream
         /// processor writes them).
         #[arg(long)]
@@ -168,6 +196,11 @@ fn run(cli: Cli) -> Result<()> {
         Command::Encode {
             model,
             image,
+            video_frames,
+            fps,
+            duration,
+            sample_fps,
+            num_frames,
             inputs,
             out,
             device,
@@ -184,6 +217,67 @@ fn run(cli: Cli) -> Result<()> {
                 // one encode is one pass per layout: a graph would be captured and never replayed
                 graphs: false,
             };
+            if !video_frames.is_empty() {
+                let m = Model::open_with(&model, &options, PrepSettings::default())?;
+                let settings = VideoSettings {
+                    fps: sample_fps,
+                    num_frames,
+                    ..Default::default()
+                };
+                let pre = m.video_preprocessor(settings)?;
+                let limits = pre.settings().limits;
+                let files = frame_files(&video_frames, limits.max_frames)?;
+                let metadata = VideoMetadata {
+                    total_num_frames: files.len() as u64,
+                    fps,
+                    duration,
+                };
+                // Only the sampled frames are read; the others stay empty and are never looked at.
+                let sampled = pre.sampled_indices(&metadata)?;
+                let mut bytes = vec![Vec::new(); files.len()];
+                let mut total = 0u64;
+                for &i in &sampled {
+                    let i = i as usize;
+                    if bytes[i].is_empty() {
+                        bytes[i] = read_frame(&files[i], limits.max_bytes.saturating_sub(total))?;
+                        total += bytes[i].len() as u64;
+                    }
+                }
+                let sources: Vec<ImageSource<'_>> =
+                    bytes.iter().map(|b| ImageSource::Bytes(b)).collect();
+                let video = Video {
+                    frames: VideoFrames::Encoded(&sources),
+                    metadata,
+                };
+                let encoded = m.encode_video_with(&pre, &video)?;
+                let n = encoded.rows.len() / encoded.width.max(1);
+                let meta = [
+                    ("family".to_string(), m.family().name().to_string()),
+                    ("device".to_string(), m.device().to_string()),
+                    ("precision".to_string(), m.precision().to_string()),
+                    ("video_plan".to_string(), encoded.plan.to_json().to_string()),
+                ];
+                write_safetensors(
+                    &out,
+                    &[OutTensor::f32(
+                        "embeddings",
+                        vec![n, encoded.width],
+                        &encoded.rows,
+                    )],
+                    &meta,
+                )?;
+                eprintln!(
+                    "vtower: wrote {n} rows × {} for {} of {} frames (grid {:?}) to {} ({} {})",
+                    encoded.width,
+                    encoded.plan.frames_indices.len(),
+                    sources.len(),
+                    encoded.plan.grid_thw,
+                    out.display(),
+                    m.device(),
+                    m.precision()
+                );
+                return Ok(());
+            }
             let (family, ran_on, rows) = match inputs {
                 Some(inputs) => {
                     let tower = Tower::open_with(&model, &options)?;
@@ -241,6 +335,57 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// The frame files of `--video-frames`: one directory's files sorted by name (hidden files
+/// skipped), or the files as given; more than `max_frames` is refused before any is read.
+fn frame_files(args: &[PathBuf], max_frames: u64) -> Result<Vec<PathBuf>> {
+    let files = match args {
+        [dir] if dir.is_dir() => {
+            let mut v = Vec::new();
+            for e in std::fs::read_dir(dir).with_context(|| dir.display().to_string())? {
+                let e = e.with_context(|| dir.display().to_string())?;
+                let hidden = e.file_name().to_string_lossy().starts_with('.');
+                if !hidden && e.file_type().is_ok_and(|t| t.is_file()) {
+                    v.push(e.path());
+                }
+                if v.len() as u64 > max_frames {
+                    anyhow::bail!(
+                        "{}: more than {max_frames} frames (the video frame budget)",
+                        dir.display()
+                    );
+                }
+            }
+            v.sort();
+            v
+        }
+        files => files.to_vec(),
+    };
+    if files.is_empty() {
+        anyhow::bail!("--video-frames: no frame files");
+    }
+    if files.len() as u64 > max_frames {
+        anyhow::bail!(
+            "--video-frames: {} frames, over the video frame budget of {max_frames}",
+            files.len()
+        );
+    }
+    Ok(files)
+}
+
+/// One frame file's bytes (refused before it is read when it would take the frames read so far
+/// over the video byte budget: `max_bytes` is what is left of it).
+fn read_frame(path: &std::path::Path, max_bytes: u64) -> Result<Vec<u8>> {
+    let len = std::fs::metadata(path)
+        .with_context(|| path.display().to_string())?
+        .len();
+    if len > max_bytes {
+        anyhow::bail!(
+            "{}: {len} bytes, over what is left of the video byte budget ({max_bytes})",
+            path.display()
+        );
+    }
+    std::fs::read(path).with_context(|| path.display().to_string())
 }
 
 /// The prepared tensors as safetensors entries, under their upstream names and dtypes.
