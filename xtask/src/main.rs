@@ -8,6 +8,7 @@ mod gpu;
 mod parity;
 mod pipeline;
 mod progress;
+mod rows_digest;
 mod suite;
 mod towers;
 mod towers_glm;
@@ -25,6 +26,8 @@ commands:
   fixtures   regenerate the oracle fixtures from upstream (makes its own Python venv)
   parity     compare every available path against the oracle fixtures and print the table
              [--require-cuda: a CUDA row that did not run fails; implied where a GPU is present]
+  rows-digest  one sha256 of the host (CPU) rows per fixture model and image, through the facade
+             (alone and batched): diff the output before and after a refactor
   ptx        compile kernels/*.cu to committed PTX (nvcc) and that PTX to committed SASS fatbins (CUDA machine only)
   gpu-test   every GPU (ignored) test of the workspace, then parity --require-cuda; needs a
              CUDA device and fails when no GPU test ran [--prepare: stage binaries in .device/]
@@ -48,6 +51,7 @@ fn main() -> Result<()> {
         "test" => suite::run(rest),
         "fixtures" => fixtures::run(rest),
         "parity" => parity::run(rest),
+        "rows-digest" => rows_digest::run(rest),
         "ptx" => gpu::ptx(rest),
         "gpu-test" => gpu::gpu_test(rest),
         "bench" => bench::run(rest),
