@@ -9,6 +9,7 @@ mod glm_check;
 mod gpu;
 mod kernel_bench;
 mod parity;
+mod parity_case;
 mod pipeline;
 mod progress;
 mod rows_digest;

@@ -2,7 +2,7 @@
 //! `glm_ocr` from their HF mini repositories, and (on a CUDA machine) the `GlmCuda` path in
 //! both precisions.
 
-use crate::parity::{inputs_case, Case, CaseRunner, Outcome, Precision, Runner};
+use crate::parity_case::{inputs_case, Case, CaseRunner, Outcome, Precision, Runner};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
