@@ -8,14 +8,18 @@
 
 mod device_rows;
 mod family;
+mod inputs;
 mod inspect;
 mod model;
+mod options;
 mod prep;
 mod session;
 mod st_write;
 mod stream;
 mod tensors;
 mod tower;
+mod tower_error;
+mod upload;
 mod weights;
 
 pub use device_rows::{DeviceOut, DeviceRows};
@@ -23,14 +27,15 @@ pub use family::{detect_family, family_from_gguf_projector, family_from_model_ty
 pub use gpu_core::{RowsDtype, PER_THREAD_DEFAULT_STREAM};
 pub use inspect::inspect_json;
 pub use model::{DeviceEncoded, Encoded, LmAttention, Model, ModelError};
+pub use options::{
+    Device, ParseDeviceError, Precision, TowerOptions, DEFAULT_MAX_PATCHES_PER_PASS,
+};
 pub use prep::{preprocessor_for, read_image_arg, ImageArg, PrepOpenError, MAX_IMAGE_FILE_BYTES};
 pub use st_write::{safetensors_bytes, write_safetensors, OutDtype, OutTensor, WriteError};
 pub use stream::{BatchPolicy, PassStat, StreamStats};
 pub use tensors::{ProcessorTensors, TensorShapeError};
-pub use tower::{
-    Device, ParseDeviceError, Precision, Rows, Tower, TowerError, TowerOptions,
-    DEFAULT_MAX_PATCHES_PER_PASS,
-};
+pub use tower::{Rows, Tower};
+pub use tower_error::TowerError;
 pub use weights::WeightFile;
 
 pub use gguf_reader;

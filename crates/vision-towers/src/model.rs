@@ -3,7 +3,9 @@
 //! law for image spans.
 
 use crate::device_rows::{Dest, DeviceResult};
-use crate::tower::{Images, InputError, Rows};
+use crate::inputs::Images;
+use crate::tower::Rows;
+use crate::tower_error::InputError;
 use crate::{
     detect_family, preprocessor_for, Device, DeviceOut, DeviceRows, Family, Precision,
     PrepOpenError, ProcessorTensors, RowsDtype, Tower, TowerError, TowerOptions, WeightFile,
@@ -11,9 +13,6 @@ use crate::{
 use rayon::prelude::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use tower_gemma::GemmaImage;
-use tower_glm5::GlmImage;
-use tower_step::{StepImage, StepView};
 use vision_prep::{ImageSource, Plan, PrepSettings, Prepared, Preprocessor};
 
 /// How the language model attends over the rows of an image, so an engine can refuse a serving
@@ -348,107 +347,4 @@ fn lm_attention(file: &WeightFile) -> LmAttention {
         (Some(Family::Step3p7), Some(Value::Bool(true))) => LmAttention::Bidirectional,
         _ => LmAttention::Causal,
     }
-}
-
-impl Tower {
-    /// Runs the tower on several prepared images in padding-free passes (one attention segment
-    /// per image, per frame pair, or per view).
-    pub(crate) fn encode_batch(&self, prepared: &[Prepared]) -> Result<Rows, InputError> {
-        let images = self.images_of(prepared)?;
-        self.run(&images)
-    }
-
-    /// The tower inputs of prepared images (borrowed from them).
-    pub(crate) fn images_of<'a>(&self, prepared: &'a [Prepared]) -> Result<Images<'a>, InputError> {
-        let missing =
-            |what: &str| InputError::Message(format!("a prepared image lacks the {what} tensors"));
-        Ok(match self.family() {
-            Family::Gemma4 => Images::Gemma4(
-                prepared
-                    .iter()
-                    .map(|p| {
-                        p.gemma4()
-                            .map(|g| GemmaImage {
-                                patches: g.patches,
-                                positions: g.positions,
-                            })
-                            .ok_or_else(|| missing("gemma4"))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-            Family::Glm5Next | Family::GlmOcr => Images::Glm(
-                prepared
-                    .iter()
-                    .map(|p| {
-                        let g = p.glm().ok_or_else(|| missing("glm"))?;
-                        let dim = |v: i64| {
-                            usize::try_from(v).map_err(|_| {
-                                InputError::Message(format!("negative grid {:?}", g.grid_thw))
-                            })
-                        };
-                        Ok(GlmImage {
-                            patches: g.rows,
-                            grid_thw: [
-                                dim(g.grid_thw[0])?,
-                                dim(g.grid_thw[1])?,
-                                dim(g.grid_thw[2])?,
-                            ],
-                        })
-                    })
-                    .collect::<Result<Vec<_>, InputError>>()?,
-            ),
-            Family::Step3p7 => Images::Step3p7(
-                prepared
-                    .iter()
-                    .map(|p| {
-                        let s = p.step3p7().ok_or_else(|| missing("step3p7"))?;
-                        step_image(&s)
-                    })
-                    .collect::<Result<Vec<_>, InputError>>()?,
-            ),
-        })
-    }
-}
-
-/// The Step views of one prepared image: square views, side from the element count.
-fn step_image<'a>(
-    s: &vision_prep::prepare::Step3p7Inputs<'a>,
-) -> Result<StepImage<'a>, InputError> {
-    let side_of = |len: usize| {
-        let side = ((len / 3) as f64).sqrt().round() as usize;
-        (side * side * 3 == len)
-            .then_some(side)
-            .ok_or_else(|| InputError::Message(format!("a view of {len} values is not 3 × S × S")))
-    };
-    let global = StepView {
-        pixels: s.global,
-        height: side_of(s.global.len())?,
-        width: side_of(s.global.len())?,
-    };
-    let mut crops = Vec::new();
-    if let Some(each) = s.local.len().checked_div(s.num_local) {
-        if each == 0 || each * s.num_local != s.local.len() {
-            return Err(InputError::Message(format!(
-                "{} crop values do not split into {} crops",
-                s.local.len(),
-                s.num_local
-            )));
-        }
-        let side = side_of(each)?;
-        for c in s.local.chunks_exact(each) {
-            crops.push(StepView {
-                pixels: c,
-                height: side,
-                width: side,
-            });
-        }
-    }
-    let newline_mask = (0..s.num_local)
-        .map(|i| s.newline_mask.get(i).is_some_and(|&m| m != 0))
-        .collect();
-    Ok(StepImage {
-        crops,
-        global,
-        newline_mask,
-    })
 }
