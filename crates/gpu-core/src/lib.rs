@@ -33,6 +33,8 @@ mod upload;
 #[cfg(test)]
 mod gpu_tests;
 #[cfg(test)]
+mod gpu_tests_attn;
+#[cfg(test)]
 mod gpu_tests_graph;
 
 pub use device::{device_count, is_available, Device, DeviceBuffer, Elem};
