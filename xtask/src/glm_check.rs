@@ -54,7 +54,7 @@ fn weights(c: &GlmConfig) -> GlmWeights {
     let (h, i, o, pi, hd) = (
         c.hidden,
         c.intermediate,
-        c.out_hidden,
+        c.text_hidden,
         c.merger_inner,
         c.head_dim,
     );
@@ -96,7 +96,7 @@ fn flops(c: &GlmConfig, n: usize, b: usize) -> f64 {
     let (h, i, o, pi) = (
         c.hidden as f64,
         c.intermediate as f64,
-        c.out_hidden as f64,
+        c.text_hidden as f64,
         c.merger_inner as f64,
     );
     let t = (n * b) as f64;

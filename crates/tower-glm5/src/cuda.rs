@@ -525,7 +525,7 @@ impl GlmCuda {
             c.hidden,
             c.heads * self.kd,
             c.intermediate,
-            c.out_hidden,
+            c.text_hidden,
             c.merger_inner,
         );
         let d = &*self.dev;
@@ -581,18 +581,18 @@ impl GlmCuda {
         })
     }
 
-    /// Runs the forward on `batch` and writes its rows, `[merged_rows, out_hidden]` image after
+    /// Runs the forward on `batch` and writes its rows, `[merged_rows, text_hidden]` image after
     /// image, into `out` (a caller's or library-owned buffer, f32 or bf16) instead of the
     /// workspace: the merger's last GEMM writes there directly, after the (graphed) rest of the
     /// tower. Queued on the device's stream; returns how the tower ran.
     pub fn run_into(&mut self, batch: &GlmBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
-        let need = batch.merged_rows() * self.cfg.out_hidden;
+        let need = batch.merged_rows() * self.cfg.text_hidden;
         if out.len() != need {
             return Err(CudaError::Unsupported(format!(
                 "a rows target of {} elements for {} rows of {}",
                 out.len(),
                 batch.merged_rows(),
-                self.cfg.out_hidden
+                self.cfg.text_hidden
             )));
         }
         self.with_workspace(batch, false, |t, ws| t.run_ws(ws, batch, false, Some(out)))
@@ -643,7 +643,7 @@ impl GlmCuda {
         if let Some(s) = stages.as_mut() {
             s.rows = self
                 .dev
-                .download_prefix(&ws.rows, batch.meta.merged_rows() * self.cfg.out_hidden)?;
+                .download_prefix(&ws.rows, batch.meta.merged_rows() * self.cfg.text_hidden)?;
         }
         Ok((stages, ran))
     }
@@ -665,19 +665,19 @@ impl GlmCuda {
             GemmBuffer::inputs(&ws.mact, &self.m_down)?,
             bias(&self.m_down_b),
             y,
-            GemmShape::dense(batch.merged_rows(), c.out_hidden, c.merger_inner),
+            GemmShape::dense(batch.merged_rows(), c.text_hidden, c.merger_inner),
             Epilogue::None,
         )?;
         Ok(())
     }
 
-    /// Downloads the rows of the last [`GlmCuda::run`] on `batch`, one `[n_i/m², out_hidden]` per image.
+    /// Downloads the rows of the last [`GlmCuda::run`] on `batch`, one `[n_i/m², text_hidden]` per image.
     pub fn rows(&self, batch: &GlmBatch) -> CudaResult<Vec<Vec<f32>>> {
         let ws = self
             .ws
             .as_ref()
             .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
-        let o = self.cfg.out_hidden;
+        let o = self.cfg.text_hidden;
         let all = self
             .dev
             .download_prefix(&ws.rows, batch.merged_rows() * o)?;
@@ -742,7 +742,7 @@ impl GlmCuda {
         let d = &*self.dev;
         let (n, h, kd) = (batch.n, c.hidden, self.kd);
         let (wp, mi, pd) = (c.heads * kd, c.intermediate, c.patch_dim());
-        let (o, pi, u) = (c.out_hidden, c.merger_inner, c.merge_unit());
+        let (o, pi, u) = (c.text_hidden, c.merger_inner, c.merge_unit());
         let np = batch.merged_rows();
         let eps = c.eps as f32;
         let mut stages = keep.then(GlmStages::default);
@@ -948,7 +948,7 @@ impl gpu_core::DeviceTower for GlmCuda {
     }
 
     fn width(&self) -> usize {
-        self.cfg.out_hidden
+        self.cfg.text_hidden
     }
 
     fn device(&self) -> &Arc<Device> {

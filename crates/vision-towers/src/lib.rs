@@ -4,6 +4,11 @@
 //! This facade re-exports the narrow crates that do the work, opens a weight file of either
 //! format ([`WeightFile`]), detects which model family it belongs to ([`Family`]), and runs its
 //! tower on the CPU or a CUDA device ([`Device`], [`Model`]).
+//!
+//! One name per concept: [`Device`] is where a tower runs (`auto`, `cpu`, `cuda:N`); gpu-core's
+//! CUDA context stays `gpu_core::Device` in the re-exported crate and is never exported at this
+//! crate's root. [`LmAttention`] is the one LM attention law of every family (gpu-core's, each
+//! tower crate's `lm_attention`); every family's LM width is its config's `text_hidden`.
 #![deny(missing_docs)]
 
 mod device_rows;
@@ -24,9 +29,10 @@ mod weights;
 
 pub use device_rows::{DeviceOut, DeviceRows};
 pub use family::{detect_family, family_from_gguf_projector, family_from_model_type, Family};
+pub use gpu_core::LmAttention;
 pub use gpu_core::{RowsDtype, PER_THREAD_DEFAULT_STREAM};
 pub use inspect::inspect_json;
-pub use model::{DeviceEncoded, Encoded, LmAttention, Model, ModelError};
+pub use model::{DeviceEncoded, Encoded, Model, ModelError};
 pub use options::{
     Device, ParseDeviceError, Precision, TowerOptions, DEFAULT_MAX_PATCHES_PER_PASS,
 };

@@ -7,30 +7,12 @@ use crate::inputs::Images;
 use crate::tower::Rows;
 use crate::tower_error::InputError;
 use crate::{
-    detect_family, preprocessor_for, Device, DeviceOut, DeviceRows, Family, Precision,
+    detect_family, preprocessor_for, Device, DeviceOut, DeviceRows, Family, LmAttention, Precision,
     PrepOpenError, ProcessorTensors, RowsDtype, Tower, TowerError, TowerOptions, WeightFile,
 };
 use rayon::prelude::*;
-use serde_json::Value;
 use std::path::{Path, PathBuf};
 use vision_prep::{ImageSource, Plan, PrepSettings, Prepared, Preprocessor};
-
-/// How the language model attends over the rows of an image, so an engine can refuse a serving
-/// path that cannot honour it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LmAttention {
-    /// Causal everywhere, image rows included (glm5_next, glm_ocr, step3p7, and gemma4 unless
-    /// its text config says otherwise).
-    Causal,
-    /// gemma4 with `text_config.use_bidirectional_attention = "vision"`: sliding-window layers
-    /// attend bidirectionally within one contiguous run of image soft tokens
-    /// (`AND(sliding_window, OR(causal, same_block))`; BOI/EOI are not part of the run); full
-    /// attention layers stay causal (modeling_gemma4.py, create_masks_for_vision_model).
-    BidirectionalImageRunsInSlidingLayers,
-    /// The whole text model is non-causal (gemma4 `"all"`; step3p7's
-    /// `use_bidirectional_attention = true`, which no release sets).
-    Bidirectional,
-}
 
 /// One image's result: its plan and its rows in the LM width, in the order the plan lays out.
 #[derive(Debug, Clone)]
@@ -329,22 +311,16 @@ impl Model {
     }
 }
 
-/// The LM attention law the model's text config states (transformers 5.23).
+/// The LM attention law of the model's family, as its tower crate reads it from the text config
+/// (an mmproj GGUF carries none: causal, the gemma4 default).
 fn lm_attention(file: &WeightFile) -> LmAttention {
     let WeightFile::SafeTensors(ck) = file else {
-        // An mmproj GGUF carries no text config: the gemma4 default (None) is causal.
         return LmAttention::Causal;
     };
-    let flag = ck
-        .config()
-        .and_then(|c| c.get("text_config"))
-        .and_then(|t| t.get("use_bidirectional_attention"));
-    match (detect_family(file), flag) {
-        (Some(Family::Gemma4), Some(Value::String(s))) if s == "vision" => {
-            LmAttention::BidirectionalImageRunsInSlidingLayers
-        }
-        (Some(Family::Gemma4), Some(Value::String(s))) if s == "all" => LmAttention::Bidirectional,
-        (Some(Family::Step3p7), Some(Value::Bool(true))) => LmAttention::Bidirectional,
-        _ => LmAttention::Causal,
+    match detect_family(file) {
+        Some(Family::Gemma4) => tower_gemma::lm_attention(ck.config()),
+        Some(Family::Glm5Next | Family::GlmOcr) => tower_glm5::lm_attention(ck.config()),
+        Some(Family::Step3p7) => tower_step::lm_attention(ck.config()),
+        None => LmAttention::Causal,
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{Mutex, PoisonError};
 use gpu_core::{GraphStats, GraphStatus};
 use st_reader::Checkpoint;
 use tower_gemma::{GemmaConfig, GemmaCuda, GemmaTower};
-use tower_glm5::{Glm5Tower, GlmConfig, GlmCuda};
+use tower_glm5::{GlmConfig, GlmCuda, GlmTower};
 use tower_step::{StepConfig, StepCuda, StepTower};
 
 use crate::inputs::{pass_ranges, Images};
@@ -36,7 +36,7 @@ pub(crate) enum Engine {
         config: GemmaConfig,
         cuda: Mutex<GemmaCuda>,
     },
-    GlmHost(Glm5Tower),
+    GlmHost(GlmTower),
     GlmCuda {
         config: GlmConfig,
         cuda: Mutex<GlmCuda>,
@@ -182,7 +182,7 @@ impl Tower {
     pub fn family(&self) -> Family {
         match &self.engine {
             Engine::GemmaHost(_) | Engine::GemmaCuda { .. } => Family::Gemma4,
-            Engine::GlmHost(Glm5Tower { config, .. }) | Engine::GlmCuda { config, .. } => {
+            Engine::GlmHost(GlmTower { config, .. }) | Engine::GlmCuda { config, .. } => {
                 glm_family(config)
             }
             Engine::StepHost(_) | Engine::StepCuda { .. } => Family::Step3p7,
@@ -258,8 +258,8 @@ impl Tower {
             Engine::GemmaHost(GemmaTower { config, .. }) | Engine::GemmaCuda { config, .. } => {
                 config.text_hidden
             }
-            Engine::GlmHost(Glm5Tower { config, .. }) | Engine::GlmCuda { config, .. } => {
-                config.out_hidden
+            Engine::GlmHost(GlmTower { config, .. }) | Engine::GlmCuda { config, .. } => {
+                config.text_hidden
             }
             Engine::StepHost(StepTower { config, .. }) | Engine::StepCuda { config, .. } => {
                 config.text_hidden
@@ -296,7 +296,7 @@ impl Tower {
 
     pub(crate) fn glm_config(&self) -> Option<&GlmConfig> {
         match &self.engine {
-            Engine::GlmHost(Glm5Tower { config, .. }) | Engine::GlmCuda { config, .. } => {
+            Engine::GlmHost(GlmTower { config, .. }) | Engine::GlmCuda { config, .. } => {
                 Some(config)
             }
             _ => None,

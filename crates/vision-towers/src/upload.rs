@@ -4,9 +4,11 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+// gpu-core's CUDA context; the facade's public `Device` is where a tower runs (Auto/Cpu/Cuda(N)).
+use gpu_core::Device as CudaDevice;
 use gpu_core::GpuError;
 use tower_gemma::{GemmaCuda, GemmaTower, GgufActivation};
-use tower_glm5::{Glm5Tower, GlmCuda};
+use tower_glm5::{GlmCuda, GlmTower};
 use tower_step::{StepCuda, StepTower};
 
 use crate::tower::Engine;
@@ -16,14 +18,14 @@ use crate::{detect_family, Family, Precision, TowerError, WeightFile};
 #[allow(clippy::large_enum_variant)] // short-lived: becomes an Engine at open
 pub(crate) enum HostTower {
     Gemma4(GemmaTower),
-    Glm(Glm5Tower),
+    Glm(GlmTower),
     Step3p7(StepTower),
 }
 
 /// Opens CUDA device `ordinal` (gpu-core's probe first: a machine without CUDA gets its reason as
 /// text, never a panic).
-pub(crate) fn open_device(ordinal: usize) -> Result<Arc<gpu_core::Device>, String> {
-    gpu_core::Device::new(ordinal)
+pub(crate) fn open_device(ordinal: usize) -> Result<Arc<CudaDevice>, String> {
+    CudaDevice::new(ordinal)
         .map(Arc::new)
         .map_err(|e| no_device_reason(&e))
 }
@@ -49,7 +51,7 @@ pub(crate) enum Upload {
 /// load, but the model is never converted to f32 on the host.
 pub(crate) fn upload_mapped(
     path: &Path,
-    dev: Arc<gpu_core::Device>,
+    dev: Arc<CudaDevice>,
     precision: Precision,
 ) -> Result<Engine, Upload> {
     let file = WeightFile::open(path).map_err(|e| Upload::Failed(e.into()))?;
@@ -153,7 +155,7 @@ impl HostTower {
                 .map(HostTower::Gemma4)
                 .map_err(gemma_err),
             (Some(Family::Glm5Next | Family::GlmOcr), WeightFile::SafeTensors(ck)) => {
-                Glm5Tower::from_checkpoint(&ck)
+                GlmTower::from_checkpoint(&ck)
                     .map(HostTower::Glm)
                     .map_err(|source| TowerError::Glm {
                         path: path.to_path_buf(),
