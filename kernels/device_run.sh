@@ -43,7 +43,7 @@ if [ "$WHAT" != bench ]; then
     grep -E "^PARITY|panicked|test result|^GPU tests passed|^NO GPU TEST" "$OUT/tests.log" > "$OUT/parity.txt" || true
 fi
 if [ "$WHAT" != tests ]; then
-    "$ROOT/.device/gpu-core-bench" 2>&1 | tee "$OUT/bench.log"
+    "$ROOT/.device/xtask" kernel-bench 2>&1 | tee "$OUT/bench.log"
 fi
 echo "=== summary ==="
 [ -f "$OUT/parity.txt" ] && cat "$OUT/parity.txt"

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use vision_towers::st_reader::Checkpoint;
 use vision_towers::tower_gemma::{self, GemmaTower};
-use vision_towers::tower_glm5::{self, Glm5Tower};
+use vision_towers::tower_glm5::{self, GlmTower};
 use vision_towers::tower_step::{self, StepTower};
 use vision_towers_fuzz::ModelDir;
 
@@ -37,7 +37,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
             tower_gemma::load_hf_mapped(&ck),
         );
         let _ = (
-            Glm5Tower::from_checkpoint(&ck),
+            GlmTower::from_checkpoint(&ck),
             tower_glm5::load_hf_mapped(&ck),
         );
         let _ = StepTower::from_checkpoint(&ck);

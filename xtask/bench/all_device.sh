@@ -48,7 +48,7 @@ for step in $STEPS; do
     esac
 done
 tar -C "$LOGS" -czf "$OUT/logs.tar.gz" .
-echo "=== kernel timings (gpu-core-bench) ==="
+echo "=== kernel timings (xtask kernel-bench) ==="
 sed -n '/^| case/,$p' "$LOGS/core/bench.log" 2>/dev/null | grep -E "attn|case|---" | head -40
 [ -s "$LOGS/pipeline_report.md" ] && { echo "=== pipeline ==="; cat "$LOGS/pipeline_report.md"; }
 [ -f "$LOGS/bench.txt" ] && { echo "=== towers ==="; sed -n '/^=== report/,$p' "$LOGS/bench.txt" | head -60; }

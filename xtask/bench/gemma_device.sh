@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine call for the Gemma-4 CUDA tower: parity on the fixtures (carried xtask binary),
-# the full-size upstream oracle, then gemma-check (rel-L2 + timings). Needs, carried:
-# .device/gemma/{xtask,gemma-check} (cargo build --release, stripped) and .whl/transformers-5.23.0.
+# the full-size upstream oracle, then `xtask gemma-check` (rel-L2 + timings). Needs, carried:
+# .device/gemma/xtask (cargo build --release -p xtask, stripped) and .whl/transformers-5.23.0.
 # Writes full logs under $OUT; prints a short table last.
 set -u
 OUT=${OUT:-/tmp/gemma_out}
@@ -20,7 +20,7 @@ T1=$(date +%s)
 python3 xtask/bench/gemma_fullsize.py /tmp/g4repo /tmp/g4case > "$OUT/oracle.txt" 2>&1
 echo "oracle rc=$? ($(( $(date +%s) - T1 )) s)"; tail -4 "$OUT/oracle.txt"
 T2=$(date +%s)
-./.device/gemma/gemma-check /tmp/g4repo /tmp/g4case > "$OUT/check.txt" 2>&1
+./.device/gemma/xtask gemma-check /tmp/g4repo /tmp/g4case > "$OUT/check.txt" 2>&1
 echo "gemma-check rc=$? ($(( $(date +%s) - T2 )) s)"
 nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader
 echo "=== gemma cuda parity (variant source case stage precision rel-L2 verdict) ==="

@@ -2,8 +2,8 @@
 # One GPU-machine call for the Step-3.7 CUDA tower: tower-step's GPU test (a regrouped batch with a
 # non-square grid, both precisions, against the host reference), parity on the fixtures (carried
 # xtask binary; every row, step3p7 CUDA rows condensed at the end), the full-size upstream oracle
-# (step_fullsize.py, transformers 5.23 in float32), then step-check (rel-L2 against it + timings).
-# Needs, carried: .device/step/{xtask,step-check,step_cuda_tests} (release builds, stripped) and
+# (step_fullsize.py, transformers 5.23 in float32), then `xtask step-check` (rel-L2 against it + timings).
+# Needs, carried: .device/step/{xtask,step_cuda_tests} (release builds, stripped) and
 # .whl/transformers-5.23.0-*.whl. Writes full logs under $OUT; prints a short table last.
 # TEST_S / PARITY_S / ORACLE_S / CHECK_S bound the steps (defaults fit a 600 s call).
 set -u
@@ -26,7 +26,7 @@ T1=$(date +%s)
 timeout "${ORACLE_S:-220}" python3 xtask/bench/step_fullsize.py /tmp/s37repo /tmp/s37case > "$OUT/oracle.txt" 2>&1
 echo "oracle rc=$? ($(( $(date +%s) - T1 )) s)"; grep -vE "Loading weights|Writing model" "$OUT/oracle.txt" | tail -5
 T2=$(date +%s)
-timeout "${CHECK_S:-160}" ./.device/step/step-check /tmp/s37repo /tmp/s37case > "$OUT/check.txt" 2>&1
+timeout "${CHECK_S:-160}" ./.device/step/xtask step-check /tmp/s37repo /tmp/s37case > "$OUT/check.txt" 2>&1
 echo "step-check rc=$? ($(( $(date +%s) - T2 )) s)"
 nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader
 echo "=== tower-step GPU test (stage rel-L2 vs host) ==="

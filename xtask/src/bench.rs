@@ -408,7 +408,7 @@ fn glm_dims(c: &tower_glm5::GlmConfig) -> Dims {
         layers: c.layers,
         patch_dim: c.patch_dim(),
         unit: c.merge_unit(),
-        out: c.out_hidden,
+        out: c.text_hidden,
         merger_inner: c.merger_inner,
     }
 }

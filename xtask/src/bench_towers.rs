@@ -8,7 +8,7 @@ use std::sync::Arc;
 use gpu_core::{Device, GpuError, GraphStats};
 use st_reader::{Checkpoint, Dtype};
 use tower_gemma::{GemmaBatch, GemmaCuda, GemmaImage, GemmaTower};
-use tower_glm5::{Glm5Tower, GlmBatch, GlmCuda, GlmImage};
+use tower_glm5::{GlmBatch, GlmCuda, GlmImage, GlmTower};
 use tower_step::{StepBatch, StepCuda, StepImage, StepTower, StepView};
 
 /// What the bench needs from one of our towers: upload a batch once, run the timed span (the
@@ -149,7 +149,7 @@ impl BenchTower for Host<GemmaTower> {
     }
 }
 
-impl BenchTower for Host<Glm5Tower> {
+impl BenchTower for Host<GlmTower> {
     type Image<'a> = GlmImage<'a>;
     type Batch = HostBatch<(Vec<f32>, [usize; 3])>;
     fn prepare(&mut self, images: &[GlmImage<'_>]) -> Result<Self::Batch> {
@@ -455,10 +455,10 @@ pub fn load_gemma(dir: &Path) -> Result<(GemmaTower, f64)> {
 }
 
 /// Opens the GLM checkpoint at `dir` into host f32 (the host reference).
-pub fn load_glm(dir: &Path) -> Result<(Glm5Tower, f64)> {
+pub fn load_glm(dir: &Path) -> Result<(GlmTower, f64)> {
     timed(|| {
         let ck = open(dir)?;
-        Ok(Glm5Tower::from_checkpoint(&ck)?)
+        Ok(GlmTower::from_checkpoint(&ck)?)
     })
 }
 

@@ -5,8 +5,8 @@
 //! them) and `gpu-test` runs them all with `--ignored`, every test target of every workspace package
 //! ([`GPU_TEST_RUNS`]), counts the tests that ran against the attributes in the sources, then runs
 //! `parity --require-cuda`. It fails when it ran no GPU test or fewer than the sources hold. With
-//! `--prepare` (for a GPU machine that has no cargo) it builds the release test binaries, the bench
-//! binary and a release `vtower` and copies them into `.device/` (git-ignored):
+//! `--prepare` (for a GPU machine that has no cargo) it builds the release test binaries, a release
+//! xtask (its `kernel-bench`) and a release `vtower` and copies them into `.device/` (git-ignored):
 //! `kernels/device_run.sh` runs gpu-core's, `.device/facade/run.sh` (written here) the others'
 //! ([`STAGED_GPU_TESTS`]), `.device/capi/run.sh` the C ABI's (`vision-towers-c`'s `tests/gpu.rs`,
 //! with the release `libvision_towers_c.so` and the C test program built here against it).
@@ -267,11 +267,12 @@ fn covered(runs: &[&[&str]], root: &Path, file: &Path) -> bool {
     })
 }
 
-/// `--prepare`: builds the release test binaries that hold GPU tests, the bench binary and a
-/// release `vtower`, and copies them into `.device/` for a GPU machine without cargo.
+/// `--prepare`: builds the release test binaries that hold GPU tests, a release xtask (for
+/// `xtask kernel-bench`) and a release `vtower`, and copies them into `.device/` for a GPU machine
+/// without cargo.
 fn stage_device(root: &Path) -> Result<()> {
     let root = root.to_path_buf();
-    // Build the test binary and the bench binary, copy them into .device/.
+    // Build the test binary and xtask (the kernel bench), copy them into .device/.
     let out = Command::new("cargo")
         .current_dir(&root)
         .args([
@@ -307,27 +308,20 @@ fn stage_device(root: &Path) -> Result<()> {
     let test_bin = test_bin.context("no gpu_core test executable in cargo's output")?;
     let status = Command::new("cargo")
         .current_dir(&root)
-        .args([
-            "build",
-            "-p",
-            "gpu-core",
-            "--release",
-            "--bin",
-            "gpu-core-bench",
-        ])
+        .args(["build", "-p", "xtask", "--release", "--bin", "xtask"])
         .status()?;
     if !status.success() {
-        bail!("building gpu-core-bench failed");
+        bail!("building xtask failed");
     }
     let target = std::env::var("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|_| root.join("target"));
-    let bench = target.join("release/gpu-core-bench");
+    let bench = target.join("release/xtask");
     let dev = root.join(".device");
     std::fs::create_dir_all(&dev)?;
     copy(&test_bin, &dev.join("gpu_core_tests"))?;
-    copy(&bench, &dev.join("gpu-core-bench"))?;
-    strip_debug(&[dev.join("gpu_core_tests"), dev.join("gpu-core-bench")]);
+    copy(&bench, &dev.join("xtask"))?;
+    strip_debug(&[dev.join("gpu_core_tests"), dev.join("xtask")]);
     println!(
         "copied {} and {} into {}",
         test_bin.display(),

@@ -4,10 +4,16 @@ mod api_bench;
 mod bench;
 mod bench_towers;
 mod fixtures;
+mod gemma_check;
+mod glm_check;
 mod gpu;
+mod kernel_bench;
 mod parity;
+mod parity_case;
 mod pipeline;
 mod progress;
+mod rows_digest;
+mod step_check;
 mod suite;
 mod towers;
 mod towers_glm;
@@ -25,16 +31,25 @@ commands:
   fixtures   regenerate the oracle fixtures from upstream (makes its own Python venv)
   parity     compare every available path against the oracle fixtures and print the table
              [--require-cuda: a CUDA row that did not run fails; implied where a GPU is present]
+  rows-digest  one sha256 of the host (CPU) rows per fixture model and image, through the facade
+             (alone and batched): diff the output before and after a refactor
   ptx        compile kernels/*.cu to committed PTX (nvcc) and that PTX to committed SASS fatbins (CUDA machine only)
   gpu-test   every GPU (ignored) test of the workspace, then parity --require-cuda; needs a
              CUDA device and fails when no GPU test ran [--prepare: stage binaries in .device/]
+  bench      our towers against PyTorch (eager, torch.compile) on the anchors' shapes (GPU machine)
+  pipeline   encode_stream on step3p7: end-to-end images/s vs the tower alone, graphs on/off (GPU machine)
+  api-bench  Model::encode_device end to end per call (bytes to rows ready on the device; GPU machine)
+  kernel-bench  gpu-core's kernels timed alone: attention, GEMM, memory-bound ops, the floors
+             (GPU machine; BENCH_ONLY=attn,gemm,mem,floor narrows it)
+  gemma-check <repo> <case>  a full-size Gemma-4 checkpoint on CUDA: rel-L2 against the upstream
+             rows of xtask/bench/gemma_fullsize.py, timings, per-op cost of one layer (GPU machine)
+  glm-check [iters]  glm5_next at full size on random weights: timings and TFLOP/s (GPU machine)
+  step-check <repo> <case> [--host] [--iters N]  a full-size Step-3.7 checkpoint: rel-L2 against
+             the upstream rows of xtask/bench/step_fullsize.py, timings (GPU machine)
 
 environment:
   XTASK_SIMULATE_GPU=1   act as if a GPU were present (parity requires CUDA; the device open
                          reads the PTX first, so GPU_CORE_PTX_DIR=/nonexistent fails it)
-  bench      our towers against PyTorch (eager, torch.compile) on the anchors' shapes (GPU machine)
-  pipeline   encode_stream on step3p7: end-to-end images/s vs the tower alone, graphs on/off (GPU machine)
-  api-bench  Model::encode_device end to end per call (bytes to rows ready on the device; GPU machine)
 ";
 
 fn main() -> Result<()> {
@@ -48,11 +63,16 @@ fn main() -> Result<()> {
         "test" => suite::run(rest),
         "fixtures" => fixtures::run(rest),
         "parity" => parity::run(rest),
+        "rows-digest" => rows_digest::run(rest),
         "ptx" => gpu::ptx(rest),
         "gpu-test" => gpu::gpu_test(rest),
         "bench" => bench::run(rest),
         "pipeline" => pipeline::run(rest),
         "api-bench" => api_bench::run(rest),
+        "kernel-bench" => kernel_bench::run(rest),
+        "gemma-check" => gemma_check::run(rest),
+        "glm-check" => glm_check::run(rest),
+        "step-check" => step_check::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())

@@ -1,7 +1,7 @@
 //! The tower paths `cargo xtask parity` runs: each family's host reference (and, on a CUDA
 //! machine, its device paths) wrapped as a [`Runner`].
 
-use crate::parity::{inputs_case, Case, CaseRunner, Outcome, Precision, Runner};
+use crate::parity_case::{inputs_case, Case, CaseRunner, Outcome, Precision, Runner};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

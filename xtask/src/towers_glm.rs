@@ -2,13 +2,13 @@
 //! `glm_ocr` from their HF mini repositories, and (on a CUDA machine) the `GlmCuda` path in
 //! both precisions.
 
-use crate::parity::{inputs_case, Case, CaseRunner, Outcome, Precision, Runner};
+use crate::parity_case::{inputs_case, Case, CaseRunner, Outcome, Precision, Runner};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use tower_glm5::cuda::Device;
-use tower_glm5::{CudaPrecision, Glm5Tower, GlmImage, GlmStages};
+use tower_glm5::{CudaPrecision, GlmImage, GlmStages, GlmTower};
 
 /// The implemented runner for a (variants, source, precision) slot of the table, if any.
 pub fn runner(
@@ -48,11 +48,11 @@ fn glm_case(fixtures: &Path, case: &Case) -> Result<BTreeMap<String, Vec<f64>>> 
 fn glm_inputs<T>(
     fixtures: &Path,
     case: &Case,
-    f: impl FnOnce(&Glm5Tower, &[GlmImage<'_>]) -> Result<T>,
+    f: impl FnOnce(&GlmTower, &[GlmImage<'_>]) -> Result<T>,
 ) -> Result<T> {
     let path = fixtures.join("models").join(&case.variant);
     let ck = st_reader::Checkpoint::open(&path).with_context(|| path.display().to_string())?;
-    let tower = Glm5Tower::from_checkpoint(&ck)?;
+    let tower = GlmTower::from_checkpoint(&ck)?;
     let inputs = inputs_case(fixtures, case)?;
     let pv = inputs.tensor("pixel_values")?;
     let thw = inputs.tensor("image_grid_thw")?;

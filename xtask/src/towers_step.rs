@@ -1,7 +1,7 @@
 //! The Step-3.7 tower's parity runners: the host reference and (on a CUDA machine) the
 //! `StepCuda` path in both precisions, on each weight source (`vendor`, `sharded`, `hf-layout`).
 
-use crate::parity::{inputs_case, Case, CaseRunner, Outcome, Precision, Runner, Tensor};
+use crate::parity_case::{inputs_case, Case, CaseRunner, Outcome, Precision, Runner, Tensor};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -74,7 +74,7 @@ pub struct Device {
     funcs: Vec<Option<CudaFunction>>,
     /// Where each loaded module's code came from.
     sources: Vec<(Module, ModuleSource)>,
-    pub(crate) lt: crate::gemm::Lt,
+    pub(crate) lt: crate::gemm::lt_cache::Lt,
     /// Dynamic shared memory a block may use (the device's opt-in maximum, set on the large kernels).
     pub(crate) smem_optin: usize,
     /// Streaming multiprocessors, read once (the attention launcher's wave model asks per launch).
@@ -259,7 +259,7 @@ impl Device {
             }
             funcs.push(Some(f));
         }
-        let lt = crate::gemm::Lt::new(&stream)?;
+        let lt = crate::gemm::lt_cache::Lt::new(&stream)?;
         Ok(Device {
             ctx,
             stream,

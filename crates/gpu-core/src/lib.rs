@@ -33,6 +33,8 @@ mod upload;
 #[cfg(test)]
 mod gpu_tests;
 #[cfg(test)]
+mod gpu_tests_attn;
+#[cfg(test)]
 mod gpu_tests_graph;
 
 pub use device::{device_count, is_available, Device, DeviceBuffer, Elem};
@@ -55,7 +57,7 @@ pub use ops::{
 };
 pub use rows_out::{OwnedRows, RowsDtype, RowsTarget, PER_THREAD_DEFAULT_STREAM};
 pub use staging::{DeviceInputs, HostGemm, HostInputs, InputBuffers, Uploader, UPLOAD_SLOTS};
-pub use tower::DeviceTower;
+pub use tower::{DeviceTower, LmAttention};
 pub use upload::{
     HostSource, HostTensor, LeBytes, LeDtype, StageElem, Stager, TensorStore, STAGING_BYTES,
 };

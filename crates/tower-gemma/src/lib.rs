@@ -9,6 +9,26 @@ mod error;
 mod forward;
 mod weights;
 
+/// How the LM attends over the image rows (one type for every family, from gpu-core).
+pub use gpu_core::LmAttention;
+
+/// The LM attention law a gemma4 `config.json` states in
+/// `text_config.use_bidirectional_attention` (transformers 5.23): `"vision"` makes image runs
+/// bidirectional in the sliding-window layers, `"all"` the whole text model; anything else, or
+/// no config (an mmproj GGUF carries no text config), is causal.
+pub fn lm_attention(config: Option<&serde_json::Value>) -> LmAttention {
+    let flag = config
+        .and_then(|c| c.get("text_config"))
+        .and_then(|t| t.get("use_bidirectional_attention"));
+    match flag {
+        Some(serde_json::Value::String(s)) if s == "vision" => {
+            LmAttention::BidirectionalImageRunsInSlidingLayers
+        }
+        Some(serde_json::Value::String(s)) if s == "all" => LmAttention::Bidirectional,
+        _ => LmAttention::Causal,
+    }
+}
+
 pub use config::{GemmaConfig, GgufActivation, MAX_LAYERS, MAX_PATCH_SIZE};
 pub use cuda::{CudaError, CudaPrecision, GemmaBatch, GemmaCuda, GemmaHostBatch};
 pub use error::{GemmaError, Result};

@@ -94,8 +94,9 @@ pub struct GlmConfig {
     pub layers: usize,
     /// Block MLP inner width.
     pub intermediate: usize,
-    /// Downsample and merger width O (`out_hidden_size`, the LM's hidden width).
-    pub out_hidden: usize,
+    /// Downsample and merger width O (`out_hidden_size`, the LM's hidden width: `text_hidden`,
+    /// as in every family's config).
+    pub text_hidden: usize,
     /// Merger SwiGLU inner width (glm5_next `projection_intermediate_size`; glm_ocr `O·in_channels`).
     pub merger_inner: usize,
     /// Image channels.
@@ -151,7 +152,7 @@ impl GlmConfig {
         };
         let hidden = opt_usize(v, "hidden_size")?.unwrap_or(DEFAULT_HIDDEN_SIZE);
         let heads = opt_usize(v, "num_heads")?.unwrap_or(DEFAULT_NUM_HEADS);
-        let out_hidden = opt_usize(v, "out_hidden_size")?.unwrap_or(DEFAULT_OUT_HIDDEN_SIZE);
+        let text_hidden = opt_usize(v, "out_hidden_size")?.unwrap_or(DEFAULT_OUT_HIDDEN_SIZE);
         let in_channels = opt_usize(v, "in_channels")?.unwrap_or(DEFAULT_IN_CHANNELS);
         let rope = v.get("rope_parameters").filter(|r| !r.is_null());
         if let Some(kind) = rope
@@ -187,7 +188,7 @@ impl GlmConfig {
             // (modeling_glm_ocr.py:575), unclamped (modeling_glm_ocr.py:459-473).
             GlmFamily::GlmOcr => (
                 None,
-                out_hidden.checked_mul(in_channels).ok_or_else(|| {
+                text_hidden.checked_mul(in_channels).ok_or_else(|| {
                     GlmError::Config("out_hidden_size · in_channels overflows".into())
                 })?,
             ),
@@ -203,7 +204,7 @@ impl GlmConfig {
             head_dim: hidden.checked_div(heads).unwrap_or(0),
             layers: opt_usize(v, "depth")?.unwrap_or(DEFAULT_DEPTH),
             intermediate: opt_usize(v, "intermediate_size")?.unwrap_or(DEFAULT_INTERMEDIATE_SIZE),
-            out_hidden,
+            text_hidden,
             merger_inner,
             in_channels,
             patch: opt_usize(v, "patch_size")?.unwrap_or(DEFAULT_PATCH_SIZE),
@@ -232,7 +233,7 @@ impl GlmConfig {
             self.heads,
             self.layers,
             self.intermediate,
-            self.out_hidden,
+            self.text_hidden,
             self.merger_inner,
             self.in_channels,
             self.patch,
@@ -247,7 +248,7 @@ impl GlmConfig {
             self.heads,
             self.layers,
             self.intermediate,
-            self.out_hidden,
+            self.text_hidden,
             self.merger_inner,
             self.in_channels,
             self.patch,

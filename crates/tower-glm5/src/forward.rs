@@ -178,7 +178,7 @@ fn swiglu(cfg: &GlmConfig) -> Gate {
 }
 
 /// Runs the tower on `images` (one attention segment per image frame) and returns each
-/// image's rows in the LM width (`t·h·w/4` rows of `out_hidden` each), plus the stage
+/// image's rows in the LM width (`t·h·w/4` rows of `text_hidden` each), plus the stage
 /// activations when `keep_stages`.
 pub fn forward_host(
     cfg: &GlmConfig,
@@ -195,7 +195,7 @@ pub fn forward_host(
     if images.is_empty() {
         return Ok((Vec::new(), stages));
     }
-    let (h, hd, heads, o) = (cfg.hidden, cfg.head_dim, cfg.heads, cfg.out_hidden);
+    let (h, hd, heads, o) = (cfg.hidden, cfg.head_dim, cfg.heads, cfg.text_hidden);
     let eps = cfg.eps as f32;
     let grids: Vec<[usize; 3]> = images.iter().map(|i| i.grid_thw).collect();
     let cu = vision_cu_seqlens(&grids)?;

@@ -26,28 +26,33 @@ pub use weights::{
     load_hf, load_hf_mapped, load_hf_with_config, Block, GlmWeights, Linear, PROBE_TENSOR,
 };
 
-/// How the LM attends over the image rows this tower produces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LmAttention {
-    /// Plain causal attention: image tokens get no bidirectional island.
-    Causal,
+/// How the LM attends over the image rows (one type for every family, from gpu-core).
+pub use gpu_core::LmAttention;
+
+/// The LM attention law of a glm5_next or glm_ocr model, whatever its `config.json` says:
+/// causal (see [`GlmTower::lm_attention`]).
+pub fn lm_attention(_config: Option<&serde_json::Value>) -> LmAttention {
+    LmAttention::Causal
 }
 
-/// A loaded GLM vision tower (host weights; [`Glm5Tower::to_cuda`] puts them on a device).
+/// A loaded GLM vision tower (host weights; [`GlmTower::to_cuda`] puts them on a device).
 #[derive(Debug, Clone)]
-pub struct Glm5Tower {
+pub struct GlmTower {
     /// Dimensions and laws.
     pub config: GlmConfig,
     /// Weights in f32, exactly the file's values.
     pub weights: GlmWeights,
 }
 
-impl Glm5Tower {
+/// The former name of [`GlmTower`] (the crate's types are `Glm*`: `GlmConfig`, `GlmCuda`, …).
+#[deprecated(note = "renamed `GlmTower`, beside `GlmCuda`")]
+pub type Glm5Tower = GlmTower;
+
+impl GlmTower {
     /// Loads from an opened HF checkpoint (`model.visual.*` + `config.json`).
-    pub fn from_checkpoint(ck: &st_reader::Checkpoint) -> Result<Glm5Tower> {
+    pub fn from_checkpoint(ck: &st_reader::Checkpoint) -> Result<GlmTower> {
         let (config, weights) = load_hf(ck)?;
-        Ok(Glm5Tower { config, weights })
+        Ok(GlmTower { config, weights })
     }
 
     /// Dimensions and laws.
@@ -64,7 +69,7 @@ impl Glm5Tower {
         GlmCuda::new(dev, &self.config, &self.weights, precision)
     }
 
-    /// Runs the host reference on `images` and returns each image's rows `[t·h·w/4, out_hidden]`.
+    /// Runs the host reference on `images` and returns each image's rows `[t·h·w/4, text_hidden]`.
     pub fn encode_host(&self, images: &[GlmImage<'_>]) -> Result<Vec<Vec<f32>>> {
         Ok(forward_host(&self.config, &self.weights, images, false)?.0)
     }
@@ -85,7 +90,7 @@ impl Glm5Tower {
     /// bidirectional image islands). glm_ocr's LM builds `create_causal_mask`
     /// (modeling_glm_ocr.py:771; `GlmOcrTextAttention.is_causal = True`, :183) and places image
     /// tokens with 3-D mRoPE positions only.
-    pub fn lm_attention_law(&self) -> LmAttention {
+    pub fn lm_attention(&self) -> LmAttention {
         match self.config.family {
             GlmFamily::Glm5Next | GlmFamily::GlmOcr => LmAttention::Causal,
         }

@@ -283,7 +283,7 @@ fn load<'a, T: TensorStore>(
     let (h, i, o, pi, hd) = (
         cfg.hidden,
         cfg.intermediate,
-        cfg.out_hidden,
+        cfg.text_hidden,
         cfg.merger_inner,
         cfg.head_dim,
     );

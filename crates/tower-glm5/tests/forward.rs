@@ -5,11 +5,11 @@ mod common;
 use common::{fixtures, oracle, rel_l2};
 use gpu_core::host;
 use st_reader::Checkpoint;
-use tower_glm5::{vision_cu_seqlens, vision_positions, Glm5Tower, GlmError, GlmImage};
+use tower_glm5::{vision_cu_seqlens, vision_positions, GlmError, GlmImage, GlmTower};
 
-fn tower(variant: &str) -> Glm5Tower {
+fn tower(variant: &str) -> GlmTower {
     let ck = Checkpoint::open(fixtures().join("models").join(variant)).expect("open");
-    Glm5Tower::from_checkpoint(&ck).expect("loads")
+    GlmTower::from_checkpoint(&ck).expect("loads")
 }
 
 fn inputs(variant: &str, case: &str) -> (Vec<f32>, Vec<[usize; 3]>) {
@@ -35,7 +35,7 @@ fn encode_host_returns_each_images_rows_in_order() {
         let images = GlmImage::split(t.config(), &pv, &grids).expect("split");
         let rows = t.encode_host(&images).expect("encode");
         let (shape, want) = oracle(variant, case, "f64/rows");
-        assert_eq!(shape[1], t.config().out_hidden);
+        assert_eq!(shape[1], t.config().text_hidden);
         assert_eq!(rows.len(), grids.len());
         let mut start = 0;
         for (r, g) in rows.iter().zip(&grids) {
@@ -57,7 +57,7 @@ fn encode_host_returns_each_images_rows_in_order() {
 fn downsample_gathers_c_ky_kx_and_the_seed003_order_is_wrong() {
     for (variant, case) in [("glm_ocr", "tiny_20x15"), ("glm5_next", "batch2")] {
         let t = tower(variant);
-        let (h, o) = (t.config().hidden, t.config().out_hidden);
+        let (h, o) = (t.config().hidden, t.config().text_hidden);
         let (_, post) = oracle(variant, case, "f64/post_norm");
         let (_, want) = oracle(variant, case, "f64/downsample");
         let post: Vec<f32> = post.iter().map(|&v| v as f32).collect();
@@ -164,6 +164,6 @@ fn inconsistent_inputs_are_typed_errors() {
         grid_thw: [1, 4, 4],
     };
     let rows = t.encode_host(&[ok]).expect("runs");
-    assert_eq!(rows[0].len(), 4 * c.out_hidden);
+    assert_eq!(rows[0].len(), 4 * c.text_hidden);
     assert!(rows[0].iter().all(|v| v.is_finite()));
 }

@@ -4,31 +4,31 @@ mod common;
 
 use common::{edited, fixtures};
 use st_reader::Checkpoint;
-use tower_glm5::{load_hf_with_config, Glm5Tower, GlmError, GlmFamily, LmAttention};
+use tower_glm5::{load_hf_with_config, GlmError, GlmFamily, GlmTower, LmAttention};
 
 #[test]
 fn both_fixture_repos_load_with_their_family_laws() {
     let ck = Checkpoint::open(fixtures().join("models/glm5_next")).expect("open");
-    let t = Glm5Tower::from_checkpoint(&ck).expect("glm5_next loads");
+    let t = GlmTower::from_checkpoint(&ck).expect("glm5_next loads");
     let c = t.config();
     assert_eq!(c.family, GlmFamily::Glm5Next);
     assert_eq!((c.hidden, c.heads, c.head_dim, c.layers), (64, 4, 16, 2));
-    assert_eq!((c.intermediate, c.out_hidden), (96, 48));
+    assert_eq!((c.intermediate, c.text_hidden), (96, 48));
     // projection_intermediate_size from the config
     assert_eq!(c.merger_inner, 80);
     assert_eq!(c.swiglu_limit, Some(1.3359375));
     assert_eq!(c.patch_dim(), 1176);
     assert_eq!(c.rope_theta, 10000.0);
-    assert_eq!(t.lm_attention_law(), LmAttention::Causal);
+    assert_eq!(t.lm_attention(), LmAttention::Causal);
 
     let ck = Checkpoint::open(fixtures().join("models/glm_ocr")).expect("open");
-    let t = Glm5Tower::from_checkpoint(&ck).expect("glm_ocr loads");
+    let t = GlmTower::from_checkpoint(&ck).expect("glm_ocr loads");
     let c = t.config();
     assert_eq!(c.family, GlmFamily::GlmOcr);
     // merger context_dim = out_hidden_size · in_channels (modeling_glm_ocr.py:575), unclamped
     assert_eq!(c.merger_inner, 3 * 48);
     assert_eq!(c.swiglu_limit, None);
-    assert_eq!(t.lm_attention_law(), LmAttention::Causal);
+    assert_eq!(t.lm_attention(), LmAttention::Causal);
 }
 
 #[test]
@@ -44,7 +44,7 @@ fn text_only_release_is_no_vision_weights() {
         }
         // Without any config at all the probe still answers first.
         assert!(matches!(
-            Glm5Tower::from_checkpoint(&ck),
+            GlmTower::from_checkpoint(&ck),
             Err(GlmError::NoVisionWeights(_))
         ));
     }

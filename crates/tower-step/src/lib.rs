@@ -38,15 +38,25 @@ pub use weights::{
     VENDOR_PROJECTOR_PREFIXES, VISION_PREFIXES,
 };
 
-/// How the LM attends over the image rows it is given.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LmAttentionLaw {
-    /// Causal, image tokens included (`Step3p7TextConfig.use_bidirectional_attention = False`,
-    /// configuration_step3p7.py:170; modeling_step3p7.py:885-892 builds `create_causal_mask`).
-    Causal,
-    /// Bidirectional over the whole prompt (only if a config sets
-    /// `text_config.use_bidirectional_attention`; no release does).
-    Bidirectional,
+/// How the LM attends over the image rows (one type for every family, from gpu-core).
+pub use gpu_core::LmAttention;
+
+/// The former name of [`LmAttention`].
+#[deprecated(note = "one type for every family: use `LmAttention`")]
+pub type LmAttentionLaw = LmAttention;
+
+/// The LM attention law a step3p7 `config.json` states: causal, image tokens included
+/// (`Step3p7TextConfig.use_bidirectional_attention = False`, configuration_step3p7.py:170;
+/// modeling_step3p7.py:885-892 builds `create_causal_mask`), bidirectional over the whole prompt
+/// only where `text_config.use_bidirectional_attention` is `true` (no release sets it).
+pub fn lm_attention(config: Option<&serde_json::Value>) -> LmAttention {
+    let flag = config
+        .and_then(|c| c.get("text_config"))
+        .and_then(|t| t.get("use_bidirectional_attention"));
+    match flag {
+        Some(serde_json::Value::Bool(true)) => LmAttention::Bidirectional,
+        _ => LmAttention::Causal,
+    }
 }
 
 /// A loaded Step-3.7 vision tower (host weights; [`StepTower::to_cuda`] puts them on a device).
@@ -91,12 +101,12 @@ impl StepTower {
         StepCuda::new(dev, &self.config, &self.weights, precision)
     }
 
-    /// The LM's attention law over the image rows: causal (see [`LmAttentionLaw::Causal`]).
-    pub fn lm_attention_law(&self) -> LmAttentionLaw {
+    /// The LM's attention law over the image rows (see [`lm_attention`]).
+    pub fn lm_attention(&self) -> LmAttention {
         if self.config.lm_bidirectional {
-            LmAttentionLaw::Bidirectional
+            LmAttention::Bidirectional
         } else {
-            LmAttentionLaw::Causal
+            LmAttention::Causal
         }
     }
 

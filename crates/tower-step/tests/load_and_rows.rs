@@ -4,7 +4,7 @@ use serde_json::{json, Value};
 use st_reader::Checkpoint;
 use std::path::PathBuf;
 use tower_step::{
-    LmAttentionLaw, StepError, StepImage, StepProcessorOutput, StepTower, StepView, WeightLayout,
+    LmAttention, StepError, StepImage, StepProcessorOutput, StepTower, StepView, WeightLayout,
 };
 
 fn fixtures() -> PathBuf {
@@ -63,7 +63,7 @@ fn vendor_checkpoint_with_packed_lm_tensors_loads() {
     assert_eq!((c.hidden, c.layers, c.heads, c.head_dim), (64, 2, 4, 16));
     assert_eq!((c.intermediate, c.pos_side, c.text_hidden), (96, 12, 80));
     assert_eq!(tower.weights.layout, WeightLayout::Vendor);
-    assert_eq!(tower.lm_attention_law(), LmAttentionLaw::Causal);
+    assert_eq!(tower.lm_attention(), LmAttention::Causal);
     let hf = StepTower::from_checkpoint(&open("step3p7_hf")).unwrap();
     assert_eq!(hf.weights.layout, WeightLayout::Hf);
     assert_eq!(hf.config, tower.config);

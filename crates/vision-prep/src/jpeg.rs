@@ -20,7 +20,7 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use mozjpeg_sys as ffi;
 
 use crate::error::{PrepError, Result};
-use crate::source::RgbImage;
+use crate::rgb::RgbImage;
 
 /// Pillow JpegImagePlugin.py `SOF`: only 8-bit samples are opened ("cannot handle N-bit layers").
 const PIL_JPEG_BITS: u8 = 8;

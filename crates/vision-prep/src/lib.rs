@@ -32,6 +32,7 @@ pub mod plan;
 mod pngfast;
 pub mod prepare;
 pub mod resize;
+mod rgb;
 pub mod source;
 pub mod video;
 

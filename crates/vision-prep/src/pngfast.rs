@@ -9,7 +9,7 @@
 //! Adler-32, a short or long stream — and the general decoder then decides, as before.
 
 use crate::pages::Scratch;
-use crate::RgbImage;
+use crate::rgb::RgbImage;
 
 /// PNG file signature (PNG spec §5.2).
 const PNG_SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A];

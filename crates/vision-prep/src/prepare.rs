@@ -9,7 +9,7 @@ use crate::norm::{Normalize, Window};
 use crate::pages::Scratch;
 use crate::plan::{Geometry, Plan};
 use crate::resize::{resize_rgb_in, Filter};
-use crate::source::RgbImage;
+use crate::rgb::RgbImage;
 
 /// Element type of a [`NamedTensor`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,6 +6,7 @@ use base64::Engine;
 use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, Limits};
 
 use crate::error::{PrepError, Result};
+pub use crate::rgb::RgbImage;
 
 /// Default decode budget: 50 megapixels.
 pub const DEFAULT_MAX_PIXELS: u64 = 50_000_000;
@@ -200,17 +201,6 @@ pub fn admit(bytes: &[u8], limits: &AdmissionLimits) -> Result<Header> {
         width,
         height,
     })
-}
-
-/// A decoded, RGB-converted u8 image, interleaved (H, W, 3).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RgbImage {
-    /// Width in pixels.
-    pub width: usize,
-    /// Height in pixels.
-    pub height: usize,
-    /// `height·width·3` bytes, row-major, RGB.
-    pub data: Vec<u8>,
 }
 
 /// Decode an admitted image with the decoder capped to the admitted dimensions and an allocation

@@ -6,7 +6,9 @@ use std::sync::{Mutex, PoisonError};
 
 use gpu_core::{DeviceTower, OwnedRows, RowsDtype, RowsTarget};
 
-use crate::tower::{pass_ranges, Engine, Images, InputError, Tower};
+use crate::inputs::{pass_ranges, Images};
+use crate::tower::{Engine, Tower};
+use crate::tower_error::InputError;
 use crate::{Precision, TowerError};
 
 /// One request's rows on a CUDA device: `[rows, width]` row-major in one buffer, image after
@@ -183,19 +185,19 @@ pub(crate) trait PassError {
 
 impl PassError for tower_gemma::CudaError {
     fn in_pass(self, patches: usize) -> InputError {
-        crate::tower::gemma_cuda_err(self, patches)
+        crate::tower_error::gemma_cuda_err(self, patches)
     }
 }
 
 impl PassError for tower_glm5::CudaError {
     fn in_pass(self, patches: usize) -> InputError {
-        crate::tower::glm_cuda_err(self, patches)
+        crate::tower_error::glm_cuda_err(self, patches)
     }
 }
 
 impl PassError for tower_step::CudaError {
     fn in_pass(self, patches: usize) -> InputError {
-        crate::tower::step_cuda_err(self, patches)
+        crate::tower_error::step_cuda_err(self, patches)
     }
 }
 

@@ -4,34 +4,45 @@
 //! This facade re-exports the narrow crates that do the work, opens a weight file of either
 //! format ([`WeightFile`]), detects which model family it belongs to ([`Family`]), and runs its
 //! tower on the CPU or a CUDA device ([`Device`], [`Model`]).
+//!
+//! One name per concept: [`Device`] is where a tower runs (`auto`, `cpu`, `cuda:N`); gpu-core's
+//! CUDA context stays `gpu_core::Device` in the re-exported crate and is never exported at this
+//! crate's root. [`LmAttention`] is the one LM attention law of every family (gpu-core's, each
+//! tower crate's `lm_attention`); every family's LM width is its config's `text_hidden`.
 #![deny(missing_docs)]
 
 mod device_rows;
 mod family;
+mod inputs;
 mod inspect;
 mod model;
+mod options;
 mod prep;
 mod session;
 mod st_write;
 mod stream;
 mod tensors;
 mod tower;
+mod tower_error;
+mod upload;
 mod video;
 mod weights;
 
 pub use device_rows::{DeviceOut, DeviceRows};
 pub use family::{detect_family, family_from_gguf_projector, family_from_model_type, Family};
+pub use gpu_core::LmAttention;
 pub use gpu_core::{RowsDtype, PER_THREAD_DEFAULT_STREAM};
 pub use inspect::inspect_json;
-pub use model::{DeviceEncoded, Encoded, LmAttention, Model, ModelError};
+pub use model::{DeviceEncoded, Encoded, Model, ModelError};
+pub use options::{
+    Device, ParseDeviceError, Precision, TowerOptions, DEFAULT_MAX_PATCHES_PER_PASS,
+};
 pub use prep::{preprocessor_for, read_image_arg, ImageArg, PrepOpenError, MAX_IMAGE_FILE_BYTES};
 pub use st_write::{safetensors_bytes, write_safetensors, OutDtype, OutTensor, WriteError};
 pub use stream::{BatchPolicy, PassStat, StreamStats};
 pub use tensors::{ProcessorTensors, TensorShapeError};
-pub use tower::{
-    Device, ParseDeviceError, Precision, Rows, Tower, TowerError, TowerOptions,
-    DEFAULT_MAX_PATCHES_PER_PASS,
-};
+pub use tower::{Rows, Tower};
+pub use tower_error::TowerError;
 pub use video::{video_preprocessor_for, DeviceEncodedVideo, EncodedVideo};
 pub use weights::WeightFile;
 

@@ -3,35 +3,16 @@
 //! law for image spans.
 
 use crate::device_rows::{Dest, DeviceResult};
-use crate::tower::{Images, InputError, Rows};
+use crate::inputs::Images;
+use crate::tower::Rows;
+use crate::tower_error::InputError;
 use crate::{
-    detect_family, preprocessor_for, Device, DeviceOut, DeviceRows, Family, Precision,
+    detect_family, preprocessor_for, Device, DeviceOut, DeviceRows, Family, LmAttention, Precision,
     PrepOpenError, ProcessorTensors, RowsDtype, Tower, TowerError, TowerOptions, WeightFile,
 };
 use rayon::prelude::*;
-use serde_json::Value;
 use std::path::{Path, PathBuf};
-use tower_gemma::GemmaImage;
-use tower_glm5::GlmImage;
-use tower_step::{StepImage, StepView};
 use vision_prep::{ImageSource, Plan, PrepSettings, Prepared, Preprocessor};
-
-/// How the language model attends over the rows of an image, so an engine can refuse a serving
-/// path that cannot honour it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LmAttention {
-    /// Causal everywhere, image rows included (glm5_next, glm_ocr, step3p7, and gemma4 unless
-    /// its text config says otherwise).
-    Causal,
-    /// gemma4 with `text_config.use_bidirectional_attention = "vision"`: sliding-window layers
-    /// attend bidirectionally within one contiguous run of image soft tokens
-    /// (`AND(sliding_window, OR(causal, same_block))`; BOI/EOI are not part of the run); full
-    /// attention layers stay causal (modeling_gemma4.py, create_masks_for_vision_model).
-    BidirectionalImageRunsInSlidingLayers,
-    /// The whole text model is non-causal (gemma4 `"all"`; step3p7's
-    /// `use_bidirectional_attention = true`, which no release sets).
-    Bidirectional,
-}
 
 /// One image's result: its plan and its rows in the LM width, in the order the plan lays out.
 #[derive(Debug, Clone)]
@@ -330,125 +311,16 @@ impl Model {
     }
 }
 
-/// The LM attention law the model's text config states (transformers 5.23).
+/// The LM attention law of the model's family, as its tower crate reads it from the text config
+/// (an mmproj GGUF carries none: causal, the gemma4 default).
 fn lm_attention(file: &WeightFile) -> LmAttention {
     let WeightFile::SafeTensors(ck) = file else {
-        // An mmproj GGUF carries no text config: the gemma4 default (None) is causal.
         return LmAttention::Causal;
     };
-    let flag = ck
-        .config()
-        .and_then(|c| c.get("text_config"))
-        .and_then(|t| t.get("use_bidirectional_attention"));
-    match (detect_family(file), flag) {
-        (Some(Family::Gemma4), Some(Value::String(s))) if s == "vision" => {
-            LmAttention::BidirectionalImageRunsInSlidingLayers
-        }
-        (Some(Family::Gemma4), Some(Value::String(s))) if s == "all" => LmAttention::Bidirectional,
-        (Some(Family::Step3p7), Some(Value::Bool(true))) => LmAttention::Bidirectional,
-        _ => LmAttention::Causal,
+    match detect_family(file) {
+        Some(Family::Gemma4) => tower_gemma::lm_attention(ck.config()),
+        Some(Family::Glm5Next | Family::GlmOcr) => tower_glm5::lm_attention(ck.config()),
+        Some(Family::Step3p7) => tower_step::lm_attention(ck.config()),
+        None => LmAttention::Causal,
     }
-}
-
-impl Tower {
-    /// Runs the tower on several prepared images in padding-free passes (one attention segment
-    /// per image, per frame pair, or per view).
-    pub(crate) fn encode_batch(&self, prepared: &[Prepared]) -> Result<Rows, InputError> {
-        let images = self.images_of(prepared)?;
-        self.run(&images)
-    }
-
-    /// The tower inputs of prepared images (borrowed from them).
-    pub(crate) fn images_of<'a>(&self, prepared: &'a [Prepared]) -> Result<Images<'a>, InputError> {
-        let missing =
-            |what: &str| InputError::Message(format!("a prepared image lacks the {what} tensors"));
-        Ok(match self.family() {
-            Family::Gemma4 => Images::Gemma4(
-                prepared
-                    .iter()
-                    .map(|p| {
-                        p.gemma4()
-                            .map(|g| GemmaImage {
-                                patches: g.patches,
-                                positions: g.positions,
-                            })
-                            .ok_or_else(|| missing("gemma4"))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-            Family::Glm5Next | Family::GlmOcr => Images::Glm(
-                prepared
-                    .iter()
-                    .map(|p| {
-                        let g = p.glm().ok_or_else(|| missing("glm"))?;
-                        let dim = |v: i64| {
-                            usize::try_from(v).map_err(|_| {
-                                InputError::Message(format!("negative grid {:?}", g.grid_thw))
-                            })
-                        };
-                        Ok(GlmImage {
-                            patches: g.rows,
-                            grid_thw: [
-                                dim(g.grid_thw[0])?,
-                                dim(g.grid_thw[1])?,
-                                dim(g.grid_thw[2])?,
-                            ],
-                        })
-                    })
-                    .collect::<Result<Vec<_>, InputError>>()?,
-            ),
-            Family::Step3p7 => Images::Step3p7(
-                prepared
-                    .iter()
-                    .map(|p| {
-                        let s = p.step3p7().ok_or_else(|| missing("step3p7"))?;
-                        step_image(&s)
-                    })
-                    .collect::<Result<Vec<_>, InputError>>()?,
-            ),
-        })
-    }
-}
-
-/// The Step views of one prepared image: square views, side from the element count.
-fn step_image<'a>(
-    s: &vision_prep::prepare::Step3p7Inputs<'a>,
-) -> Result<StepImage<'a>, InputError> {
-    let side_of = |len: usize| {
-        let side = ((len / 3) as f64).sqrt().round() as usize;
-        (side * side * 3 == len)
-            .then_some(side)
-            .ok_or_else(|| InputError::Message(format!("a view of {len} values is not 3 × S × S")))
-    };
-    let global = StepView {
-        pixels: s.global,
-        height: side_of(s.global.len())?,
-        width: side_of(s.global.len())?,
-    };
-    let mut crops = Vec::new();
-    if let Some(each) = s.local.len().checked_div(s.num_local) {
-        if each == 0 || each * s.num_local != s.local.len() {
-            return Err(InputError::Message(format!(
-                "{} crop values do not split into {} crops",
-                s.local.len(),
-                s.num_local
-            )));
-        }
-        let side = side_of(each)?;
-        for c in s.local.chunks_exact(each) {
-            crops.push(StepView {
-                pixels: c,
-                height: side,
-                width: side,
-            });
-        }
-    }
-    let newline_mask = (0..s.num_local)
-        .map(|i| s.newline_mask.get(i).is_some_and(|&m| m != 0))
-        .collect();
-    Ok(StepImage {
-        crops,
-        global,
-        newline_mask,
-    })
 }

@@ -9,9 +9,9 @@ use tower_glm5::{GlmBatch, GlmCuda, GlmHostBatch};
 use tower_step::{StepBatch, StepCuda, StepHostBatch};
 use vision_prep::Prepared;
 
-use crate::tower::{
-    gemma_cuda_err, glm_cuda_err, step_cuda_err, Engine, Images, InputError, Tower,
-};
+use crate::inputs::Images;
+use crate::tower::{Engine, Tower};
+use crate::tower_error::{gemma_cuda_err, glm_cuda_err, step_cuda_err, InputError};
 
 /// One pass's input, built off the device's thread: the prepared images (host path) or the
 /// tower's host-prepared batch (CUDA: validated, in the GEMM precision).

@@ -26,7 +26,7 @@ use vision_prep::{ImageSource, Plan, Prepared};
 
 use crate::model::{Encoded, Model, ModelError};
 use crate::session::PassInput;
-use crate::tower::InputError;
+use crate::tower_error::InputError;
 use crate::{TowerError, DEFAULT_MAX_PATCHES_PER_PASS};
 
 /// How a stream of images is cut into passes: consecutive images, whole, in order.

@@ -6,7 +6,9 @@ use tower_gemma::GemmaImage;
 use tower_glm5::GlmImage;
 use tower_step::StepProcessorOutput;
 
-use crate::tower::{Images, InputError, Tower};
+use crate::inputs::Images;
+use crate::tower::Tower;
+use crate::tower_error::InputError;
 use crate::Family;
 
 /// An image processor's output tensors by their upstream names (`pixel_values`,

@@ -5,7 +5,8 @@
 use std::path::Path;
 
 use crate::device_rows::Dest;
-use crate::tower::{Images, InputError};
+use crate::inputs::Images;
+use crate::tower_error::InputError;
 use crate::{DeviceOut, DeviceRows};
 use crate::{Family, Model, ModelError, PrepOpenError, RowsDtype, TowerError, WeightFile};
 use tower_gemma::GemmaImage;

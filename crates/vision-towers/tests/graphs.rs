@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use vision_towers::gpu_core::{self, GraphStats, GraphStatus, Ran};
 use vision_towers::tower_gemma::{GemmaCuda, GemmaImage, GemmaTower};
-use vision_towers::tower_glm5::{Glm5Tower, GlmCuda, GlmImage};
+use vision_towers::tower_glm5::{GlmCuda, GlmImage, GlmTower};
 use vision_towers::tower_step::{CudaPrecision, StepCuda, StepImage, StepTower, StepView};
 use vision_towers::vision_prep::{ImageSource, PrepSettings, Prepared};
 use vision_towers::{BatchPolicy, Device, Encoded, Model, TowerOptions};
@@ -246,7 +246,7 @@ graph_tower!(
 fn glm_graph_replays_equal_eager_rows_bitwise() {
     for model in ["glm5_next", "glm_ocr"] {
         let ck = checkpoint(model);
-        let tower = Glm5Tower::from_checkpoint(&ck).expect("fixture tower");
+        let tower = GlmTower::from_checkpoint(&ck).expect("fixture tower");
         let cuda = tower
             .to_cuda(device(), CudaPrecision::Bf16)
             .expect("upload");

@@ -1,4 +1,4 @@
-//! `step-check <repo> <case> [--host] [--iters N]`: loads a vendor-layout Step-3.7 checkpoint
+//! `cargo xtask step-check <repo> <case> [--host] [--iters N]`: loads a vendor-layout Step-3.7 checkpoint
 //! directory and the case written by `xtask/bench/step_fullsize.py` (one image: 6 crop tiles +
 //! the global view, upstream float32 rows), runs the CUDA tower in f32 and bf16 and prints rel-L2
 //! against upstream, then times the bf16 tower with CUDA events (3 warm-ups, median of `N`,
@@ -85,8 +85,7 @@ fn rows_flat(t: &mut StepCuda, images: &[StepImage<'_>]) -> Res<Vec<f32>> {
     Ok(rows.into_iter().flat_map(|r| r.rows).collect())
 }
 
-fn main() -> Res<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+fn main_with(args: &[String]) -> Res<()> {
     let host = args.iter().any(|a| a == "--host");
     let iters: usize = match args.iter().position(|a| a == "--iters") {
         Some(i) => args.get(i + 1).ok_or("--iters needs a number")?.parse()?,
@@ -99,7 +98,9 @@ fn main() -> Res<()> {
         .map(|(_, a)| a)
         .collect();
     let [repo, case] = pos[..] else {
-        return Err("usage: step-check <checkpoint dir> <case dir> [--host] [--iters N]".into());
+        return Err(
+            "usage: xtask step-check <checkpoint dir> <case dir> [--host] [--iters N]".into(),
+        );
     };
     let case = Path::new(case);
     let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(case.join("meta.json"))?)?;
@@ -305,4 +306,9 @@ fn main() -> Res<()> {
         println!("{s}");
     }
     Ok(())
+}
+
+/// Runs the check with `args` (the subcommand's arguments, see the module docs).
+pub fn run(args: &[String]) -> anyhow::Result<()> {
+    main_with(args).map_err(|e| anyhow::anyhow!("{e}"))
 }

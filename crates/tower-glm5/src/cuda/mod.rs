@@ -41,6 +41,8 @@ use crate::forward::{
 };
 use crate::weights::{GlmWeights, Linear};
 
+mod forward;
+
 /// The device type, its error and the precision of the GEMMs, re-exported for callers of this path.
 pub use gpu_core::{CudaPrecision, Device, GpuError};
 
@@ -525,7 +527,7 @@ impl GlmCuda {
             c.hidden,
             c.heads * self.kd,
             c.intermediate,
-            c.out_hidden,
+            c.text_hidden,
             c.merger_inner,
         );
         let d = &*self.dev;
@@ -581,18 +583,18 @@ impl GlmCuda {
         })
     }
 
-    /// Runs the forward on `batch` and writes its rows, `[merged_rows, out_hidden]` image after
+    /// Runs the forward on `batch` and writes its rows, `[merged_rows, text_hidden]` image after
     /// image, into `out` (a caller's or library-owned buffer, f32 or bf16) instead of the
     /// workspace: the merger's last GEMM writes there directly, after the (graphed) rest of the
     /// tower. Queued on the device's stream; returns how the tower ran.
     pub fn run_into(&mut self, batch: &GlmBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
-        let need = batch.merged_rows() * self.cfg.out_hidden;
+        let need = batch.merged_rows() * self.cfg.text_hidden;
         if out.len() != need {
             return Err(CudaError::Unsupported(format!(
                 "a rows target of {} elements for {} rows of {}",
                 out.len(),
                 batch.merged_rows(),
-                self.cfg.out_hidden
+                self.cfg.text_hidden
             )));
         }
         self.with_workspace(batch, false, |t, ws| t.run_ws(ws, batch, false, Some(out)))
@@ -643,7 +645,7 @@ impl GlmCuda {
         if let Some(s) = stages.as_mut() {
             s.rows = self
                 .dev
-                .download_prefix(&ws.rows, batch.meta.merged_rows() * self.cfg.out_hidden)?;
+                .download_prefix(&ws.rows, batch.meta.merged_rows() * self.cfg.text_hidden)?;
         }
         Ok((stages, ran))
     }
@@ -665,19 +667,19 @@ impl GlmCuda {
             GemmBuffer::inputs(&ws.mact, &self.m_down)?,
             bias(&self.m_down_b),
             y,
-            GemmShape::dense(batch.merged_rows(), c.out_hidden, c.merger_inner),
+            GemmShape::dense(batch.merged_rows(), c.text_hidden, c.merger_inner),
             Epilogue::None,
         )?;
         Ok(())
     }
 
-    /// Downloads the rows of the last [`GlmCuda::run`] on `batch`, one `[n_i/m², out_hidden]` per image.
+    /// Downloads the rows of the last [`GlmCuda::run`] on `batch`, one `[n_i/m², text_hidden]` per image.
     pub fn rows(&self, batch: &GlmBatch) -> CudaResult<Vec<Vec<f32>>> {
         let ws = self
             .ws
             .as_ref()
             .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
-        let o = self.cfg.out_hidden;
+        let o = self.cfg.text_hidden;
         let all = self
             .dev
             .download_prefix(&ws.rows, batch.merged_rows() * o)?;
@@ -699,224 +701,6 @@ impl GlmCuda {
         let batch = self.prepare(images)?;
         let stages = self.run(&batch, keep_stages)?;
         Ok((self.rows(&batch)?, stages))
-    }
-
-    /// RMSNorm of `x` rows into `hn`, in the GEMM precision.
-    fn norm_into(
-        &self,
-        x: &DeviceBuffer<f32>,
-        w: &DeviceBuffer<f32>,
-        hn: &mut GemmBuffer,
-        rows: usize,
-    ) -> CudaResult<()> {
-        let m = Mat::dense(rows, self.cfg.hidden);
-        let eps = self.cfg.eps as f32;
-        Ok(self
-            .dev
-            .rms_norm_mixed(x, m, Some(w), hn, m, eps, Clamp::NONE)?)
-    }
-
-    /// `out = act(gate)·up` over the column halves of a fused `[rows, 2·width]` buffer.
-    fn swiglu_into(
-        &self,
-        gu: &GemmBuffer,
-        out: &mut GemmBuffer,
-        rows: usize,
-        width: usize,
-    ) -> CudaResult<()> {
-        let gm = Mat::strided(rows, width, 2 * width, 0);
-        let um = Mat::strided(rows, width, 2 * width, width);
-        let om = Mat::dense(rows, width);
-        Ok(self
-            .dev
-            .gated_act_mixed(out, om, gu, gm, gu, um, self.gate)?)
-    }
-
-    fn run_in(
-        &self,
-        ws: &mut Workspace,
-        batch: &BatchMeta,
-        keep: bool,
-    ) -> CudaResult<Option<GlmStages>> {
-        let c = &self.cfg;
-        let d = &*self.dev;
-        let (n, h, kd) = (batch.n, c.hidden, self.kd);
-        let (wp, mi, pd) = (c.heads * kd, c.intermediate, c.patch_dim());
-        let (o, pi, u) = (c.out_hidden, c.merger_inner, c.merge_unit());
-        let np = batch.merged_rows();
-        let eps = c.eps as f32;
-        let mut stages = keep.then(GlmStages::default);
-        let acc = |m, nn, k| GemmShape {
-            accumulate: true,
-            ..GemmShape::dense(m, nn, k)
-        };
-
-        // Conv3d patch embedding (kernel = stride) ≡ a GEMM over the pixel rows, with bias.
-        d.gemm(
-            GemmBuffer::inputs(&ws.inp.rows, &self.patch_w)?,
-            Some(GemmBias::F32(&self.patch_b)),
-            GemmOutput::F32(&mut ws.x),
-            GemmShape::dense(n, h, pd),
-            Epilogue::None,
-        )?;
-        if let Some(s) = stages.as_mut() {
-            s.patch_embed = self.dev.download_prefix(&ws.x, n * h)?;
-        }
-
-        let rope = RopeSpec {
-            layout: RopeLayout::Glm,
-            pos: &ws.inp.pos,
-            inv_freq: &self.inv_freq,
-        };
-        for (li, b) in self.blocks.iter().enumerate() {
-            // x += proj(attn(RMS(x)·norm1)) + b
-            self.norm_into(&ws.x, &b.norm1, &mut ws.hn, n)?;
-            d.gemm(
-                GemmBuffer::inputs(&ws.hn, &b.qkv)?,
-                out_bias(&b.qkv_b),
-                ws.qkv.out(),
-                GemmShape::dense(n, 3 * wp, h),
-                Epilogue::None,
-            )?;
-            match (&mut ws.qkv, &mut ws.attn) {
-                (GemmBuffer::Bf16(qkv), GemmBuffer::Bf16(attn)) => {
-                    self.attention_core(b, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
-                }
-                (GemmBuffer::F32(qkv), GemmBuffer::F32(attn)) => {
-                    self.attention_core(b, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
-                }
-                _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
-            }
-            d.gemm(
-                GemmBuffer::inputs(&ws.attn, &b.proj)?,
-                bias(&b.proj_b),
-                GemmOutput::F32(&mut ws.x),
-                acc(n, h, wp),
-                Epilogue::None,
-            )?;
-            // x += down(swiglu(gate|up(RMS(x)·norm2))) + b
-            self.norm_into(&ws.x, &b.norm2, &mut ws.hn, n)?;
-            d.gemm(
-                GemmBuffer::inputs(&ws.hn, &b.gate_up)?,
-                out_bias(&b.gate_up_b),
-                ws.gu.out(),
-                GemmShape::dense(n, 2 * mi, h),
-                Epilogue::None,
-            )?;
-            self.swiglu_into(&ws.gu, &mut ws.act, n, mi)?;
-            d.gemm(
-                GemmBuffer::inputs(&ws.act, &b.down)?,
-                bias(&b.down_b),
-                GemmOutput::F32(&mut ws.x),
-                acc(n, h, mi),
-                Epilogue::None,
-            )?;
-            if let (Some(s), 0) = (stages.as_mut(), li) {
-                s.block_0 = self.dev.download_prefix(&ws.x, n * h)?;
-            }
-        }
-        if let Some(s) = stages.as_mut() {
-            s.blocks_out = self.dev.download_prefix(&ws.x, n * h)?;
-        }
-
-        // post_layernorm, then the m×m stride-m conv as one GEMM over [N/m², m²H] (module docs).
-        self.norm_into(&ws.x, &self.post_norm, &mut ws.hn, n)?;
-        if let (Some(s), Some(st)) = (stages.as_mut(), ws.stage.as_mut()) {
-            let m = Mat::dense(n, h);
-            d.rms_norm(&ws.x, m, Some(&self.post_norm), st, m, eps, Clamp::NONE)?;
-            s.post_norm = self.dev.download_prefix(st, n * h)?;
-        }
-        d.gemm(
-            GemmBuffer::inputs(&ws.hn, &self.ds_w)?,
-            bias(&self.ds_b),
-            GemmOutput::F32(&mut ws.ds),
-            GemmShape::dense(np, o, u * h),
-            Epilogue::None,
-        )?;
-        if let Some(s) = stages.as_mut() {
-            s.downsample = self.dev.download_prefix(&ws.ds, np * o)?;
-        }
-        // Merger: proj → LayerNorm(eps 1e-5) → erf GELU → gate|up → SwiGLU → down.
-        let proj_in = match (&mut ws.ds_b, &self.m_proj) {
-            (Some(xb), GemmBuffer::Bf16(w)) => {
-                d.cast_f32_bf16(&ws.ds, xb)?;
-                GemmInputs::Bf16 { x: &*xb, w }
-            }
-            (None, GemmBuffer::F32(w)) => GemmInputs::F32 { x: &ws.ds, w },
-            _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
-        };
-        d.gemm(
-            proj_in,
-            bias(&self.m_proj_b),
-            GemmOutput::F32(&mut ws.m),
-            GemmShape::dense(np, o, o),
-            Epilogue::None,
-        )?;
-        let mm = Mat::dense(np, o);
-        let leps = MERGER_LAYER_NORM_EPS as f32;
-        let (lw, lb) = (Some(&self.m_norm_w), Some(&self.m_norm_b));
-        d.layer_norm_mixed(&ws.m, mm, lw, lb, &mut ws.mn, mm, leps)?;
-        d.act_in_place_mixed(
-            &mut ws.mn,
-            mm,
-            Activation::GeluErf,
-            Clamp::NONE,
-            Clamp::NONE,
-        )?;
-        d.gemm(
-            GemmBuffer::inputs(&ws.mn, &self.m_gate_up)?,
-            out_bias(&self.m_gate_up_b),
-            ws.mgu.out(),
-            GemmShape::dense(np, 2 * pi, o),
-            Epilogue::None,
-        )?;
-        self.swiglu_into(&ws.mgu, &mut ws.mact, np, pi)?;
-        // The down projection to the LM width follows in `project`.
-        Ok(stages)
-    }
-
-    /// Per-head weighted RMS of q and k (v untouched) fused with the glm rope, in place on the
-    /// fused qkv GEMM output, then attention (scale hd^−½, one segment per frame) into `attn`.
-    fn attention_core<T: ActElem>(
-        &self,
-        b: &DevBlock,
-        qkv: &mut DeviceBuffer<T>,
-        attn: &mut DeviceBuffer<T>,
-        (cu_dev, cu): (&DeviceBuffer<i32>, &[i32]),
-        rope: &RopeSpec<'_>,
-    ) -> CudaResult<()> {
-        let (c, d) = (&self.cfg, &*self.dev);
-        let n = cu.last().map_or(0, |&t| t as usize);
-        let (heads, hd, kd) = (c.heads, c.head_dim, self.kd);
-        let wp = heads * kd;
-        for (off, nh) in head_groups(heads, hd, kd) {
-            let spec = QkvSpec {
-                tokens: n,
-                heads: nh,
-                head_dim: hd,
-                ld: 3 * wp,
-                offsets: [off, wp + off, 2 * wp + off],
-                q_weight: Some(&b.q_norm),
-                k_weight: Some(&b.k_norm),
-                norm: [true, true, false],
-                eps: c.eps as f32,
-                clamps: [Clamp::NONE; 3],
-            };
-            d.qk_norm_rope(qkv, &spec, Some(rope))?;
-        }
-        let args = AttnArgs {
-            q: (&*qkv, Mat::strided(n, wp, 3 * wp, 0)),
-            k: (&*qkv, Mat::strided(n, wp, 3 * wp, wp)),
-            v: (&*qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
-            heads,
-            head_dim: kd,
-            cu_seqlens: cu_dev,
-            cu_seqlens_host: cu,
-            scale: attention_scale(hd),
-            variant: None,
-        };
-        d.flash_attn(&args, attn, Mat::dense(n, wp))?;
-        Ok(())
     }
 }
 
@@ -948,7 +732,7 @@ impl gpu_core::DeviceTower for GlmCuda {
     }
 
     fn width(&self) -> usize {
-        self.cfg.out_hidden
+        self.cfg.text_hidden
     }
 
     fn device(&self) -> &Arc<Device> {

@@ -1,4 +1,4 @@
-//! `gpu-core-bench`: kernel timings on the GPU machine (CUDA events, warm-up, median).
+//! `cargo xtask kernel-bench` (formerly gpu-core's `gpu-core-bench` binary): kernel timings on the GPU machine (CUDA events, warm-up, median).
 //! Prints one table; every row: case, median ms, achieved rate, and the rate's unit; memory-bound
 //! rows also give the bytes moved and the share of the measured device-to-device copy bandwidth.
 use gpu_core::*;
@@ -56,7 +56,7 @@ fn median(v: &[f32]) -> f64 {
     v[v.len() / 2] as f64
 }
 
-fn main() -> Result<()> {
+fn main_with() -> Result<()> {
     let d = Device::new(0)?;
     println!(
         "device: {} (sm {:?}, {} SMs)",
@@ -373,4 +373,12 @@ fn main() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Runs the kernel bench (no arguments; `BENCH_ONLY=attn,gemm,mem,floor` narrows it).
+pub fn run(args: &[String]) -> anyhow::Result<()> {
+    if let Some(a) = args.first() {
+        anyhow::bail!("kernel-bench takes no arguments (got `{a}`; BENCH_ONLY narrows it)");
+    }
+    main_with().map_err(anyhow::Error::from)
 }

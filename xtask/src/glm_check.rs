@@ -1,4 +1,4 @@
-//! `glm-check [iters]`: times the glm5_next CUDA tower at full size (24 × 1024, 16 heads, ffn 4096,
+//! `cargo xtask glm-check [iters]` (formerly tower-glm5's `glm-check` binary): times the glm5_next CUDA tower at full size (24 × 1024, 16 heads, ffn 4096,
 //! merger 4096 → 10240 → 4096) on random bf16-rounded weights from a fixed seed, bf16 product mode:
 //! 72×72 = 5184 patches b1, 96×128 = 12288 patches b1 and 8 × 5184 — CUDA events, 3 warm-ups,
 //! median of `iters` (default 10) — with achieved TFLOP/s from the analytic FLOP count and the
@@ -54,7 +54,7 @@ fn weights(c: &GlmConfig) -> GlmWeights {
     let (h, i, o, pi, hd) = (
         c.hidden,
         c.intermediate,
-        c.out_hidden,
+        c.text_hidden,
         c.merger_inner,
         c.head_dim,
     );
@@ -96,7 +96,7 @@ fn flops(c: &GlmConfig, n: usize, b: usize) -> f64 {
     let (h, i, o, pi) = (
         c.hidden as f64,
         c.intermediate as f64,
-        c.out_hidden as f64,
+        c.text_hidden as f64,
         c.merger_inner as f64,
     );
     let t = (n * b) as f64;
@@ -123,8 +123,8 @@ fn rel_l2(a: &[f32], r: &[f32]) -> f64 {
     (num / den).sqrt()
 }
 
-fn main() -> Res<()> {
-    let iters: usize = match std::env::args().nth(1) {
+fn main_with(args: &[String]) -> Res<()> {
+    let iters: usize = match args.first() {
         Some(s) => s.parse()?,
         None => 10,
     };
@@ -238,4 +238,9 @@ fn main() -> Res<()> {
         );
     }
     Ok(())
+}
+
+/// Runs the check with `args` (the subcommand's arguments, see the module docs).
+pub fn run(args: &[String]) -> anyhow::Result<()> {
+    main_with(args).map_err(|e| anyhow::anyhow!("{e}"))
 }

@@ -1,4 +1,4 @@
-//! `gemma-check <repo> <case>`: loads an HF Gemma-4 checkpoint directory, runs the CUDA tower on
+//! `cargo xtask gemma-check <repo> <case>` (formerly tower-gemma's `gemma-check` binary): loads an HF Gemma-4 checkpoint directory, runs the CUDA tower on
 //! the image in `<case>` (written by `xtask/bench/gemma_fullsize.py`), prints rel-L2 against the
 //! upstream rows, then times batch 1 and batch 8 with CUDA events (warm-up, median) and the
 //! per-op cost of one layer at the same shapes.
@@ -96,10 +96,9 @@ fn flops(t: &GemmaTower, n: usize, images: usize) -> f64 {
     images as f64 * (n * per_tok + attn + 2.0 * np * h * (h + c.text_hidden as f64))
 }
 
-fn main() -> Res<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let [repo, case] = &args[..] else {
-        return Err("usage: gemma-check <checkpoint dir> <case dir>".into());
+fn main_with(args: &[String]) -> Res<()> {
+    let [repo, case] = args else {
+        return Err("usage: xtask gemma-check <checkpoint dir> <case dir>".into());
     };
     let case = Path::new(case);
     let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(case.join("meta.json"))?)?;
@@ -416,4 +415,9 @@ fn main() -> Res<()> {
         );
     }
     Ok(())
+}
+
+/// Runs the check with `args` (the subcommand's arguments, see the module docs).
+pub fn run(args: &[String]) -> anyhow::Result<()> {
+    main_with(args).map_err(|e| anyhow::anyhow!("{e}"))
 }

@@ -3,16 +3,20 @@
 //! Row-major `x [m, k]`, `W [n, k]` (PyTorch `Linear.weight`), `y [m, n]`. In cuBLASLt's
 //! column-major terms this is `yᵀ (n×m) = op_T(W) (n×k) · xᵀ (k×m)`, so the bias (one value per
 //! output feature) is cuBLASLt's per-row bias of D.
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
 
 use cudarc::cublaslt::{result as lt, sys};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::DevicePtr;
 use half::bf16;
 
 use crate::device::{DeviceBuffer, Elem};
 use crate::{Device, GpuError, Result};
+
+pub(crate) mod lt_cache;
+mod shape;
+
+use lt_cache::{set_desc, Plan, PlanKey, WORKSPACE_BYTES};
+pub use shape::{Epilogue, GemmShape, GemmTuned, GemmTuning, GEMM_CANDIDATES};
 
 /// GEMM inputs: `x` and `W` share a dtype.
 #[derive(Debug, Clone, Copy)]
@@ -53,67 +57,6 @@ pub enum GemmBias<'a> {
     Bf16(&'a DeviceBuffer<bf16>),
 }
 
-/// Fused epilogue after the bias.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Epilogue {
-    /// Nothing.
-    #[default]
-    None,
-    /// GELU, tanh approximation (`gelu_pytorch_tanh`), as cuBLASLt implements it.
-    GeluTanh,
-}
-
-/// Shape and strides of one GEMM. Strides and offsets are in elements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct GemmShape {
-    /// Rows of x and y (tokens).
-    pub m: usize,
-    /// Output features (rows of W).
-    pub n: usize,
-    /// Input features.
-    pub k: usize,
-    /// Row stride of x (≥ k).
-    pub ldx: usize,
-    /// Row stride of y (≥ n).
-    pub ldy: usize,
-    /// Element offset of x's first row in its buffer.
-    pub x_offset: usize,
-    /// Element offset of y's first row in its buffer (e.g. writing into a column block of a wider buffer).
-    pub y_offset: usize,
-    /// `y += x·Wᵀ (+bias)` instead of `y =` (beta = 1; y is read first).
-    pub accumulate: bool,
-}
-
-impl GemmShape {
-    /// Dense `x [m, k]`, `y [m, n]`, overwrite.
-    pub fn dense(m: usize, n: usize, k: usize) -> Self {
-        GemmShape {
-            m,
-            n,
-            k,
-            ldx: k,
-            ldy: n,
-            x_offset: 0,
-            y_offset: 0,
-            accumulate: false,
-        }
-    }
-}
-
-/// How a GEMM shape's cuBLASLt algorithm is chosen, once per shape per [`Device`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum GemmTuning {
-    /// cuBLASLt's first heuristic answer, untimed (the same choice every run).
-    Heuristic,
-    /// The fastest of up to [`GEMM_CANDIDATES`] heuristic answers, timed on the call's own buffers
-    /// the first time a shape runs outside a graph capture (rows are reproducible within a process).
-    #[default]
-    Measured,
-}
-
-/// How many algorithms cuBLASLt's heuristic is asked for when a shape is tuned.
-pub const GEMM_CANDIDATES: usize = 16;
-
 /// Timed runs per candidate when a shape is tuned (after two untimed runs); the median counts.
 const TUNE_RUNS: usize = 5;
 
@@ -121,122 +64,8 @@ const TUNE_RUNS: usize = 5;
 /// medians), so timing noise does not flip the choice between equal algorithms.
 const TUNE_MIN_GAIN: f32 = 0.98;
 
-/// What tuning one GEMM shape measured (see [`Device::gemm_tuned`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GemmTuned {
-    /// The shape (offsets zeroed).
-    pub shape: GemmShape,
-    /// bf16 operands (else f32).
-    pub bf16: bool,
-    /// Candidates cuBLASLt offered and that ran.
-    pub candidates: usize,
-    /// Median ms of the heuristic's first answer.
-    pub heuristic_ms: f32,
-    /// Median ms of the fastest candidate.
-    pub best_ms: f32,
-    /// Median ms of the candidate kept (the heuristic's unless another beat it by 2 %).
-    pub chosen_ms: f32,
-    /// Index of the kept candidate in the heuristic's order (0 = its first answer).
-    pub chosen: usize,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct PlanKey {
-    shape: GemmShape,
-    in_f32: bool,
-    out_f32: bool,
-    bias: Option<bool>, // Some(true) = f32 bias
-    epilogue: Epilogue,
-    align: [u32; 4],
-}
-
-struct Plan {
-    desc: sys::cublasLtMatmulDesc_t,
-    a: sys::cublasLtMatrixLayout_t,
-    b: sys::cublasLtMatrixLayout_t,
-    c: sys::cublasLtMatrixLayout_t,
-    algo: sys::cublasLtMatmulAlgo_t,
-    /// The heuristic's answers, best first (`algo` is one of them).
-    candidates: Vec<sys::cublasLtMatmulAlgo_t>,
-}
-
-impl Drop for Plan {
-    fn drop(&mut self) {
-        // SAFETY: the descriptors were created by this plan and are destroyed once, here.
-        unsafe {
-            let _ = lt::destroy_matrix_layout(self.a);
-            let _ = lt::destroy_matrix_layout(self.b);
-            let _ = lt::destroy_matrix_layout(self.c);
-            let _ = lt::destroy_matmul_desc(self.desc);
-        }
-    }
-}
-
-/// The per-shape plans, the tuning mode and what tuning measured.
-#[derive(Default)]
-struct Plans {
-    plans: HashMap<PlanKey, Plan>,
-    tuning: GemmTuning,
-    tuned: Vec<GemmTuned>,
-}
-
-/// The cuBLASLt handle, its workspace and the per-shape plan cache.
-pub(crate) struct Lt {
-    handle: sys::cublasLtHandle_t,
-    workspace: CudaSlice<u8>,
-    stream: Arc<CudaStream>,
-    plans: Mutex<Plans>,
-}
-
-// SAFETY: the handle and descriptors are only used under the plan mutex or from &self calls that
-// cuBLASLt documents as thread-safe for distinct descriptors.
-unsafe impl Send for Lt {}
-unsafe impl Sync for Lt {}
-
-impl Drop for Lt {
-    fn drop(&mut self) {
-        self.plans.lock().map(|mut p| p.plans.clear()).ok();
-        // SAFETY: created in Lt::new, destroyed once.
-        unsafe {
-            let _ = lt::destroy_handle(self.handle);
-        }
-    }
-}
-
-/// cuBLASLt's recommended workspace on Hopper.
-const WORKSPACE_BYTES: usize = 32 << 20;
-
-impl Lt {
-    pub(crate) fn new(stream: &Arc<CudaStream>) -> Result<Self> {
-        let handle = lt::create_handle()?;
-        // SAFETY: u8 workspace, contents irrelevant.
-        let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }
-            .map_err(|e| GpuError::from_alloc(e, WORKSPACE_BYTES))?;
-        Ok(Lt {
-            handle,
-            workspace,
-            stream: stream.clone(),
-            plans: Mutex::new(Plans::default()),
-        })
-    }
-}
-
 fn align_of(addr: u64) -> u32 {
     (1u64 << addr.trailing_zeros().min(8)) as u32
-}
-
-unsafe fn set_desc<T>(
-    desc: sys::cublasLtMatmulDesc_t,
-    attr: sys::cublasLtMatmulDescAttributes_t,
-    v: &T,
-) -> Result<()> {
-    lt::set_matmul_desc_attribute(
-        desc,
-        attr,
-        v as *const T as *const c_void,
-        std::mem::size_of::<T>(),
-    )?;
-    Ok(())
 }
 
 fn check_len(
@@ -541,136 +370,6 @@ impl Device {
 
 fn w_ptr_cast(a: u64) -> *const c_void {
     a as *const c_void
-}
-
-impl Lt {
-    fn make_plan(&self, key: &PlanKey) -> Result<Plan> {
-        use sys::cublasLtMatmulDescAttributes_t as D;
-        use sys::cudaDataType_t as T;
-        let s = key.shape;
-        let in_t = if key.in_f32 {
-            T::CUDA_R_32F
-        } else {
-            T::CUDA_R_16BF
-        };
-        let out_t = if key.out_f32 {
-            T::CUDA_R_32F
-        } else {
-            T::CUDA_R_16BF
-        };
-        let a = lt::create_matrix_layout(in_t, s.k as u64, s.n as u64, s.k as i64)?;
-        let b = lt::create_matrix_layout(in_t, s.k as u64, s.m as u64, s.ldx as i64)?;
-        let c = lt::create_matrix_layout(out_t, s.n as u64, s.m as u64, s.ldy as i64)?;
-        let desc =
-            lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, T::CUDA_R_32F)?;
-        let mut plan = Plan {
-            desc,
-            a,
-            b,
-            c,
-            algo: unsafe { std::mem::zeroed() },
-            candidates: Vec::new(),
-        };
-        // SAFETY: fresh descriptors owned by `plan`; attribute values have the documented types.
-        unsafe {
-            // cublasOperation_t: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 (not re-exported by cudarc::cublaslt)
-            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?;
-            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?;
-            let epi = match (key.bias.is_some(), key.epilogue) {
-                (false, Epilogue::None) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
-                (true, Epilogue::None) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
-                (false, Epilogue::GeluTanh) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU,
-                (true, Epilogue::GeluTanh) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
-            };
-            set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
-            if let Some(f) = key.bias {
-                let bt = if f { T::CUDA_R_32F } else { T::CUDA_R_16BF };
-                set_desc(desc, D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt)?;
-            }
-            let pref = lt::create_matmul_pref()?;
-            let set_pref = |attr: sys::cublasLtMatmulPreferenceAttributes_t,
-                            v: u64,
-                            u32v: bool|
-             -> Result<()> {
-                if u32v {
-                    let x = v as u32;
-                    lt::set_matmul_pref_attribute(
-                        pref,
-                        attr,
-                        &x as *const u32 as *const c_void,
-                        4,
-                    )?;
-                } else {
-                    lt::set_matmul_pref_attribute(
-                        pref,
-                        attr,
-                        &v as *const u64 as *const c_void,
-                        8,
-                    )?;
-                }
-                Ok(())
-            };
-            use sys::cublasLtMatmulPreferenceAttributes_t as P;
-            let r = (|| -> Result<Vec<sys::cublasLtMatmulAlgo_t>> {
-                set_pref(
-                    P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                    WORKSPACE_BYTES as u64,
-                    false,
-                )?;
-                set_pref(
-                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                    key.align[0] as u64,
-                    true,
-                )?;
-                set_pref(
-                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    key.align[1] as u64,
-                    true,
-                )?;
-                set_pref(
-                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                    key.align[2] as u64,
-                    true,
-                )?;
-                set_pref(
-                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                    key.align[3] as u64,
-                    true,
-                )?;
-                let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> =
-                    vec![std::mem::zeroed(); GEMM_CANDIDATES];
-                let mut found: std::ffi::c_int = 0;
-                sys::cublasLtMatmulAlgoGetHeuristic(
-                    self.handle,
-                    desc,
-                    a,
-                    b,
-                    c,
-                    c,
-                    pref,
-                    GEMM_CANDIDATES as std::ffi::c_int,
-                    results.as_mut_ptr(),
-                    &mut found,
-                )
-                .result()?;
-                results.truncate(found.max(0) as usize);
-                Ok(results
-                    .into_iter()
-                    .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
-                    .map(|r| r.algo)
-                    .collect::<Vec<_>>())
-            })();
-            let _ = lt::destroy_matmul_pref(pref);
-            plan.candidates = r?;
-            plan.algo = *plan
-                .candidates
-                .first()
-                .ok_or(GpuError::CublasLt(lt::CublasError(
-                    sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
-                )))?;
-        }
-        Ok(plan)
-    }
 }
 
 #[allow(dead_code)]

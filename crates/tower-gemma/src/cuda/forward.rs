@@ -1,0 +1,329 @@
+//! The forward op sequence on the device (`run_in`, the same ops as [`crate::forward_host`])
+//! and its helpers; the tower's upload, staging, graphs and workspace are in `mod.rs`.
+
+use super::*;
+
+impl GemmaCuda {
+    /// Pre-norm of `x` into `hn` with `clamp`, in the GEMM precision.
+    pub(super) fn norm_into(
+        &self,
+        x: &DeviceBuffer<f32>,
+        w: Option<&DeviceBuffer<f32>>,
+        hn: &mut GemmBuffer,
+        rows: usize,
+        clamp: Clamp,
+    ) -> CudaResult<()> {
+        let h = self.cfg.hidden;
+        let m = Mat::dense(rows, h);
+        let eps = self.cfg.eps as f32;
+        Ok(self.dev.rms_norm_mixed(x, m, w, hn, m, eps, clamp)?)
+    }
+
+    /// `out[:, g.col .. g.col + g.width] = hn · g.wᵀ` for every group, each on its own clamped pre-norm.
+    /// `hn` already holds the pre-norm when `prenormed` (one group, no clamp).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn grouped_gemm(
+        &self,
+        x: &DeviceBuffer<f32>,
+        norm_w: &DeviceBuffer<f32>,
+        hn: &mut GemmBuffer,
+        gs: &[Group],
+        out: &mut GemmBuffer,
+        ld: usize,
+        n: usize,
+        prenormed: bool,
+    ) -> CudaResult<()> {
+        let h = self.cfg.hidden;
+        for g in gs {
+            if !prenormed {
+                self.norm_into(x, Some(norm_w), hn, n, g.clamp_in)?;
+            }
+            let shape = GemmShape {
+                ldy: ld,
+                y_offset: g.col,
+                ..GemmShape::dense(n, g.width, h)
+            };
+            self.dev.gemm(
+                GemmBuffer::inputs(hn, &g.w)?,
+                None,
+                out.out(),
+                shape,
+                Epilogue::None,
+            )?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn run_in(
+        &self,
+        ws: &mut Workspace,
+        batch: &BatchMeta,
+        keep: bool,
+    ) -> CudaResult<Option<GemmaStages>> {
+        let c = &self.cfg;
+        let d = &*self.dev;
+        let (n, h, heads, kd) = (batch.n, c.hidden, c.heads, self.kd);
+        let (wp, mi, pd) = (heads * kd, c.intermediate, c.patch_dim());
+        let eps = c.eps as f32;
+        let bf16_mode = self.precision == CudaPrecision::Bf16;
+        let mut stages = keep.then(GemmaStages::default);
+
+        // Patch projection (input law folded into weight and bias) + position tables.
+        d.gemm(
+            GemmBuffer::inputs(&ws.inp.rows, &self.patch_w)?,
+            Some(GemmBias::F32(&self.patch_b)),
+            GemmOutput::F32(&mut ws.x),
+            GemmShape::dense(n, h, pd),
+            Epilogue::None,
+        )?;
+        d.pos_add_xy(&mut ws.x, n, h, &self.pos, c.pos_rows, &ws.inp.pos)?;
+        if let Some(s) = stages.as_mut() {
+            s.patch_embed = self.dev.download_prefix(&ws.x, n * h)?;
+        }
+
+        let rope = RopeSpec {
+            layout: RopeLayout::Gemma4,
+            pos: &ws.inp.pos,
+            inv_freq: &self.inv_freq,
+        };
+        let nl = self.layers.len();
+        // In bf16 mode a single unclamped group reads the pre-norm fused into the residual kernel.
+        let fusable = |gs: &[Group]| bf16_mode && gs.len() == 1 && gs[0].clamp_in == Clamp::NONE;
+        let mut prenormed = false;
+        for (li, l) in self.layers.iter().enumerate() {
+            // --- attention ---
+            if !prenormed && fusable(&l.qkv) {
+                self.norm_into(&ws.x, Some(&l.ln_in), &mut ws.hn, n, Clamp::NONE)?;
+                prenormed = true;
+            }
+            self.grouped_gemm(
+                &ws.x,
+                &l.ln_in,
+                &mut ws.hn,
+                &l.qkv,
+                &mut ws.qkv,
+                3 * wp,
+                n,
+                prenormed,
+            )?;
+            match (&mut ws.qkv, &mut ws.attn) {
+                (GemmBuffer::Bf16(qkv), GemmBuffer::Bf16(attn)) => {
+                    self.attention_core(l, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
+                }
+                (GemmBuffer::F32(qkv), GemmBuffer::F32(attn)) => {
+                    self.attention_core(l, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
+                }
+                _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
+            }
+            d.gemm(
+                GemmBuffer::inputs(&ws.attn, &l.o)?,
+                None,
+                GemmOutput::F32(&mut ws.y),
+                GemmShape::dense(n, h, wp),
+                Epilogue::None,
+            )?;
+            let fuse_ffn = fusable(&l.mlp);
+            {
+                let next = match (&mut ws.hn, fuse_ffn) {
+                    (GemmBuffer::Bf16(hn), true) => Some((Some(&l.ln_pre_ffn), hn, eps)),
+                    _ => None,
+                };
+                d.residual_rms_add(
+                    &mut ws.x,
+                    &ws.y,
+                    Mat::dense(n, h),
+                    Some(&l.ln_post_attn),
+                    eps,
+                    l.o_out,
+                    next,
+                )?;
+            }
+            // --- MLP ---
+            self.grouped_gemm(
+                &ws.x,
+                &l.ln_pre_ffn,
+                &mut ws.hn,
+                &l.mlp,
+                &mut ws.gu,
+                2 * mi,
+                n,
+                fuse_ffn,
+            )?;
+            let gate_m = Mat::strided(n, mi, 2 * mi, 0);
+            let up_m = Mat::strided(n, mi, 2 * mi, mi);
+            d.gated_act_mixed(
+                &mut ws.act,
+                Mat::dense(n, mi),
+                &ws.gu,
+                gate_m,
+                &ws.gu,
+                up_m,
+                l.gate,
+            )?;
+            d.gemm(
+                GemmBuffer::inputs(&ws.act, &l.down)?,
+                None,
+                GemmOutput::F32(&mut ws.y),
+                GemmShape::dense(n, h, mi),
+                Epilogue::None,
+            )?;
+            {
+                let fuse_next = li + 1 < nl && fusable(&self.layers[li + 1].qkv);
+                let next = match (&mut ws.hn, fuse_next) {
+                    (GemmBuffer::Bf16(hn), true) => {
+                        Some((Some(&self.layers[li + 1].ln_in), hn, eps))
+                    }
+                    _ => None,
+                };
+                prenormed = next.is_some();
+                d.residual_rms_add(
+                    &mut ws.x,
+                    &ws.y,
+                    Mat::dense(n, h),
+                    Some(&l.ln_post_ffn),
+                    eps,
+                    l.down_out,
+                    next,
+                )?;
+            }
+            if let (Some(s), 0) = (stages.as_mut(), li) {
+                s.block_0 = self.dev.download_prefix(&ws.x, n * h)?;
+            }
+        }
+        if let Some(s) = stages.as_mut() {
+            s.blocks_out = self.dev.download_prefix(&ws.x, n * h)?;
+        }
+
+        // transformers Gemma4VisionPooler: k×k average by position, then × sqrt(H) in f32.
+        self.pool(ws, batch)?;
+        let np = batch.pooled_rows;
+        if let Some(s) = stages.as_mut() {
+            s.pooled = self.dev.download_prefix(&ws.pooled, np * h)?;
+        }
+        // Standardisation `(p − b)·s` = `p·diag(s) + (−b·s)` as one f32 GEMM.
+        let std_buf = match &self.std {
+            Some((diag, nb)) => {
+                d.gemm(
+                    GemmInputs::F32 {
+                        x: &ws.pooled,
+                        w: diag,
+                    },
+                    Some(GemmBias::F32(nb)),
+                    GemmOutput::F32(&mut ws.std),
+                    GemmShape::dense(np, h, h),
+                    Epilogue::None,
+                )?;
+                &ws.std
+            }
+            None => &ws.pooled,
+        };
+        if let Some(s) = stages.as_mut() {
+            s.standardized = self.dev.download_prefix(std_buf, np * h)?;
+        }
+        // Gemma4MultimodalEmbedder: weightless RMSNorm; its projection to the LM width follows
+        // in `project`.
+        let m = Mat::dense(np, h);
+        d.rms_norm_mixed(std_buf, m, None, &mut ws.normed, m, eps, Clamp::NONE)?;
+        Ok(stages)
+    }
+
+    /// The attention core on the fused qkv GEMM output, in its precision: per-head RMS (q, k
+    /// weighted; v weightless) with the q/k/v output clamps and rope on q, k (in place), attention
+    /// into `attn`, then o_proj's input clamp.
+    pub(super) fn attention_core<T: ActElem>(
+        &self,
+        l: &DevLayer,
+        qkv: &mut DeviceBuffer<T>,
+        attn: &mut DeviceBuffer<T>,
+        (cu_dev, cu): (&DeviceBuffer<i32>, &[i32]),
+        rope: &RopeSpec<'_>,
+    ) -> CudaResult<()> {
+        let (c, d) = (&self.cfg, &*self.dev);
+        let n = cu.last().map_or(0, |&t| t as usize);
+        let (heads, hd, kd) = (c.heads, c.head_dim, self.kd);
+        let wp = heads * kd;
+        for (off, nh) in head_groups(heads, hd, kd) {
+            let spec = QkvSpec {
+                tokens: n,
+                heads: nh,
+                head_dim: hd,
+                ld: 3 * wp,
+                offsets: [off, wp + off, 2 * wp + off],
+                q_weight: Some(&l.q_norm),
+                k_weight: Some(&l.k_norm),
+                norm: [true, true, true],
+                eps: c.eps as f32,
+                clamps: l.qkv_out,
+            };
+            d.qk_norm_rope(qkv, &spec, Some(rope))?;
+        }
+        let args = AttnArgs {
+            q: (&*qkv, Mat::strided(n, wp, 3 * wp, 0)),
+            k: (&*qkv, Mat::strided(n, wp, 3 * wp, wp)),
+            v: (&*qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
+            heads,
+            head_dim: kd,
+            cu_seqlens: cu_dev,
+            cu_seqlens_host: cu,
+            scale: ATTENTION_SCALE,
+            variant: None,
+        };
+        d.flash_attn(&args, attn, Mat::dense(n, wp))?;
+        if l.o_in != Clamp::NONE {
+            d.act_in_place(
+                attn,
+                Mat::dense(n, wp),
+                Activation::Identity,
+                l.o_in,
+                Clamp::NONE,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Pools every image of `ws.x` into `ws.pooled` (rows concatenated in image order). Consecutive
+    /// images of one width pool as one taller grid (k divides every height, so no window crosses
+    /// an image); a run that does not start at row 0 is copied through exact identity GEMMs first,
+    /// via `ws.y` and `ws.std` (both free at this point), so nothing is allocated.
+    pub(super) fn pool(&self, ws: &mut Workspace, batch: &BatchMeta) -> CudaResult<()> {
+        let (c, d) = (&self.cfg, &*self.dev);
+        let (h, k) = (c.hidden, c.pool);
+        let root_h = (h as f64).sqrt() as f32;
+        let mut i = 0;
+        let (mut tok, mut prow) = (0usize, 0usize);
+        while i < batch.grids.len() {
+            let gw = batch.grids[i].0;
+            let mut j = i;
+            let mut gh_sum = 0;
+            while j < batch.grids.len() && batch.grids[j].0 == gw {
+                gh_sum += batch.grids[j].1;
+                j += 1;
+            }
+            let (nt, npr) = (gw * gh_sum, (gw / k) * (gh_sum / k));
+            if tok == 0 {
+                d.avg_pool(&ws.x, gh_sum, gw, k, h, root_h, &mut ws.pooled)?;
+            } else {
+                let copy = |x: &DeviceBuffer<f32>, y: &mut DeviceBuffer<f32>, rows, xo, yo| {
+                    d.gemm(
+                        GemmInputs::F32 { x, w: &self.eye_h },
+                        None,
+                        GemmOutput::F32(y),
+                        GemmShape {
+                            x_offset: xo,
+                            y_offset: yo,
+                            ..GemmShape::dense(rows, h, h)
+                        },
+                        Epilogue::None,
+                    )
+                };
+                copy(&ws.x, &mut ws.y, nt, tok * h, 0)?;
+                d.avg_pool(&ws.y, gh_sum, gw, k, h, root_h, &mut ws.std)?;
+                copy(&ws.std, &mut ws.pooled, npr, 0, prow * h)?;
+            }
+            tok += nt;
+            prow += npr;
+            i = j;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,224 @@
+//! The forward op sequence on the device (`run_in`, the same ops as [`crate::forward_host`])
+//! and its helpers; the tower's upload, staging, graphs and workspace are in `mod.rs`.
+
+use super::*;
+
+impl GlmCuda {
+    /// RMSNorm of `x` rows into `hn`, in the GEMM precision.
+    pub(super) fn norm_into(
+        &self,
+        x: &DeviceBuffer<f32>,
+        w: &DeviceBuffer<f32>,
+        hn: &mut GemmBuffer,
+        rows: usize,
+    ) -> CudaResult<()> {
+        let m = Mat::dense(rows, self.cfg.hidden);
+        let eps = self.cfg.eps as f32;
+        Ok(self
+            .dev
+            .rms_norm_mixed(x, m, Some(w), hn, m, eps, Clamp::NONE)?)
+    }
+
+    /// `out = act(gate)·up` over the column halves of a fused `[rows, 2·width]` buffer.
+    pub(super) fn swiglu_into(
+        &self,
+        gu: &GemmBuffer,
+        out: &mut GemmBuffer,
+        rows: usize,
+        width: usize,
+    ) -> CudaResult<()> {
+        let gm = Mat::strided(rows, width, 2 * width, 0);
+        let um = Mat::strided(rows, width, 2 * width, width);
+        let om = Mat::dense(rows, width);
+        Ok(self
+            .dev
+            .gated_act_mixed(out, om, gu, gm, gu, um, self.gate)?)
+    }
+
+    pub(super) fn run_in(
+        &self,
+        ws: &mut Workspace,
+        batch: &BatchMeta,
+        keep: bool,
+    ) -> CudaResult<Option<GlmStages>> {
+        let c = &self.cfg;
+        let d = &*self.dev;
+        let (n, h, kd) = (batch.n, c.hidden, self.kd);
+        let (wp, mi, pd) = (c.heads * kd, c.intermediate, c.patch_dim());
+        let (o, pi, u) = (c.text_hidden, c.merger_inner, c.merge_unit());
+        let np = batch.merged_rows();
+        let eps = c.eps as f32;
+        let mut stages = keep.then(GlmStages::default);
+        let acc = |m, nn, k| GemmShape {
+            accumulate: true,
+            ..GemmShape::dense(m, nn, k)
+        };
+
+        // Conv3d patch embedding (kernel = stride) ≡ a GEMM over the pixel rows, with bias.
+        d.gemm(
+            GemmBuffer::inputs(&ws.inp.rows, &self.patch_w)?,
+            Some(GemmBias::F32(&self.patch_b)),
+            GemmOutput::F32(&mut ws.x),
+            GemmShape::dense(n, h, pd),
+            Epilogue::None,
+        )?;
+        if let Some(s) = stages.as_mut() {
+            s.patch_embed = self.dev.download_prefix(&ws.x, n * h)?;
+        }
+
+        let rope = RopeSpec {
+            layout: RopeLayout::Glm,
+            pos: &ws.inp.pos,
+            inv_freq: &self.inv_freq,
+        };
+        for (li, b) in self.blocks.iter().enumerate() {
+            // x += proj(attn(RMS(x)·norm1)) + b
+            self.norm_into(&ws.x, &b.norm1, &mut ws.hn, n)?;
+            d.gemm(
+                GemmBuffer::inputs(&ws.hn, &b.qkv)?,
+                out_bias(&b.qkv_b),
+                ws.qkv.out(),
+                GemmShape::dense(n, 3 * wp, h),
+                Epilogue::None,
+            )?;
+            match (&mut ws.qkv, &mut ws.attn) {
+                (GemmBuffer::Bf16(qkv), GemmBuffer::Bf16(attn)) => {
+                    self.attention_core(b, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
+                }
+                (GemmBuffer::F32(qkv), GemmBuffer::F32(attn)) => {
+                    self.attention_core(b, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
+                }
+                _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
+            }
+            d.gemm(
+                GemmBuffer::inputs(&ws.attn, &b.proj)?,
+                bias(&b.proj_b),
+                GemmOutput::F32(&mut ws.x),
+                acc(n, h, wp),
+                Epilogue::None,
+            )?;
+            // x += down(swiglu(gate|up(RMS(x)·norm2))) + b
+            self.norm_into(&ws.x, &b.norm2, &mut ws.hn, n)?;
+            d.gemm(
+                GemmBuffer::inputs(&ws.hn, &b.gate_up)?,
+                out_bias(&b.gate_up_b),
+                ws.gu.out(),
+                GemmShape::dense(n, 2 * mi, h),
+                Epilogue::None,
+            )?;
+            self.swiglu_into(&ws.gu, &mut ws.act, n, mi)?;
+            d.gemm(
+                GemmBuffer::inputs(&ws.act, &b.down)?,
+                bias(&b.down_b),
+                GemmOutput::F32(&mut ws.x),
+                acc(n, h, mi),
+                Epilogue::None,
+            )?;
+            if let (Some(s), 0) = (stages.as_mut(), li) {
+                s.block_0 = self.dev.download_prefix(&ws.x, n * h)?;
+            }
+        }
+        if let Some(s) = stages.as_mut() {
+            s.blocks_out = self.dev.download_prefix(&ws.x, n * h)?;
+        }
+
+        // post_layernorm, then the m×m stride-m conv as one GEMM over [N/m², m²H] (module docs).
+        self.norm_into(&ws.x, &self.post_norm, &mut ws.hn, n)?;
+        if let (Some(s), Some(st)) = (stages.as_mut(), ws.stage.as_mut()) {
+            let m = Mat::dense(n, h);
+            d.rms_norm(&ws.x, m, Some(&self.post_norm), st, m, eps, Clamp::NONE)?;
+            s.post_norm = self.dev.download_prefix(st, n * h)?;
+        }
+        d.gemm(
+            GemmBuffer::inputs(&ws.hn, &self.ds_w)?,
+            bias(&self.ds_b),
+            GemmOutput::F32(&mut ws.ds),
+            GemmShape::dense(np, o, u * h),
+            Epilogue::None,
+        )?;
+        if let Some(s) = stages.as_mut() {
+            s.downsample = self.dev.download_prefix(&ws.ds, np * o)?;
+        }
+        // Merger: proj → LayerNorm(eps 1e-5) → erf GELU → gate|up → SwiGLU → down.
+        let proj_in = match (&mut ws.ds_b, &self.m_proj) {
+            (Some(xb), GemmBuffer::Bf16(w)) => {
+                d.cast_f32_bf16(&ws.ds, xb)?;
+                GemmInputs::Bf16 { x: &*xb, w }
+            }
+            (None, GemmBuffer::F32(w)) => GemmInputs::F32 { x: &ws.ds, w },
+            _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
+        };
+        d.gemm(
+            proj_in,
+            bias(&self.m_proj_b),
+            GemmOutput::F32(&mut ws.m),
+            GemmShape::dense(np, o, o),
+            Epilogue::None,
+        )?;
+        let mm = Mat::dense(np, o);
+        let leps = MERGER_LAYER_NORM_EPS as f32;
+        let (lw, lb) = (Some(&self.m_norm_w), Some(&self.m_norm_b));
+        d.layer_norm_mixed(&ws.m, mm, lw, lb, &mut ws.mn, mm, leps)?;
+        d.act_in_place_mixed(
+            &mut ws.mn,
+            mm,
+            Activation::GeluErf,
+            Clamp::NONE,
+            Clamp::NONE,
+        )?;
+        d.gemm(
+            GemmBuffer::inputs(&ws.mn, &self.m_gate_up)?,
+            out_bias(&self.m_gate_up_b),
+            ws.mgu.out(),
+            GemmShape::dense(np, 2 * pi, o),
+            Epilogue::None,
+        )?;
+        self.swiglu_into(&ws.mgu, &mut ws.mact, np, pi)?;
+        // The down projection to the LM width follows in `project`.
+        Ok(stages)
+    }
+
+    /// Per-head weighted RMS of q and k (v untouched) fused with the glm rope, in place on the
+    /// fused qkv GEMM output, then attention (scale hd^−½, one segment per frame) into `attn`.
+    pub(super) fn attention_core<T: ActElem>(
+        &self,
+        b: &DevBlock,
+        qkv: &mut DeviceBuffer<T>,
+        attn: &mut DeviceBuffer<T>,
+        (cu_dev, cu): (&DeviceBuffer<i32>, &[i32]),
+        rope: &RopeSpec<'_>,
+    ) -> CudaResult<()> {
+        let (c, d) = (&self.cfg, &*self.dev);
+        let n = cu.last().map_or(0, |&t| t as usize);
+        let (heads, hd, kd) = (c.heads, c.head_dim, self.kd);
+        let wp = heads * kd;
+        for (off, nh) in head_groups(heads, hd, kd) {
+            let spec = QkvSpec {
+                tokens: n,
+                heads: nh,
+                head_dim: hd,
+                ld: 3 * wp,
+                offsets: [off, wp + off, 2 * wp + off],
+                q_weight: Some(&b.q_norm),
+                k_weight: Some(&b.k_norm),
+                norm: [true, true, false],
+                eps: c.eps as f32,
+                clamps: [Clamp::NONE; 3],
+            };
+            d.qk_norm_rope(qkv, &spec, Some(rope))?;
+        }
+        let args = AttnArgs {
+            q: (&*qkv, Mat::strided(n, wp, 3 * wp, 0)),
+            k: (&*qkv, Mat::strided(n, wp, 3 * wp, wp)),
+            v: (&*qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
+            heads,
+            head_dim: kd,
+            cu_seqlens: cu_dev,
+            cu_seqlens_host: cu,
+            scale: attention_scale(hd),
+            variant: None,
+        };
+        d.flash_attn(&args, attn, Mat::dense(n, wp))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,727 @@
+//! The Step-3.7 tower on a CUDA device: the same op sequence as [`crate::forward_host`], on
+//! gpu-core's kernels and cuBLASLt GEMMs, for every view (crop tiles and global views) of many
+//! images in one padding-free pass (one attention segment per view).
+//!
+//! **Architecture Invariant:** nothing is copied to the host inside [`StepCuda::run`]; only the
+//! stages (when asked) and the final rows ([`StepCuda::rows`]) come back.
+//!
+//! Layout on the device:
+//! - linear weights in bf16 ([`CudaPrecision::Bf16`], the product mode) or f32
+//!   ([`CudaPrecision::F32`], the exactness mode: f32 GEMMs, rope, attention and activation);
+//!   norms, the position tables and the residual stream in f32;
+//! - LayerScale folded at upload (in f32, before any bf16 rounding): `λ ⊙ (a·Wᵀ + b)` =
+//!   `a·(λ ⊙ W)ᵀ + λ ⊙ b`, so out_proj and c_proj accumulate straight into the f32 residual
+//!   stream (`GemmShape::accumulate`, beta = 1): no add kernel, no LayerScale kernel, no `y` buffer;
+//! - a GEMM whose output is in the GEMM precision (qkv, fc1, the two convolutions) takes its
+//!   bias in that precision, one into f32 (out_proj, c_proj, the rows) an f32 bias;
+//! - the patch rows and the patch weight get zero columns up to a multiple of 8 (588 → 592), so
+//!   the bf16 GEMM's rows start 16-byte aligned;
+//! - the position table for each grid size is resized (bilinear, align_corners = false) once and
+//!   cached on the device; each view's table is copied into the patch-embedding buffer and the
+//!   patch GEMM accumulates onto it;
+//! - inside a batch the views are grouped by grid size (stable, first appearance first): the
+//!   3×3 stride-2 convolutions then run once per grid size over all its views, as im2col + GEMM.
+//!   bf16: gpu-core's `im2col_3x3s2` (columns (c, ky, kx), the checkpoint's weight as is); f32:
+//!   strided copies with the weight's columns permuted to (ky, kx, c) at upload (gpu-core's
+//!   im2col is bf16 only). Rows come back in upstream order ([`StepCuda::rows`]);
+//! - bf16 mode: head dims the tensor-core attention kernels lack (they exist for 64, 72, 96; the
+//!   fixtures' mini towers have 16) are zero-padded to the next one: zero q/k/v weight rows and
+//!   biases, zero out_proj columns, so the padded lanes contribute exact zeros.
+use std::sync::Arc;
+
+use gpu_core::{
+    bf16, conv3x3s2_out, head_groups, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp,
+    DeviceBuffer, DeviceInputs, Epilogue, GemmBias, GemmBuffer, GemmOutput, GemmShape, GraphKey,
+    GraphStats, GraphStatus, Graphs, HostGemm, HostInputs, InputBuffers, Mat, QkvSpec, Ran,
+    RopeLayout, RopeSpec, RowsTarget, Stager, TensorStore, Uploader,
+};
+
+use crate::config::StepConfig;
+use crate::error::StepError;
+use crate::forward::{
+    attention_scale, grid_positions, validate_images, StepImage, StepRows, StepStages,
+};
+use crate::weights::StepWeights;
+
+mod fold;
+mod forward;
+mod plan;
+
+use fold::*;
+use plan::*;
+
+/// The device type, its error and the precision of the GEMMs, re-exported for callers of this path.
+pub use gpu_core::{CudaPrecision, Device, GpuError};
+
+/// Errors of the CUDA path.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// The device or a kernel launch failed (includes [`GpuError::NoDevice`]).
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// The tower refused its input or weights.
+    #[error(transparent)]
+    Step(#[from] StepError),
+    /// A shape or mode the CUDA kernels cannot run (e.g. a head dim over 96 in bf16).
+    #[error("unsupported on the CUDA path: {0}")]
+    Unsupported(String),
+}
+
+/// Short for `Result<T, CudaError>`.
+pub type CudaResult<T> = std::result::Result<T, CudaError>;
+
+/// Taps of the downsamplers' 3×3 kernels (`Step3p7VisionModel.downsampler{1,2}`,
+/// modeling_step3p7.py: `kernel_size=3, stride=2, padding=1`).
+const CONV_TAPS: usize = 9;
+
+/// One encoder layer on the device.
+#[derive(Debug)]
+struct DevLayer {
+    ln1_w: DeviceBuffer<f32>,
+    ln1_b: DeviceBuffer<f32>,
+    /// q | k | v `[3·heads·kd, H]`, rows padded per head.
+    qkv: GemmBuffer,
+    qkv_b: GemmBuffer,
+    /// `λ1 ⊙ out_proj` `[H, heads·kd]`, columns padded per head.
+    out: GemmBuffer,
+    /// `λ1 ⊙ out_proj.bias` (f32: the GEMM accumulates into the residual stream).
+    out_b: DeviceBuffer<f32>,
+    ln2_w: DeviceBuffer<f32>,
+    ln2_b: DeviceBuffer<f32>,
+    fc1: GemmBuffer,
+    fc1_b: GemmBuffer,
+    /// `λ2 ⊙ c_proj` `[H, I]`.
+    fc2: GemmBuffer,
+    /// `λ2 ⊙ c_proj.bias`.
+    fc2_b: DeviceBuffer<f32>,
+}
+
+/// A batch of validated views prepared on the host ([`StepCuda::prepare_host`]): patch rows in
+/// the GEMM precision, rope positions and attention segments, ready for [`StepCuda::stage`].
+/// Building one needs no device, so it can run on another thread while the device works.
+#[derive(Debug, Clone)]
+pub struct StepHostBatch {
+    meta: BatchMeta,
+    inputs: HostInputs,
+}
+
+impl StepHostBatch {
+    /// Patches (tokens) in the batch.
+    pub fn tokens(&self) -> usize {
+        self.meta.plan.n
+    }
+    /// Images (requests) in the batch.
+    pub fn images(&self) -> usize {
+        self.meta.masks.len()
+    }
+}
+
+/// A batch of validated views on the device: pixels, rope positions, attention segments and
+/// where each view's rows go.
+#[derive(Debug)]
+pub struct StepBatch {
+    meta: BatchMeta,
+    inputs: DeviceInputs,
+}
+
+impl StepBatch {
+    /// Patches (tokens) in the batch.
+    pub fn tokens(&self) -> usize {
+        self.meta.plan.n
+    }
+    /// Views (crop tiles and global views) in the batch.
+    pub fn views(&self) -> usize {
+        self.meta.plan.views.len()
+    }
+    /// Images (requests) in the batch.
+    pub fn images(&self) -> usize {
+        self.meta.masks.len()
+    }
+    /// Output rows of the whole batch.
+    pub fn output_rows(&self) -> usize {
+        self.meta.plan.n2
+    }
+    /// The attention segments (one per view, device order), `[views + 1]`.
+    pub fn cu_seqlens(&self) -> &[i32] {
+        &self.meta.cu
+    }
+    /// The layout a CUDA graph of this batch is keyed by (views' grids in device order).
+    pub fn graph_key(&self) -> &GraphKey {
+        &self.meta.key
+    }
+}
+
+/// Buffers sized for up to `cap` tokens, `cap1`/`cap2` downsampler rows.
+#[derive(Debug)]
+struct Workspace {
+    /// The fixed input buffers every forward reads (patch rows, positions, segments).
+    inp: InputBuffers,
+    cap: usize,
+    cap1: usize,
+    cap2: usize,
+    /// Widest first-downsampler output grid (f32 mode: the zero source's rows).
+    capw: usize,
+    /// Residual stream `[N, H]`.
+    x: DeviceBuffer<f32>,
+    /// Patch embedding + position table `[N, H]` (ln_pre's input).
+    y: DeviceBuffer<f32>,
+    /// Pre-norms `[N, H]`; bf16 mode: afterwards the blocks' output cast for the convolutions.
+    hn: GemmBuffer,
+    qkv: GemmBuffer,
+    /// Attention output `[N, heads·kd]`; bf16 mode: afterwards a later grid size's conv input,
+    /// moved to offset 0 (gpu-core's im2col reads from the start of its buffer).
+    attn: GemmBuffer,
+    /// fc1 output and its activation `[N, I]`.
+    f: GemmBuffer,
+    col1: GemmBuffer,
+    d1: GemmBuffer,
+    col2: GemmBuffer,
+    d2: GemmBuffer,
+    rows: DeviceBuffer<f32>,
+    /// f32 mode: zeros for the convolutions' padding taps.
+    zeros: Option<DeviceBuffer<f32>>,
+}
+
+/// The Step-3.7 tower's weights on a CUDA device, with the resized position tables and a
+/// workspace kept between calls.
+#[derive(Debug)]
+pub struct StepCuda {
+    dev: Arc<Device>,
+    cfg: StepConfig,
+    precision: CudaPrecision,
+    /// Head dim the attention kernels run at (`head_dim`, or the next kernel size when padded).
+    kd: usize,
+    /// The norm + rope launches over (possibly padded) heads: `(column offset, heads)`.
+    head_groups: Vec<(usize, usize)>,
+    rope: RopeLayout,
+    patch: GemmBuffer,
+    /// The learned table `[side², H]`.
+    pos: DeviceBuffer<f32>,
+    /// Tables resized to other grids, computed once per grid size.
+    tables: Vec<((usize, usize), DeviceBuffer<f32>)>,
+    ln_pre_w: DeviceBuffer<f32>,
+    ln_pre_b: DeviceBuffer<f32>,
+    layers: Vec<DevLayer>,
+    /// `[2H, 9H]`: bf16 columns (c, ky, kx); f32 columns (ky, kx, c).
+    down1: GemmBuffer,
+    down1_b: GemmBuffer,
+    /// `[4H, 18H]`, columns as `down1`.
+    down2: GemmBuffer,
+    down2_b: GemmBuffer,
+    proj: GemmBuffer,
+    proj_b: Option<DeviceBuffer<f32>>,
+    inv_freq: DeviceBuffer<f32>,
+    weight_bytes: usize,
+    ws: Option<Workspace>,
+    /// CUDA graphs of the bf16 forward, per batch layout.
+    graphs: Graphs,
+    /// Asynchronous uploads of staged batches (created on the first [`StepCuda::stage`]).
+    uploader: Option<Uploader>,
+}
+
+impl StepCuda {
+    /// Uploads `w` once (see the module docs for the layout). Tensors the layout keeps as the
+    /// file has them go from their store (host f32, or the memory-mapped file's bytes) straight
+    /// into page-locked staging in the GEMM precision, chunk by chunk; the ones it transforms
+    /// (LayerScale folds, head padding, conv columns) are built in f32 one at a time.
+    pub fn new<T: TensorStore>(
+        dev: Arc<Device>,
+        cfg: &StepConfig,
+        w: &StepWeights<T>,
+        precision: CudaPrecision,
+    ) -> CudaResult<StepCuda> {
+        let (h, hd) = (cfg.hidden, cfg.head_dim);
+        let kd = precision
+            .attention_head_dim(hd)
+            .map_err(|e| CudaError::Unsupported(e.to_string()))?;
+        if w.layers.len() != cfg.layers {
+            return Err(CudaError::Unsupported(format!(
+                "{} layers for a config of {}",
+                w.layers.len(),
+                cfg.layers
+            )));
+        }
+        let p = precision;
+        let d = &*dev;
+        let mut st = Stager::new(d)?;
+        let small = |t: &T| -> CudaResult<DeviceBuffer<f32>> { Ok(d.upload(&t.to_f32_vec())?) };
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            let hl = HostLayer::new(cfg, l, kd);
+            let qkv = match &hl.qkv {
+                Some(padded) => st.upload_gemm(d, p, padded)?,
+                None => st.upload_gemm(d, p, &l.qkv_w)?,
+            };
+            layers.push(DevLayer {
+                ln1_w: small(&l.ln1_w)?,
+                ln1_b: small(&l.ln1_b)?,
+                qkv,
+                qkv_b: st.upload_gemm(d, p, &hl.qkv_b)?,
+                out: match &hl.out {
+                    Some(padded) => st.upload_gemm(d, p, padded)?,
+                    None => {
+                        let src = ScaledRows {
+                            src: &l.out_w,
+                            scale: &hl.ls1,
+                            cols: h,
+                        };
+                        st.upload_gemm(d, p, &src)?
+                    }
+                },
+                out_b: d.upload(&hl.out_b)?,
+                ln2_w: small(&l.ln2_w)?,
+                ln2_b: small(&l.ln2_b)?,
+                fc1: st.upload_gemm(d, p, &l.fc1_w)?,
+                fc1_b: st.upload_gemm(d, p, &l.fc1_b)?,
+                fc2: st.upload_gemm(
+                    d,
+                    p,
+                    &ScaledRows {
+                        src: &l.fc2_w,
+                        scale: &hl.ls2,
+                        cols: cfg.intermediate,
+                    },
+                )?,
+                fc2_b: d.upload(&hl.fc2_b)?,
+            });
+        }
+        let mut conv = |wt: &T, c: usize| -> CudaResult<GemmBuffer> {
+            Ok(match p {
+                CudaPrecision::Bf16 => st.upload_gemm(d, p, wt)?,
+                CudaPrecision::F32 => {
+                    st.upload_gemm(d, p, &taps_major(&wt.to_f32_vec(), c, CONV_TAPS))?
+                }
+            })
+        };
+        let (down1, down2) = (conv(&w.down1_w, h)?, conv(&w.down2_w, 2 * h)?);
+        let mut t = StepCuda {
+            cfg: cfg.clone(),
+            precision,
+            kd,
+            head_groups: head_groups(cfg.heads, hd, kd),
+            rope: w.layout.rope(),
+            patch: st.upload_gemm(d, p, &pad_cols(&w.patch.to_f32_vec(), cfg.patch_dim()))?,
+            pos: small(&w.pos)?,
+            tables: Vec::new(),
+            ln_pre_w: small(&w.ln_pre_w)?,
+            ln_pre_b: small(&w.ln_pre_b)?,
+            layers,
+            down1,
+            down1_b: st.upload_gemm(d, p, &w.down1_b)?,
+            down2,
+            down2_b: st.upload_gemm(d, p, &w.down2_b)?,
+            proj: st.upload_gemm(d, p, &w.proj)?,
+            proj_b: w.proj_b.as_ref().map(small).transpose()?,
+            inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
+            weight_bytes: 0,
+            ws: None,
+            graphs: Graphs::default(),
+            uploader: None,
+            dev: dev.clone(),
+        };
+        t.weight_bytes = t.count_weight_bytes();
+        t.dev.synchronize()?;
+        drop(st);
+        Ok(t)
+    }
+
+    /// Loads the tower from `ck` as views of the memory-mapped file and uploads it in
+    /// `precision`: the model is never held in f32 on the host ([`crate::load_mapped`]).
+    pub fn from_checkpoint(
+        dev: Arc<Device>,
+        ck: &st_reader::Checkpoint,
+        precision: CudaPrecision,
+    ) -> CudaResult<StepCuda> {
+        let config = ck
+            .config()
+            .ok_or_else(|| StepError::Config("the checkpoint has no config.json".into()))?;
+        let (cfg, w) = crate::load_mapped(ck, config)?;
+        StepCuda::new(dev, &cfg, &w, precision)
+    }
+
+    fn count_weight_bytes(&self) -> usize {
+        let f = |b: &DeviceBuffer<f32>| 4 * b.len();
+        let mut n = self.patch.bytes() + f(&self.pos) + f(&self.ln_pre_w) + f(&self.ln_pre_b);
+        n += self.down1.bytes() + self.down1_b.bytes() + self.down2.bytes();
+        n += self.down2_b.bytes() + self.proj.bytes() + self.proj_b.as_ref().map_or(0, f);
+        n += f(&self.inv_freq);
+        for l in &self.layers {
+            n += f(&l.ln1_w) + f(&l.ln1_b) + f(&l.ln2_w) + f(&l.ln2_b);
+            n += l.qkv.bytes() + l.qkv_b.bytes() + l.out.bytes() + f(&l.out_b);
+            n += l.fc1.bytes() + l.fc1_b.bytes() + l.fc2.bytes() + f(&l.fc2_b);
+        }
+        n
+    }
+
+    /// Bytes of the model's tensors on the device (without the resized tables and workspace).
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// The device this tower runs on.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// The precision the weights were uploaded in.
+    pub fn precision(&self) -> CudaPrecision {
+        self.precision
+    }
+
+    /// Dimensions and laws.
+    pub fn config(&self) -> &StepConfig {
+        &self.cfg
+    }
+
+    /// Validates `images` (the host path's checks) and uploads every view's patch rows, rope
+    /// positions and attention segment, views grouped by grid size (see the module docs).
+    pub fn prepare(&self, images: &[StepImage<'_>]) -> CudaResult<StepBatch> {
+        let host = StepCuda::prepare_host(&self.cfg, self.precision, images)?;
+        Ok(StepBatch {
+            inputs: self.dev.upload_inputs(&host.inputs)?,
+            meta: host.meta,
+        })
+    }
+
+    /// The host half of [`StepCuda::prepare`] for a tower of `cfg` in `precision`: validation,
+    /// patch rows (in the GEMM precision), positions and segments, with no device involved.
+    pub fn prepare_host(
+        cfg: &StepConfig,
+        precision: CudaPrecision,
+        images: &[StepImage<'_>],
+    ) -> CudaResult<StepHostBatch> {
+        let grids = validate_images(cfg, images)?;
+        if grids.is_empty() {
+            return Err(StepError::Input("no images".into()).into());
+        }
+        let plan = ViewPlan::new(&grids)?;
+        let mut pos = Vec::new();
+        for &i in &plan.order {
+            pos.extend(grid_positions(grids[i].gh, grids[i].gw));
+        }
+        let k = cfg.patch_dim().next_multiple_of(8);
+        let rows = match precision {
+            CudaPrecision::Bf16 => HostGemm::Bf16(patch_rows(
+                &grids,
+                &plan.order,
+                cfg.patch,
+                k,
+                bf16::from_f32,
+            )),
+            CudaPrecision::F32 => {
+                HostGemm::F32(patch_rows(&grids, &plan.order, cfg.patch, k, |x| x))
+            }
+        };
+        let cu = plan.cu_seqlens();
+        let key = GraphKey {
+            precision,
+            layout: plan.views.iter().flat_map(|v| [v.gh, v.gw]).collect(),
+        };
+        Ok(StepHostBatch {
+            inputs: HostInputs {
+                rows,
+                pos,
+                cu: cu.clone(),
+            },
+            meta: BatchMeta {
+                cu,
+                plan,
+                masks: images.iter().map(|i| i.newline_mask.clone()).collect(),
+                key,
+            },
+        })
+    }
+
+    /// Queues the upload of a host-prepared batch from page-locked memory on a copy stream of
+    /// its own and returns at once: the copy overlaps whatever the device is running. The batch
+    /// stays valid until two more are staged ([`gpu_core::UPLOAD_SLOTS`]).
+    pub fn stage(&mut self, host: StepHostBatch) -> CudaResult<StepBatch> {
+        Ok(StepBatch {
+            inputs: Uploader::stage_into(
+                &mut self.uploader,
+                &self.dev,
+                self.precision,
+                &host.inputs,
+            )?,
+            meta: host.meta,
+        })
+    }
+
+    /// Turns CUDA graphs of the bf16 forward on (the default) or off (every forward eager).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs.set_enabled(on);
+    }
+
+    /// Whether CUDA graphs are used and, if a capture failed, why not.
+    pub fn graph_status(&self) -> &GraphStatus {
+        self.graphs.status()
+    }
+
+    /// What the graph cache did so far (captures, replays, eager forwards).
+    pub fn graph_stats(&self) -> GraphStats {
+        self.graphs.stats()
+    }
+
+    /// Resizes the position table to every grid of `batch` not seen before (once per size).
+    fn ensure_tables(&mut self, batch: &StepBatch) -> CudaResult<()> {
+        let (t, h) = (self.cfg.pos_side, self.cfg.hidden);
+        for r in &batch.meta.plan.runs {
+            let key = (r.gh, r.gw);
+            if key == (t, t) || self.tables.iter().any(|(k, _)| *k == key) {
+                continue;
+            }
+            let mut out = self.dev.alloc::<f32>(r.gh * r.gw * h)?;
+            self.dev
+                .bilinear_resize(&self.pos, t, t, &mut out, r.gh, r.gw, h)?;
+            self.tables.push((key, out));
+        }
+        Ok(())
+    }
+
+    fn table(&self, gh: usize, gw: usize) -> CudaResult<&DeviceBuffer<f32>> {
+        let t = self.cfg.pos_side;
+        if (gh, gw) == (t, t) {
+            return Ok(&self.pos);
+        }
+        self.tables
+            .iter()
+            .find(|(k, _)| *k == (gh, gw))
+            .map(|(_, b)| b)
+            .ok_or_else(|| CudaError::Unsupported(format!("no position table for {gh}×{gw}")))
+    }
+
+    fn ensure_workspace(&mut self, b: &ViewPlan) -> CudaResult<()> {
+        let capw = b
+            .views
+            .iter()
+            .map(|v| conv3x3s2_out(v.gw))
+            .max()
+            .unwrap_or(1);
+        if let Some(ws) = &self.ws {
+            if ws.cap >= b.n && ws.cap1 >= b.n1 && ws.cap2 >= b.n2 && ws.capw >= capw {
+                return Ok(());
+            }
+        }
+        let (cap, cap1, cap2, capw) = match &self.ws {
+            Some(ws) => (
+                ws.cap.max(b.n),
+                ws.cap1.max(b.n1),
+                ws.cap2.max(b.n2),
+                ws.capw.max(capw),
+            ),
+            None => (b.n, b.n1, b.n2, capw),
+        };
+        self.ws = None; // free the old one first
+        self.graphs.invalidate(); // the graphs address the old buffers
+        let c = &self.cfg;
+        let (h, wp, i) = (c.hidden, c.heads * self.kd, c.intermediate);
+        let d = &*self.dev;
+        let p = self.precision;
+        self.ws = Some(Workspace {
+            inp: InputBuffers::alloc(d, p, cap * patch_k(c), 2 * cap, cap + 1)?,
+            cap,
+            cap1,
+            cap2,
+            capw,
+            x: d.alloc(cap * h)?,
+            y: d.alloc(cap * h)?,
+            hn: GemmBuffer::alloc(d, p, cap * h)?,
+            qkv: GemmBuffer::alloc(d, p, cap * 3 * wp)?,
+            attn: GemmBuffer::alloc(d, p, cap * wp)?,
+            f: GemmBuffer::alloc(d, p, cap * i)?,
+            col1: GemmBuffer::alloc(d, p, cap1 * CONV_TAPS * h)?,
+            d1: GemmBuffer::alloc(d, p, cap1 * 2 * h)?,
+            col2: GemmBuffer::alloc(d, p, cap2 * CONV_TAPS * 2 * h)?,
+            d2: GemmBuffer::alloc(d, p, cap2 * c.out_width())?,
+            rows: d.alloc(cap2 * c.text_hidden)?,
+            zeros: match p {
+                CudaPrecision::F32 => Some(d.alloc_zeros(capw * 2 * h)?),
+                CudaPrecision::Bf16 => None,
+            },
+        });
+        Ok(())
+    }
+
+    /// Runs the whole forward on `batch` on the device; the rows stay there ([`StepCuda::rows`]).
+    /// With `keep_stages` the stage activations are downloaded as they are produced.
+    ///
+    /// The inputs are first copied into fixed device buffers (a staged batch's after its upload
+    /// finished, on the device); then in bf16 mode without stages the forward goes through the
+    /// CUDA graph cache ([`gpu_core::Graphs`]: eager the first time a layout is seen, captured
+    /// the second, replayed after), else it runs eagerly.
+    pub fn run(&mut self, batch: &StepBatch, keep_stages: bool) -> CudaResult<Option<StepStages>> {
+        self.run_graphed(batch, keep_stages).map(|(s, _)| s)
+    }
+
+    /// [`StepCuda::run`], also saying how the forward ran.
+    pub fn run_graphed(
+        &mut self,
+        batch: &StepBatch,
+        keep_stages: bool,
+    ) -> CudaResult<(Option<StepStages>, Ran)> {
+        self.with_workspace(batch, |t, ws| t.run_ws(ws, batch, keep_stages, None))
+    }
+
+    /// Runs the forward on `batch` and writes its rows, `[n2, text_hidden]` image after image
+    /// (each image's crops, then its global view: upstream order), into `out` (a caller's or
+    /// library-owned buffer, f32 or bf16) instead of the workspace: the projector writes there
+    /// directly, after the (graphed) rest of the tower. Queued on the device's stream; returns
+    /// how the tower ran.
+    pub fn run_into(&mut self, batch: &StepBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
+        let need = batch.meta.plan.n2 * self.cfg.text_hidden;
+        if out.len() != need {
+            return Err(CudaError::Unsupported(format!(
+                "a rows target of {} elements for {} rows of {}",
+                out.len(),
+                batch.meta.plan.n2,
+                self.cfg.text_hidden
+            )));
+        }
+        self.with_workspace(batch, |t, ws| t.run_ws(ws, batch, false, Some(out)))
+            .map(|(_, ran)| ran)
+    }
+
+    /// Calls `f` with the position tables and the workspace grown for `batch` first.
+    fn with_workspace<R>(
+        &mut self,
+        batch: &StepBatch,
+        f: impl FnOnce(&mut Self, &mut Workspace) -> CudaResult<R>,
+    ) -> CudaResult<R> {
+        self.ensure_tables(batch)?;
+        self.ensure_workspace(&batch.meta.plan)?;
+        let mut ws = self
+            .ws
+            .take()
+            .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
+        let r = f(self, &mut ws);
+        self.ws = Some(ws);
+        r
+    }
+
+    /// The forward on `ws`: everything up to the projector (graphed in bf16 without stages),
+    /// then the projector into `out` (the workspace's rows when `None`), outside any graph since
+    /// `out` changes from call to call.
+    fn run_ws(
+        &mut self,
+        ws: &mut Workspace,
+        batch: &StepBatch,
+        keep: bool,
+        out: Option<RowsTarget<'_>>,
+    ) -> CudaResult<(Option<StepStages>, Ran)> {
+        self.dev
+            .load_inputs(&batch.inputs, self.uploader.as_ref(), &mut ws.inp)?;
+        let (host, ran) = if keep || self.precision != CudaPrecision::Bf16 {
+            (self.run_in(ws, batch, keep)?, Ran::Eager)
+        } else {
+            let mut graphs = std::mem::take(&mut self.graphs);
+            let dev = self.dev.clone();
+            let r = graphs.run(&*dev, &batch.meta.key, || {
+                self.run_in(ws, batch, false).map(|_| ())
+            });
+            self.graphs = graphs;
+            (None, r?)
+        };
+        self.project(ws, &batch.meta.plan, out)?;
+        let Some(s) = host else {
+            return Ok((None, ran));
+        };
+        let rows = self
+            .dev
+            .download_prefix(&ws.rows, batch.meta.plan.n2 * self.cfg.text_hidden)?;
+        let h = self.cfg.hidden;
+        Ok((Some(s.assemble(&batch.meta.plan, h, rows)), ran))
+    }
+
+    /// The projector (modeling_step3p7.py:958-960) from the device-order downsampler rows to
+    /// the LM width, written in upstream order (per image: crops, then global) into `out` or
+    /// the workspace's rows: one GEMM per piece of views contiguous on both sides.
+    fn project(
+        &self,
+        ws: &mut Workspace,
+        plan: &ViewPlan,
+        mut out: Option<RowsTarget<'_>>,
+    ) -> CudaResult<()> {
+        let c = &self.cfg;
+        let (t, w) = (c.text_hidden, c.out_width());
+        for (src, rows, dst) in plan.out_pieces() {
+            let y = match out.as_mut() {
+                Some(target) => GemmOutput::Rows(target.reborrow()),
+                None => GemmOutput::F32(&mut ws.rows),
+            };
+            self.dev.gemm(
+                GemmBuffer::inputs(&ws.d2, &self.proj)?,
+                self.proj_b.as_ref().map(GemmBias::F32),
+                y,
+                GemmShape {
+                    x_offset: src * w,
+                    y_offset: dst * t,
+                    ..GemmShape::dense(rows, t, w)
+                },
+                Epilogue::None,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Downloads the rows of the last [`StepCuda::run`] on `batch`: per image its crops' rows in
+    /// crop order, then the global view's (upstream order), with the newline mask.
+    pub fn rows(&self, batch: &StepBatch) -> CudaResult<Vec<StepRows>> {
+        let ws = self
+            .ws
+            .as_ref()
+            .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
+        let t = self.cfg.text_hidden;
+        let all = self.dev.download_prefix(&ws.rows, batch.meta.plan.n2 * t)?;
+        Ok(batch.meta.plan.split_rows(&all, t, &batch.meta.masks))
+    }
+
+    /// [`StepCuda::prepare`], [`StepCuda::run`] and [`StepCuda::rows`] in one call.
+    pub fn encode(
+        &mut self,
+        images: &[StepImage<'_>],
+        keep_stages: bool,
+    ) -> CudaResult<(Vec<StepRows>, Option<StepStages>)> {
+        let batch = self.prepare(images)?;
+        let stages = self.run(&batch, keep_stages)?;
+        Ok((self.rows(&batch)?, stages))
+    }
+}
+
+impl gpu_core::DeviceTower for StepCuda {
+    type Config = StepConfig;
+    type Image<'a> = StepImage<'a>;
+    type HostBatch = StepHostBatch;
+    type Batch = StepBatch;
+    type Error = CudaError;
+
+    fn prepare_host(
+        config: &StepConfig,
+        precision: CudaPrecision,
+        images: &[StepImage<'_>],
+    ) -> CudaResult<StepHostBatch> {
+        StepCuda::prepare_host(config, precision, images)
+    }
+
+    fn rows_per_image(batch: &StepHostBatch) -> Vec<usize> {
+        batch.meta.plan.rows_per_image(batch.meta.masks.len())
+    }
+
+    fn stage(&mut self, host: StepHostBatch) -> CudaResult<StepBatch> {
+        StepCuda::stage(self, host)
+    }
+
+    fn run_into(&mut self, batch: &StepBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
+        StepCuda::run_into(self, batch, out)
+    }
+
+    fn width(&self) -> usize {
+        self.cfg.text_hidden
+    }
+
+    fn device(&self) -> &Arc<Device> {
+        &self.dev
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,216 @@
+//! A request's tower inputs: vision-prep's prepared tensors translated into each family's image
+//! type (the one place the facade does so), their patch counts, and the split into passes.
+
+use std::ops::Range;
+
+use tower_gemma::GemmaImage;
+use tower_glm5::GlmImage;
+use tower_step::{StepImage, StepView};
+use vision_prep::Prepared;
+
+use crate::tower::{Rows, Tower};
+use crate::tower_error::InputError;
+use crate::Family;
+
+/// A family's tower inputs for a whole request.
+pub(crate) enum Images<'a> {
+    Gemma4(Vec<GemmaImage<'a>>),
+    Glm(Vec<GlmImage<'a>>),
+    Step3p7(Vec<StepImage<'a>>),
+}
+
+impl Tower {
+    /// Patches (tower tokens before any merge or pooling) of each image.
+    pub(crate) fn patches(&self, images: &Images<'_>) -> Result<Vec<usize>, InputError> {
+        Ok(match images {
+            Images::Gemma4(v) => v
+                .iter()
+                .map(|i| {
+                    i.positions
+                        .chunks_exact(2)
+                        .filter(|p| p != &[-1, -1])
+                        .count()
+                })
+                .collect(),
+            Images::Glm(v) => v
+                .iter()
+                .map(|i| {
+                    let [t, h, w] = i.grid_thw;
+                    t.saturating_mul(h).saturating_mul(w)
+                })
+                .collect(),
+            Images::Step3p7(v) => {
+                let ps = self
+                    .step_config()
+                    .ok_or_else(|| self.wrong_inputs("step3p7"))?
+                    .patch
+                    .max(1);
+                let view =
+                    |w: &tower_step::StepView<'_>| (w.height / ps).saturating_mul(w.width / ps);
+                v.iter()
+                    .map(|i| {
+                        i.crops
+                            .iter()
+                            .fold(view(&i.global), |a, c| a.saturating_add(view(c)))
+                    })
+                    .collect()
+            }
+        })
+    }
+}
+
+/// Splits images of `patches` each into consecutive passes of at most `ceiling` patches; one
+/// (empty) pass for no images, so the tower gives its own answer.
+pub(crate) fn pass_ranges(
+    patches: &[usize],
+    ceiling: usize,
+) -> Result<Vec<Range<usize>>, InputError> {
+    let mut passes = Vec::new();
+    let (mut start, mut sum) = (0, 0usize);
+    for (index, &p) in patches.iter().enumerate() {
+        if p > ceiling {
+            return Err(InputError::OverCeiling {
+                index,
+                patches: p,
+                ceiling,
+            });
+        }
+        if sum.checked_add(p).is_none_or(|s| s > ceiling) {
+            passes.push(start..index);
+            (start, sum) = (index, 0);
+        }
+        sum += p;
+    }
+    passes.push(start..patches.len());
+    Ok(passes)
+}
+
+impl Tower {
+    /// Runs the tower on several prepared images in padding-free passes (one attention segment
+    /// per image, per frame pair, or per view).
+    pub(crate) fn encode_batch(&self, prepared: &[Prepared]) -> Result<Rows, InputError> {
+        let images = self.images_of(prepared)?;
+        self.run(&images)
+    }
+
+    /// The tower inputs of prepared images (borrowed from them).
+    pub(crate) fn images_of<'a>(&self, prepared: &'a [Prepared]) -> Result<Images<'a>, InputError> {
+        let missing =
+            |what: &str| InputError::Message(format!("a prepared image lacks the {what} tensors"));
+        Ok(match self.family() {
+            Family::Gemma4 => Images::Gemma4(
+                prepared
+                    .iter()
+                    .map(|p| {
+                        p.gemma4()
+                            .map(|g| GemmaImage {
+                                patches: g.patches,
+                                positions: g.positions,
+                            })
+                            .ok_or_else(|| missing("gemma4"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            Family::Glm5Next | Family::GlmOcr => Images::Glm(
+                prepared
+                    .iter()
+                    .map(|p| {
+                        let g = p.glm().ok_or_else(|| missing("glm"))?;
+                        let dim = |v: i64| {
+                            usize::try_from(v).map_err(|_| {
+                                InputError::Message(format!("negative grid {:?}", g.grid_thw))
+                            })
+                        };
+                        Ok(GlmImage {
+                            patches: g.rows,
+                            grid_thw: [
+                                dim(g.grid_thw[0])?,
+                                dim(g.grid_thw[1])?,
+                                dim(g.grid_thw[2])?,
+                            ],
+                        })
+                    })
+                    .collect::<Result<Vec<_>, InputError>>()?,
+            ),
+            Family::Step3p7 => Images::Step3p7(
+                prepared
+                    .iter()
+                    .map(|p| {
+                        let s = p.step3p7().ok_or_else(|| missing("step3p7"))?;
+                        step_image(&s)
+                    })
+                    .collect::<Result<Vec<_>, InputError>>()?,
+            ),
+        })
+    }
+}
+
+/// The Step views of one prepared image: square views, side from the element count.
+fn step_image<'a>(
+    s: &vision_prep::prepare::Step3p7Inputs<'a>,
+) -> Result<StepImage<'a>, InputError> {
+    let side_of = |len: usize| {
+        let side = ((len / 3) as f64).sqrt().round() as usize;
+        (side * side * 3 == len)
+            .then_some(side)
+            .ok_or_else(|| InputError::Message(format!("a view of {len} values is not 3 × S × S")))
+    };
+    let global = StepView {
+        pixels: s.global,
+        height: side_of(s.global.len())?,
+        width: side_of(s.global.len())?,
+    };
+    let mut crops = Vec::new();
+    if let Some(each) = s.local.len().checked_div(s.num_local) {
+        if each == 0 || each * s.num_local != s.local.len() {
+            return Err(InputError::Message(format!(
+                "{} crop values do not split into {} crops",
+                s.local.len(),
+                s.num_local
+            )));
+        }
+        let side = side_of(each)?;
+        for c in s.local.chunks_exact(each) {
+            crops.push(StepView {
+                pixels: c,
+                height: side,
+                width: side,
+            });
+        }
+    }
+    let newline_mask = (0..s.num_local)
+        .map(|i| s.newline_mask.get(i).is_some_and(|&m| m != 0))
+        .collect();
+    Ok(StepImage {
+        crops,
+        global,
+        newline_mask,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passes_hold_whole_images_in_order_under_the_ceiling() {
+        let r = |p: &[usize], c| match pass_ranges(p, c) {
+            Ok(v) => Ok(v.into_iter().map(|r| (r.start, r.end)).collect::<Vec<_>>()),
+            Err(e) => Err(format!("{e:?}")),
+        };
+        assert_eq!(r(&[], 10), Ok(vec![(0, 0)]));
+        assert_eq!(r(&[4, 4, 2], 10), Ok(vec![(0, 3)]));
+        assert_eq!(r(&[4, 4, 3], 10), Ok(vec![(0, 2), (2, 3)]));
+        assert_eq!(r(&[10, 1, 9, 10], 10), Ok(vec![(0, 1), (1, 3), (3, 4)]));
+        assert_eq!(r(&[1, 1, 1], 1), Ok(vec![(0, 1), (1, 2), (2, 3)]));
+        assert!(matches!(
+            pass_ranges(&[3, 11, 2], 10),
+            Err(InputError::OverCeiling {
+                index: 1,
+                patches: 11,
+                ceiling: 10
+            })
+        ));
+        assert_eq!(r(&[usize::MAX, 1], usize::MAX), Ok(vec![(0, 1), (1, 2)]));
+    }
+}
