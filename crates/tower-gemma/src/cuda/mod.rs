@@ -716,8 +716,32 @@ impl gpu_core::DeviceTower for GemmaCuda {
         batch.meta.rows_per.clone()
     }
 
+    fn prepare(&self, images: &[GemmaImage<'_>]) -> CudaResult<GemmaBatch> {
+        GemmaCuda::prepare(self, images)
+    }
+
     fn stage(&mut self, host: GemmaHostBatch) -> CudaResult<GemmaBatch> {
         GemmaCuda::stage(self, host)
+    }
+
+    fn run_pass(&mut self, batch: &GemmaBatch) -> CudaResult<()> {
+        GemmaCuda::run(self, batch, false).map(|_| ())
+    }
+
+    fn pass_rows(&self, batch: &GemmaBatch) -> CudaResult<Vec<Vec<f32>>> {
+        GemmaCuda::rows(self, batch)
+    }
+
+    fn set_graphs(&mut self, on: bool) {
+        GemmaCuda::set_graphs(self, on)
+    }
+
+    fn graph_status(&self) -> &GraphStatus {
+        GemmaCuda::graph_status(self)
+    }
+
+    fn graph_stats(&self) -> GraphStats {
+        GemmaCuda::graph_stats(self)
     }
 
     fn run_into(&mut self, batch: &GemmaBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {

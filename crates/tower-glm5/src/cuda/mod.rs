@@ -723,8 +723,32 @@ impl gpu_core::DeviceTower for GlmCuda {
         batch.meta.rows_per.clone()
     }
 
+    fn prepare(&self, images: &[GlmImage<'_>]) -> CudaResult<GlmBatch> {
+        GlmCuda::prepare(self, images)
+    }
+
     fn stage(&mut self, host: GlmHostBatch) -> CudaResult<GlmBatch> {
         GlmCuda::stage(self, host)
+    }
+
+    fn run_pass(&mut self, batch: &GlmBatch) -> CudaResult<()> {
+        GlmCuda::run(self, batch, false).map(|_| ())
+    }
+
+    fn pass_rows(&self, batch: &GlmBatch) -> CudaResult<Vec<Vec<f32>>> {
+        GlmCuda::rows(self, batch)
+    }
+
+    fn set_graphs(&mut self, on: bool) {
+        GlmCuda::set_graphs(self, on)
+    }
+
+    fn graph_status(&self) -> &GraphStatus {
+        GlmCuda::graph_status(self)
+    }
+
+    fn graph_stats(&self) -> GraphStats {
+        GlmCuda::graph_stats(self)
     }
 
     fn run_into(&mut self, batch: &GlmBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {

@@ -706,8 +706,32 @@ impl gpu_core::DeviceTower for StepCuda {
         batch.meta.plan.rows_per_image(batch.meta.masks.len())
     }
 
+    fn prepare(&self, images: &[StepImage<'_>]) -> CudaResult<StepBatch> {
+        StepCuda::prepare(self, images)
+    }
+
     fn stage(&mut self, host: StepHostBatch) -> CudaResult<StepBatch> {
         StepCuda::stage(self, host)
+    }
+
+    fn run_pass(&mut self, batch: &StepBatch) -> CudaResult<()> {
+        StepCuda::run(self, batch, false).map(|_| ())
+    }
+
+    fn pass_rows(&self, batch: &StepBatch) -> CudaResult<Vec<Vec<f32>>> {
+        StepCuda::rows(self, batch).map(|rows| rows.into_iter().map(|r| r.rows).collect())
+    }
+
+    fn set_graphs(&mut self, on: bool) {
+        StepCuda::set_graphs(self, on)
+    }
+
+    fn graph_status(&self) -> &GraphStatus {
+        StepCuda::graph_status(self)
+    }
+
+    fn graph_stats(&self) -> GraphStats {
+        StepCuda::graph_stats(self)
     }
 
     fn run_into(&mut self, batch: &StepBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
