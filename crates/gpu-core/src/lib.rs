@@ -25,6 +25,7 @@ pub mod kernels;
 mod mixed;
 mod ops;
 mod rows_out;
+mod runner;
 mod staging;
 mod tma;
 mod tower;
@@ -56,6 +57,7 @@ pub use ops::{
     NormOut, QkvSpec, RopeLayout, RopeSpec, MAX_F32_ATTN_HEAD_DIM, MAX_NORM_WIDTH,
 };
 pub use rows_out::{OwnedRows, RowsDtype, RowsTarget, PER_THREAD_DEFAULT_STREAM};
+pub use runner::PassRunner;
 pub use staging::{DeviceInputs, HostGemm, HostInputs, InputBuffers, Uploader, UPLOAD_SLOTS};
 pub use tower::{DeviceTower, LmAttention};
 pub use upload::{

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::{CudaPrecision, Device, GpuError, Ran, RowsTarget};
+use crate::{CudaPrecision, Device, GpuError, GraphStats, GraphStatus, Ran, RowsTarget};
 
 /// How the language model attends over the rows of an image, so an engine can refuse a serving
 /// path that cannot honour it. One law per family, stated by its tower crate from the model's
@@ -54,12 +54,32 @@ pub trait DeviceTower: Send {
     /// Rows the pass over `batch` gives each of its images, in order.
     fn rows_per_image(batch: &Self::HostBatch) -> Vec<usize>;
 
+    /// Validates `images` and uploads their inputs synchronously (the host half, then a plain
+    /// upload: no copy stream, no page-locked slots).
+    fn prepare(&self, images: &[Self::Image<'_>]) -> Result<Self::Batch, Self::Error>;
+
     /// Queues the upload of a host batch (asynchronous; valid until two more are staged).
     fn stage(&mut self, host: Self::HostBatch) -> Result<Self::Batch, Self::Error>;
 
     /// Runs the pass and writes its rows, image after image in the LM width, into `out`, which
     /// must hold exactly that many elements. Queued on the device's stream.
     fn run_into(&mut self, batch: &Self::Batch, out: RowsTarget<'_>) -> Result<Ran, Self::Error>;
+
+    /// Runs the pass into the tower's workspace (queued, through its graphs where they are on);
+    /// its rows come from [`DeviceTower::pass_rows`].
+    fn run_pass(&mut self, batch: &Self::Batch) -> Result<(), Self::Error>;
+
+    /// The rows of the last pass over `batch`, per image in the LM width, on the host (waits).
+    fn pass_rows(&self, batch: &Self::Batch) -> Result<Vec<Vec<f32>>, Self::Error>;
+
+    /// Turns CUDA graph replay on or off for the passes that follow.
+    fn set_graphs(&mut self, on: bool);
+
+    /// Whether graphs replay and, if a capture failed, why not.
+    fn graph_status(&self) -> &GraphStatus;
+
+    /// What the graph cache did so far.
+    fn graph_stats(&self) -> GraphStats;
 
     /// The LM width of the rows.
     fn width(&self) -> usize;

@@ -4,10 +4,11 @@
 use std::ops::Range;
 use std::sync::{Mutex, PoisonError};
 
-use gpu_core::{DeviceTower, OwnedRows, RowsDtype, RowsTarget};
+use gpu_core::{OwnedRows, RowsDtype, RowsTarget};
 
+use crate::cuda_engine::CudaFamily;
 use crate::inputs::{pass_ranges, Images};
-use crate::tower::{Engine, Tower};
+use crate::tower::Tower;
 use crate::tower_error::InputError;
 use crate::{Precision, TowerError};
 
@@ -178,29 +179,6 @@ pub(crate) struct DeviceResult {
     pub(crate) rows_per_image: Vec<usize>,
 }
 
-/// A family's CUDA error as the facade reports it, for a pass of `patches` patches.
-pub(crate) trait PassError {
-    fn in_pass(self, patches: usize) -> InputError;
-}
-
-impl PassError for tower_gemma::CudaError {
-    fn in_pass(self, patches: usize) -> InputError {
-        crate::tower_error::gemma_cuda_err(self, patches)
-    }
-}
-
-impl PassError for tower_glm5::CudaError {
-    fn in_pass(self, patches: usize) -> InputError {
-        crate::tower_error::glm_cuda_err(self, patches)
-    }
-}
-
-impl PassError for tower_step::CudaError {
-    fn in_pass(self, patches: usize) -> InputError {
-        crate::tower_error::step_cuda_err(self, patches)
-    }
-}
-
 impl Tower {
     /// Runs `images` on the CUDA device in passes of at most `max_patches_per_pass` patches and
     /// writes every image's rows, in request order, into one buffer: the library's or the
@@ -233,27 +211,24 @@ impl Tower {
             precision,
             dest,
         };
-        match (&self.engine, images) {
-            (Engine::GemmaCuda { config, cuda }, Images::Gemma4(v)) => job.run(cuda, config, v),
-            (Engine::GlmCuda { config, cuda }, Images::Glm(v)) => job.run(cuda, config, v),
-            (Engine::StepCuda { config, cuda }, Images::Step3p7(v)) => job.run(cuda, config, v),
-            (Engine::GemmaHost(_) | Engine::GlmHost(_) | Engine::StepHost(_), _) => {
+        match self.engine.cuda() {
+            Some(c) => c.run_device(&job, images).unwrap_or_else(|| {
                 Err(InputError::Message(format!(
-                    "rows on a GPU need a model opened on CUDA; this one runs on {} (its rows come \
-                     back to the host as float32)",
-                    self.device()
+                    "the {} tower was given another family's inputs",
+                    self.family().name()
                 )))
-            }
-            _ => Err(InputError::Message(format!(
-                "the {} tower was given another family's inputs",
-                self.family().name()
+            }),
+            None => Err(InputError::Message(format!(
+                "rows on a GPU need a model opened on CUDA; this one runs on {} (its rows come \
+                 back to the host as float32)",
+                self.device()
             ))),
         }
     }
 }
 
 /// One device encode's passes and destination, run against any family's tower.
-struct Job<'a> {
+pub(crate) struct Job<'a> {
     passes: &'a [Range<usize>],
     patches: &'a [usize],
     precision: gpu_core::CudaPrecision,
@@ -280,22 +255,19 @@ impl Job<'_> {
         }
     }
 
-    fn run<T>(
+    /// Runs the passes on `cuda` (a tower of `config`) over its family's `images`.
+    pub(crate) fn run<T: CudaFamily>(
         &self,
         cuda: &Mutex<T>,
         config: &T::Config,
         images: &[T::Image<'_>],
-    ) -> Result<DeviceResult, InputError>
-    where
-        T: DeviceTower,
-        T::Error: PassError,
-    {
+    ) -> Result<DeviceResult, InputError> {
         // The host half of every pass first, before the device is taken.
         let mut hosts = Vec::with_capacity(self.passes.len());
         let mut rows_per_image = Vec::with_capacity(images.len());
         for range in self.passes {
             let host = T::prepare_host(config, self.precision, &images[range.clone()])
-                .map_err(|e| self.in_pass(range, e.in_pass(self.pass_patches(range))))?;
+                .map_err(|e| self.in_pass(range, T::in_pass(e, self.pass_patches(range))))?;
             let rows = T::rows_per_image(&host);
             hosts.push((host, rows.iter().sum::<usize>()));
             rows_per_image.extend(rows);
@@ -343,9 +315,9 @@ impl Job<'_> {
         for ((host, rows), range) in hosts.into_iter().zip(self.passes) {
             let n = self.pass_patches(range);
             let pass = |tower: &mut T, target: &mut RowsTarget<'_>| -> Result<(), InputError> {
-                let batch = tower.stage(host).map_err(|e| e.in_pass(n))?;
+                let batch = tower.stage(host).map_err(|e| T::in_pass(e, n))?;
                 let out = target.range(row * width, rows * width).map_err(gpu)?;
-                tower.run_into(&batch, out).map_err(|e| e.in_pass(n))?;
+                tower.run_into(&batch, out).map_err(|e| T::in_pass(e, n))?;
                 Ok(())
             };
             result = pass(&mut tower, &mut target).map_err(|e| self.in_pass(range, e));

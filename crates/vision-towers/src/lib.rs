@@ -11,6 +11,7 @@
 //! tower crate's `lm_attention`); every family's LM width is its config's `text_hidden`.
 #![deny(missing_docs)]
 
+mod cuda_engine;
 mod device_rows;
 mod family;
 mod inputs;

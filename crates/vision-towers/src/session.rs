@@ -2,41 +2,33 @@
 //! (on CUDA: uploaded from page-locked memory on a copy stream) while the previous pass runs,
 //! launched, and its rows collected before the next pass is launched.
 
-use std::sync::{MutexGuard, PoisonError};
+use std::any::Any;
 
-use tower_gemma::{GemmaBatch, GemmaCuda, GemmaHostBatch};
-use tower_glm5::{GlmBatch, GlmCuda, GlmHostBatch};
-use tower_step::{StepBatch, StepCuda, StepHostBatch};
 use vision_prep::Prepared;
 
-use crate::inputs::Images;
-use crate::tower::{Engine, Tower};
-use crate::tower_error::{gemma_cuda_err, glm_cuda_err, step_cuda_err, InputError};
+use crate::cuda_engine::CudaSession;
+use crate::tower::Tower;
+use crate::tower_error::InputError;
 
 /// One pass's input, built off the device's thread: the prepared images (host path) or the
-/// tower's host-prepared batch (CUDA: validated, in the GEMM precision).
-#[allow(clippy::large_enum_variant)] // short-lived, one per pass
+/// tower's host-prepared batch (CUDA: validated, in the GEMM precision; the family's own type,
+/// which only its tower takes back).
 pub(crate) enum PassInput {
     Host(Vec<Prepared>),
-    Gemma(GemmaHostBatch),
-    Glm(GlmHostBatch),
-    Step(StepHostBatch),
+    Cuda(Box<dyn Any + Send>),
 }
 
 /// A pass between [`Session::stage`] and [`Session::launch`].
 pub(crate) enum Staged {
     Host(Vec<Prepared>),
-    Gemma(GemmaBatch),
-    Glm(GlmBatch),
-    Step(StepBatch),
+    Cuda(Box<dyn Any>),
 }
 
 enum Held<'a> {
     /// The host path computes a pass at launch; its rows wait here.
     Host(Option<Vec<Vec<f32>>>),
-    Gemma(MutexGuard<'a, GemmaCuda>, Option<GemmaBatch>),
-    Glm(MutexGuard<'a, GlmCuda>, Option<GlmBatch>),
-    Step(MutexGuard<'a, StepCuda>, Option<StepBatch>),
+    /// A CUDA tower's lock and the batch in flight.
+    Cuda(Box<dyn CudaSession + 'a>),
 }
 
 /// The tower, held for a stream: on CUDA its device lock is taken for the session's lifetime.
@@ -65,17 +57,9 @@ impl Tower {
             .patches(&images)?
             .iter()
             .fold(0usize, |a, &b| a.saturating_add(b));
-        let input = match (&self.engine, &images) {
-            (Engine::GemmaCuda { config, .. }, Images::Gemma4(v)) => PassInput::Gemma(
-                GemmaCuda::prepare_host(config, p, v).map_err(|e| gemma_cuda_err(e, n))?,
-            ),
-            (Engine::GlmCuda { config, .. }, Images::Glm(v)) => {
-                PassInput::Glm(GlmCuda::prepare_host(config, p, v).map_err(|e| glm_cuda_err(e, n))?)
-            }
-            (Engine::StepCuda { config, .. }, Images::Step3p7(v)) => PassInput::Step(
-                StepCuda::prepare_host(config, p, v).map_err(|e| step_cuda_err(e, n))?,
-            ),
-            _ => {
+        let input = match self.engine.cuda().and_then(|c| c.pass_input(p, &images, n)) {
+            Some(batch) => PassInput::Cuda(batch?),
+            None => {
                 drop(images);
                 return Ok((PassInput::Host(prepared), Vec::new()));
             }
@@ -86,17 +70,9 @@ impl Tower {
 
     /// Holds the tower for a stream of passes (CUDA: its device lock, until the session drops).
     pub(crate) fn session(&self) -> Session<'_> {
-        let held = match &self.engine {
-            Engine::GemmaCuda { cuda, .. } => {
-                Held::Gemma(cuda.lock().unwrap_or_else(PoisonError::into_inner), None)
-            }
-            Engine::GlmCuda { cuda, .. } => {
-                Held::Glm(cuda.lock().unwrap_or_else(PoisonError::into_inner), None)
-            }
-            Engine::StepCuda { cuda, .. } => {
-                Held::Step(cuda.lock().unwrap_or_else(PoisonError::into_inner), None)
-            }
-            Engine::GemmaHost(_) | Engine::GlmHost(_) | Engine::StepHost(_) => Held::Host(None),
+        let held = match self.engine.cuda() {
+            Some(c) => Held::Cuda(c.session()),
+            None => Held::Host(None),
         };
         Session {
             tower: self,
@@ -110,77 +86,41 @@ impl Session<'_> {
     /// Stages a pass of `patches` patches: on CUDA its upload is queued on the copy stream and
     /// overlaps the pass in flight.
     pub(crate) fn stage(&mut self, input: PassInput, patches: usize) -> Result<Staged, InputError> {
-        Ok(match (&mut self.held, input) {
-            (Held::Host(_), PassInput::Host(p)) => Staged::Host(p),
-            (Held::Gemma(c, _), PassInput::Gemma(b)) => {
-                Staged::Gemma(c.stage(b).map_err(|e| gemma_cuda_err(e, patches))?)
+        let staged = match (&mut self.held, input) {
+            (Held::Host(_), PassInput::Host(p)) => Some(Staged::Host(p)),
+            (Held::Cuda(c), PassInput::Cuda(b)) => {
+                c.stage(b, patches).transpose()?.map(Staged::Cuda)
             }
-            (Held::Glm(c, _), PassInput::Glm(b)) => {
-                Staged::Glm(c.stage(b).map_err(|e| glm_cuda_err(e, patches))?)
-            }
-            (Held::Step(c, _), PassInput::Step(b)) => {
-                Staged::Step(c.stage(b).map_err(|e| step_cuda_err(e, patches))?)
-            }
-            _ => {
-                return Err(InputError::Message(
-                    "a pass prepared for another engine".into(),
-                ))
-            }
-        })
+            _ => None,
+        };
+        staged.ok_or_else(|| InputError::Message("a pass prepared for another engine".into()))
     }
 
     /// The rows of the pass in flight, per image (waits for it); `None` when none is in flight.
     pub(crate) fn collect(&mut self) -> Result<Option<Vec<Vec<f32>>>, InputError> {
         let n = self.patches;
-        Ok(match &mut self.held {
-            Held::Host(done) => done.take(),
-            Held::Gemma(c, b) => match b.take() {
-                Some(b) => Some(c.rows(&b).map_err(|e| gemma_cuda_err(e, n))?),
-                None => None,
-            },
-            Held::Glm(c, b) => match b.take() {
-                Some(b) => Some(c.rows(&b).map_err(|e| glm_cuda_err(e, n))?),
-                None => None,
-            },
-            Held::Step(c, b) => match b.take() {
-                Some(b) => Some(
-                    c.rows(&b)
-                        .map_err(|e| step_cuda_err(e, n))?
-                        .into_iter()
-                        .map(|r| r.rows)
-                        .collect(),
-                ),
-                None => None,
-            },
-        })
+        match &mut self.held {
+            Held::Host(done) => Ok(done.take()),
+            Held::Cuda(c) => c.collect(n),
+        }
     }
 
     /// Launches a staged pass of `patches` patches (CUDA: queued, returns at once; host: runs
     /// it). Its rows come from the next [`Session::collect`].
     pub(crate) fn launch(&mut self, staged: Staged, patches: usize) -> Result<(), InputError> {
         self.patches = patches;
-        match (&mut self.held, staged) {
+        let launched = match (&mut self.held, staged) {
             (Held::Host(done), Staged::Host(p)) => {
                 *done = Some(self.tower.encode_batch(&p)?.per_image);
+                Some(Ok(()))
             }
-            (Held::Gemma(c, slot), Staged::Gemma(b)) => {
-                c.run(&b, false).map_err(|e| gemma_cuda_err(e, patches))?;
-                *slot = Some(b);
-            }
-            (Held::Glm(c, slot), Staged::Glm(b)) => {
-                c.run(&b, false).map_err(|e| glm_cuda_err(e, patches))?;
-                *slot = Some(b);
-            }
-            (Held::Step(c, slot), Staged::Step(b)) => {
-                c.run(&b, false).map_err(|e| step_cuda_err(e, patches))?;
-                *slot = Some(b);
-            }
-            _ => {
-                return Err(InputError::Message(
-                    "a pass staged for another engine".into(),
-                ))
-            }
-        }
-        Ok(())
+            (Held::Cuda(c), Staged::Cuda(b)) => c.launch(b, patches),
+            _ => None,
+        };
+        launched.unwrap_or_else(|| {
+            Err(InputError::Message(
+                "a pass staged for another engine".into(),
+            ))
+        })
     }
 }

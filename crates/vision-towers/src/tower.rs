@@ -3,16 +3,16 @@
 
 use std::ops::Range;
 use std::path::Path;
-use std::sync::{Mutex, PoisonError};
 
 use gpu_core::{GraphStats, GraphStatus};
 use st_reader::Checkpoint;
-use tower_gemma::{GemmaConfig, GemmaCuda, GemmaTower};
+use tower_gemma::{GemmaCuda, GemmaTower};
 use tower_glm5::{GlmConfig, GlmCuda, GlmTower};
 use tower_step::{StepConfig, StepCuda, StepTower};
 
+use crate::cuda_engine::{Cuda, CudaEngine};
 use crate::inputs::{pass_ranges, Images};
-use crate::tower_error::{gemma_cuda_err, glm_cuda_err, step_cuda_err, InputError};
+use crate::tower_error::InputError;
 use crate::upload::{open_device, upload_mapped, HostTower, Upload};
 use crate::{Device, Family, Precision, ProcessorTensors, TowerError, TowerOptions};
 
@@ -32,39 +32,39 @@ pub struct Tower {
 #[allow(clippy::large_enum_variant)] // one long-lived handle per model; boxing buys nothing
 pub(crate) enum Engine {
     GemmaHost(GemmaTower),
-    GemmaCuda {
-        config: GemmaConfig,
-        cuda: Mutex<GemmaCuda>,
-    },
+    GemmaCuda(Cuda<GemmaCuda>),
     GlmHost(GlmTower),
-    GlmCuda {
-        config: GlmConfig,
-        cuda: Mutex<GlmCuda>,
-    },
+    GlmCuda(Cuda<GlmCuda>),
     StepHost(StepTower),
-    StepCuda {
-        config: StepConfig,
-        cuda: Mutex<StepCuda>,
-    },
+    StepCuda(Cuda<StepCuda>),
 }
 
 impl Engine {
+    /// The CUDA tower, whatever its family (`None` on the host): the one place the facade's
+    /// device plumbing tells the families apart.
+    pub(crate) fn cuda(&self) -> Option<&dyn CudaEngine> {
+        match self {
+            Engine::GemmaCuda(c) => Some(c),
+            Engine::GlmCuda(c) => Some(c),
+            Engine::StepCuda(c) => Some(c),
+            Engine::GemmaHost(_) | Engine::GlmHost(_) | Engine::StepHost(_) => None,
+        }
+    }
+
+    /// [`Engine::cuda`], mutably.
+    fn cuda_mut(&mut self) -> Option<&mut dyn CudaEngine> {
+        match self {
+            Engine::GemmaCuda(c) => Some(c),
+            Engine::GlmCuda(c) => Some(c),
+            Engine::StepCuda(c) => Some(c),
+            Engine::GemmaHost(_) | Engine::GlmHost(_) | Engine::StepHost(_) => None,
+        }
+    }
+
     /// Turns the CUDA path's graphs on or off (the host paths have none).
     fn with_graphs(mut self, on: bool) -> Engine {
-        match &mut self {
-            Engine::GemmaCuda { cuda, .. } => cuda
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner)
-                .set_graphs(on),
-            Engine::GlmCuda { cuda, .. } => cuda
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner)
-                .set_graphs(on),
-            Engine::StepCuda { cuda, .. } => cuda
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner)
-                .set_graphs(on),
-            Engine::GemmaHost(_) | Engine::GlmHost(_) | Engine::StepHost(_) => {}
+        if let Some(c) = self.cuda_mut() {
+            c.set_graphs(on);
         }
         self
     }
@@ -181,11 +181,11 @@ impl Tower {
     /// The family of this tower.
     pub fn family(&self) -> Family {
         match &self.engine {
-            Engine::GemmaHost(_) | Engine::GemmaCuda { .. } => Family::Gemma4,
-            Engine::GlmHost(GlmTower { config, .. }) | Engine::GlmCuda { config, .. } => {
+            Engine::GemmaHost(_) | Engine::GemmaCuda(_) => Family::Gemma4,
+            Engine::GlmHost(GlmTower { config, .. }) | Engine::GlmCuda(Cuda { config, .. }) => {
                 glm_family(config)
             }
-            Engine::StepHost(_) | Engine::StepCuda { .. } => Family::Step3p7,
+            Engine::StepHost(_) | Engine::StepCuda(_) => Family::Step3p7,
         }
     }
 
@@ -207,61 +207,23 @@ impl Tower {
     /// Whether the CUDA path replays CUDA graphs for repeated batch layouts and, if a capture
     /// failed, why not (`None` on the host). Waits for a pass in progress.
     pub fn graph_status(&self) -> Option<GraphStatus> {
-        match &self.engine {
-            Engine::GemmaCuda { cuda, .. } => Some(
-                cuda.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .graph_status()
-                    .clone(),
-            ),
-            Engine::GlmCuda { cuda, .. } => Some(
-                cuda.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .graph_status()
-                    .clone(),
-            ),
-            Engine::StepCuda { cuda, .. } => Some(
-                cuda.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .graph_status()
-                    .clone(),
-            ),
-            Engine::GemmaHost(_) | Engine::GlmHost(_) | Engine::StepHost(_) => None,
-        }
+        self.engine.cuda().map(|c| c.graph_status())
     }
 
     /// What the CUDA path's graph cache did so far (`None` on the host).
     pub fn graph_stats(&self) -> Option<GraphStats> {
-        match &self.engine {
-            Engine::GemmaCuda { cuda, .. } => Some(
-                cuda.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .graph_stats(),
-            ),
-            Engine::GlmCuda { cuda, .. } => Some(
-                cuda.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .graph_stats(),
-            ),
-            Engine::StepCuda { cuda, .. } => Some(
-                cuda.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .graph_stats(),
-            ),
-            Engine::GemmaHost(_) | Engine::GlmHost(_) | Engine::StepHost(_) => None,
-        }
+        self.engine.cuda().map(|c| c.graph_stats())
     }
 
     /// The LM width of its rows.
     pub fn width(&self) -> usize {
         match &self.engine {
-            Engine::GemmaHost(GemmaTower { config, .. }) | Engine::GemmaCuda { config, .. } => {
+            Engine::GemmaHost(GemmaTower { config, .. })
+            | Engine::GemmaCuda(Cuda { config, .. }) => config.text_hidden,
+            Engine::GlmHost(GlmTower { config, .. }) | Engine::GlmCuda(Cuda { config, .. }) => {
                 config.text_hidden
             }
-            Engine::GlmHost(GlmTower { config, .. }) | Engine::GlmCuda { config, .. } => {
-                config.text_hidden
-            }
-            Engine::StepHost(StepTower { config, .. }) | Engine::StepCuda { config, .. } => {
+            Engine::StepHost(StepTower { config, .. }) | Engine::StepCuda(Cuda { config, .. }) => {
                 config.text_hidden
             }
         }
@@ -296,7 +258,7 @@ impl Tower {
 
     pub(crate) fn glm_config(&self) -> Option<&GlmConfig> {
         match &self.engine {
-            Engine::GlmHost(GlmTower { config, .. }) | Engine::GlmCuda { config, .. } => {
+            Engine::GlmHost(GlmTower { config, .. }) | Engine::GlmCuda(Cuda { config, .. }) => {
                 Some(config)
             }
             _ => None,
@@ -305,7 +267,7 @@ impl Tower {
 
     pub(crate) fn step_config(&self) -> Option<&StepConfig> {
         match &self.engine {
-            Engine::StepHost(StepTower { config, .. }) | Engine::StepCuda { config, .. } => {
+            Engine::StepHost(StepTower { config, .. }) | Engine::StepCuda(Cuda { config, .. }) => {
                 Some(config)
             }
             _ => None,
@@ -356,46 +318,24 @@ impl Tower {
         range: Range<usize>,
         patches: usize,
     ) -> Result<Vec<Vec<f32>>, InputError> {
+        if let Some(rows) = self
+            .engine
+            .cuda()
+            .and_then(|c| c.pass(images, range.clone(), patches))
+        {
+            return rows;
+        }
         match (&self.engine, images) {
             (Engine::GemmaHost(t), Images::Gemma4(v)) => {
                 t.encode_host(&v[range]).map_err(InputError::Gemma)
             }
-            (Engine::GemmaCuda { cuda, .. }, Images::Gemma4(v)) => {
-                let mut c = cuda.lock().unwrap_or_else(PoisonError::into_inner);
-                let run = |c: &mut GemmaCuda| {
-                    let batch = c.prepare(&v[range])?;
-                    c.run(&batch, false)?;
-                    c.rows(&batch)
-                };
-                run(&mut c).map_err(|e| gemma_cuda_err(e, patches))
-            }
             (Engine::GlmHost(t), Images::Glm(v)) => {
                 t.encode_host(&v[range]).map_err(InputError::Glm)
-            }
-            (Engine::GlmCuda { cuda, .. }, Images::Glm(v)) => {
-                let mut c = cuda.lock().unwrap_or_else(PoisonError::into_inner);
-                let run = |c: &mut GlmCuda| {
-                    let batch = c.prepare(&v[range])?;
-                    c.run(&batch, false)?;
-                    c.rows(&batch)
-                };
-                run(&mut c).map_err(|e| glm_cuda_err(e, patches))
             }
             (Engine::StepHost(t), Images::Step3p7(v)) => t
                 .encode_host(&v[range])
                 .map(|rows| rows.into_iter().map(|r| r.rows).collect())
                 .map_err(InputError::Step),
-            (Engine::StepCuda { cuda, .. }, Images::Step3p7(v)) => {
-                let mut c = cuda.lock().unwrap_or_else(PoisonError::into_inner);
-                let run = |c: &mut StepCuda| {
-                    let batch = c.prepare(&v[range])?;
-                    c.run(&batch, false)?;
-                    c.rows(&batch)
-                };
-                run(&mut c)
-                    .map(|rows| rows.into_iter().map(|r| r.rows).collect())
-                    .map_err(|e| step_cuda_err(e, patches))
-            }
             (_, Images::Gemma4(_)) => Err(self.wrong_inputs("gemma4")),
             (_, Images::Glm(_)) => Err(self.wrong_inputs("glm")),
             (_, Images::Step3p7(_)) => Err(self.wrong_inputs("step3p7")),

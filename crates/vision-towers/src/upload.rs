@@ -11,6 +11,7 @@ use tower_gemma::{GemmaCuda, GemmaTower, GgufActivation};
 use tower_glm5::{GlmCuda, GlmTower};
 use tower_step::{StepCuda, StepTower};
 
+use crate::cuda_engine::Cuda;
 use crate::tower::Engine;
 use crate::{detect_family, Family, Precision, TowerError, WeightFile};
 
@@ -84,10 +85,10 @@ pub(crate) fn upload_mapped(
                 WeightFile::SafeTensors(ck) => GemmaCuda::from_checkpoint(dev, ck, p),
             };
             match r {
-                Ok(c) => Ok(Engine::GemmaCuda {
+                Ok(c) => Ok(Engine::GemmaCuda(Cuda {
                     config: c.config().clone(),
                     cuda: Mutex::new(c),
-                }),
+                })),
                 Err(E::Gpu(e)) => Err(failed(e)),
                 Err(E::Unsupported(m)) => Err(refused(m, Family::Gemma4)),
                 Err(E::Gemma(e)) => Err(Upload::Failed(TowerError::Gemma {
@@ -99,10 +100,10 @@ pub(crate) fn upload_mapped(
         (Some(f @ (Family::Glm5Next | Family::GlmOcr)), WeightFile::SafeTensors(ck)) => {
             use tower_glm5::CudaError as E;
             match GlmCuda::from_checkpoint(dev, ck, p) {
-                Ok(c) => Ok(Engine::GlmCuda {
+                Ok(c) => Ok(Engine::GlmCuda(Cuda {
                     config: c.config().clone(),
                     cuda: Mutex::new(c),
-                }),
+                })),
                 Err(E::Gpu(e)) => Err(failed(e)),
                 Err(E::Unsupported(m)) => Err(refused(m, f)),
                 Err(E::Glm(e)) => Err(Upload::Failed(TowerError::Glm {
@@ -114,10 +115,10 @@ pub(crate) fn upload_mapped(
         (Some(Family::Step3p7), WeightFile::SafeTensors(ck)) => {
             use tower_step::CudaError as E;
             match StepCuda::from_checkpoint(dev, ck, p) {
-                Ok(c) => Ok(Engine::StepCuda {
+                Ok(c) => Ok(Engine::StepCuda(Cuda {
                     config: c.config().clone(),
                     cuda: Mutex::new(c),
-                }),
+                })),
                 Err(E::Gpu(e)) => Err(failed(e)),
                 Err(E::Unsupported(m)) => Err(refused(m, Family::Step3p7)),
                 Err(E::Step(e)) => Err(Upload::Failed(TowerError::Step {

@@ -26,9 +26,8 @@ use std::sync::Arc;
 use gpu_core::{
     head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp,
     DeviceBuffer, DeviceInputs, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs, GemmOutput,
-    GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs, HostTensor,
-    InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, RowsTarget, Stager, TensorStore,
-    Uploader,
+    GemmShape, GraphKey, GraphStats, GraphStatus, HostGemm, HostInputs, HostTensor, InputBuffers,
+    Mat, PassRunner, QkvSpec, Ran, RopeLayout, RopeSpec, RowsTarget, Stager, TensorStore,
 };
 
 use crate::config::GemmaConfig;
@@ -184,11 +183,8 @@ pub struct GemmaCuda {
     /// f32 identity `[H, H]`: exact row-block copies (pooling images at an offset).
     eye_h: DeviceBuffer<f32>,
     weight_bytes: usize,
-    ws: Option<Workspace>,
-    /// CUDA graphs of the bf16 forward, per batch layout.
-    graphs: Graphs,
-    /// Asynchronous uploads of staged batches (created on the first [`GemmaCuda::stage`]).
-    uploader: Option<Uploader>,
+    /// Graphs, uploader and workspace: the lifecycle every tower shares.
+    passes: PassRunner<Workspace>,
 }
 
 /// q/k/v rows padded per head from `hd` to `kd` (zero rows); `None` when nothing is padded.
@@ -353,9 +349,7 @@ impl GemmaCuda {
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
             eye_h: d.upload(&eye(h, 1.0f32, 0.0))?,
             weight_bytes: 0,
-            ws: None,
-            graphs: Graphs::default(),
-            uploader: None,
+            passes: PassRunner::default(),
             dev: dev.clone(),
         };
         t.weight_bytes = t.count_weight_bytes();
@@ -497,63 +491,58 @@ impl GemmaCuda {
     /// stays valid until two more are staged ([`gpu_core::UPLOAD_SLOTS`]).
     pub fn stage(&mut self, host: GemmaHostBatch) -> CudaResult<GemmaBatch> {
         Ok(GemmaBatch {
-            inputs: Uploader::stage_into(
-                &mut self.uploader,
-                &self.dev,
-                self.precision,
-                &host.inputs,
-            )?,
+            inputs: self.passes.stage(&self.dev, self.precision, &host.inputs)?,
             meta: host.meta,
         })
     }
 
     /// Turns CUDA graphs of the bf16 forward on (the default) or off (every forward eager).
     pub fn set_graphs(&mut self, on: bool) {
-        self.graphs.set_enabled(on);
+        self.passes.set_graphs(on);
     }
 
     /// Whether CUDA graphs are used and, if a capture failed, why not.
     pub fn graph_status(&self) -> &GraphStatus {
-        self.graphs.status()
+        self.passes.graph_status()
     }
 
     /// What the graph cache did so far (captures, replays, eager forwards).
     pub fn graph_stats(&self) -> GraphStats {
-        self.graphs.stats()
+        self.passes.graph_stats()
     }
 
     fn ensure_workspace(&mut self, n: usize, np: usize) -> CudaResult<()> {
-        if let Some(ws) = &self.ws {
+        if let Some(ws) = self.passes.workspace() {
             if ws.cap >= n && ws.cap_p >= np {
                 return Ok(());
             }
         }
-        let (cap, cap_p) = match &self.ws {
+        let (cap, cap_p) = match self.passes.workspace() {
             Some(ws) => (ws.cap.max(n), ws.cap_p.max(np)),
             None => (n, np),
         };
-        self.ws = None; // free the old one first
-        self.graphs.invalidate(); // the graphs address the old buffers
         let c = &self.cfg;
         let (h, wp, mi) = (c.hidden, c.heads * self.kd, c.intermediate);
         let d = &*self.dev;
         let p = self.precision;
-        self.ws = Some(Workspace {
-            inp: InputBuffers::alloc(d, p, cap * c.patch_dim(), 2 * cap, cap + 1)?,
-            cap,
-            cap_p,
-            x: d.alloc(cap * h)?,
-            hn: GemmBuffer::alloc(d, p, cap * h)?,
-            qkv: GemmBuffer::alloc(d, p, cap * 3 * wp)?,
-            attn: GemmBuffer::alloc(d, p, cap * wp)?,
-            y: d.alloc(cap * h)?,
-            gu: GemmBuffer::alloc(d, p, cap * 2 * mi)?,
-            act: GemmBuffer::alloc(d, p, cap * mi)?,
-            pooled: d.alloc(cap_p * h)?,
-            std: d.alloc(cap_p * h)?,
-            normed: GemmBuffer::alloc(d, p, cap_p * h)?,
-            rows: d.alloc(cap_p * c.text_hidden)?,
-        });
+        self.passes.regrow(|| -> CudaResult<Workspace> {
+            Ok(Workspace {
+                inp: InputBuffers::alloc(d, p, cap * c.patch_dim(), 2 * cap, cap + 1)?,
+                cap,
+                cap_p,
+                x: d.alloc(cap * h)?,
+                hn: GemmBuffer::alloc(d, p, cap * h)?,
+                qkv: GemmBuffer::alloc(d, p, cap * 3 * wp)?,
+                attn: GemmBuffer::alloc(d, p, cap * wp)?,
+                y: d.alloc(cap * h)?,
+                gu: GemmBuffer::alloc(d, p, cap * 2 * mi)?,
+                act: GemmBuffer::alloc(d, p, cap * mi)?,
+                pooled: d.alloc(cap_p * h)?,
+                std: d.alloc(cap_p * h)?,
+                normed: GemmBuffer::alloc(d, p, cap_p * h)?,
+                rows: d.alloc(cap_p * c.text_hidden)?,
+            })
+        })?;
         Ok(())
     }
 
@@ -607,11 +596,11 @@ impl GemmaCuda {
     ) -> CudaResult<R> {
         self.ensure_workspace(batch.meta.n, batch.meta.pooled_rows)?;
         let mut ws = self
-            .ws
-            .take()
+            .passes
+            .take_workspace()
             .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
         let r = f(self, &mut ws);
-        self.ws = Some(ws);
+        self.passes.put_workspace(ws);
         r
     }
 
@@ -625,17 +614,17 @@ impl GemmaCuda {
         keep: bool,
         out: Option<RowsTarget<'_>>,
     ) -> CudaResult<(Option<GemmaStages>, Ran)> {
-        self.dev
-            .load_inputs(&batch.inputs, self.uploader.as_ref(), &mut ws.inp)?;
+        self.passes
+            .load_inputs(&self.dev, &batch.inputs, &mut ws.inp)?;
         let (mut stages, ran) = if keep || self.precision != CudaPrecision::Bf16 {
             (self.run_in(ws, &batch.meta, keep)?, Ran::Eager)
         } else {
-            let mut graphs = std::mem::take(&mut self.graphs);
+            let mut graphs = self.passes.take_graphs();
             let dev = self.dev.clone();
             let r = graphs.run(&*dev, &batch.meta.key, || {
                 self.run_in(ws, &batch.meta, false).map(|_| ())
             });
-            self.graphs = graphs;
+            self.passes.put_graphs(graphs);
             (None, r?)
         };
         self.project(ws, &batch.meta, out)?;
@@ -673,8 +662,8 @@ impl GemmaCuda {
     /// Downloads the rows of the last [`GemmaCuda::run`] on `batch`, one `[n_i, text_hidden]` per image.
     pub fn rows(&self, batch: &GemmaBatch) -> CudaResult<Vec<Vec<f32>>> {
         let ws = self
-            .ws
-            .as_ref()
+            .passes
+            .workspace()
             .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
         let t = self.cfg.text_hidden;
         let all = self
@@ -720,8 +709,32 @@ impl gpu_core::DeviceTower for GemmaCuda {
         batch.meta.rows_per.clone()
     }
 
+    fn prepare(&self, images: &[GemmaImage<'_>]) -> CudaResult<GemmaBatch> {
+        GemmaCuda::prepare(self, images)
+    }
+
     fn stage(&mut self, host: GemmaHostBatch) -> CudaResult<GemmaBatch> {
         GemmaCuda::stage(self, host)
+    }
+
+    fn run_pass(&mut self, batch: &GemmaBatch) -> CudaResult<()> {
+        GemmaCuda::run(self, batch, false).map(|_| ())
+    }
+
+    fn pass_rows(&self, batch: &GemmaBatch) -> CudaResult<Vec<Vec<f32>>> {
+        GemmaCuda::rows(self, batch)
+    }
+
+    fn set_graphs(&mut self, on: bool) {
+        GemmaCuda::set_graphs(self, on)
+    }
+
+    fn graph_status(&self) -> &GraphStatus {
+        GemmaCuda::graph_status(self)
+    }
+
+    fn graph_stats(&self) -> GraphStats {
+        GemmaCuda::graph_stats(self)
     }
 
     fn run_into(&mut self, batch: &GemmaBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {

@@ -28,9 +28,9 @@ use std::sync::Arc;
 use gpu_core::{
     bf16, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation, AttnArgs,
     Clamp, DeviceBuffer, DeviceInputs, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs,
-    GemmOutput, GemmShape, GraphKey, GraphStats, GraphStatus, Graphs, HostGemm, HostInputs,
-    HostTensor, InputBuffers, Mat, QkvSpec, Ran, RopeLayout, RopeSpec, RowsTarget, Stager,
-    TensorStore, Uploader,
+    GemmOutput, GemmShape, GraphKey, GraphStats, GraphStatus, HostGemm, HostInputs, HostTensor,
+    InputBuffers, Mat, PassRunner, QkvSpec, Ran, RopeLayout, RopeSpec, RowsTarget, Stager,
+    TensorStore,
 };
 use rayon::prelude::*;
 
@@ -209,11 +209,8 @@ pub struct GlmCuda {
     inv_freq: DeviceBuffer<f32>,
     gate: Gate,
     weight_bytes: usize,
-    ws: Option<Workspace>,
-    /// CUDA graphs of the bf16 forward, per batch layout.
-    graphs: Graphs,
-    /// Asynchronous uploads of staged batches (created on the first [`GlmCuda::stage`]).
-    uploader: Option<Uploader>,
+    /// Graphs, uploader and workspace: the lifecycle every tower shares.
+    passes: PassRunner<Workspace>,
 }
 
 /// The SwiGLU of a config: glm5_next `act(min(g, L))·clamp(u, −L, L)`
@@ -372,9 +369,7 @@ impl GlmCuda {
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
             gate: swiglu(cfg),
             weight_bytes: 0,
-            ws: None,
-            graphs: Graphs::default(),
-            uploader: None,
+            passes: PassRunner::default(),
             dev: dev.clone(),
         };
         t.weight_bytes = t.count_weight_bytes();
@@ -485,43 +480,36 @@ impl GlmCuda {
     /// stays valid until two more are staged ([`gpu_core::UPLOAD_SLOTS`]).
     pub fn stage(&mut self, host: GlmHostBatch) -> CudaResult<GlmBatch> {
         Ok(GlmBatch {
-            inputs: Uploader::stage_into(
-                &mut self.uploader,
-                &self.dev,
-                self.precision,
-                &host.inputs,
-            )?,
+            inputs: self.passes.stage(&self.dev, self.precision, &host.inputs)?,
             meta: host.meta,
         })
     }
 
     /// Turns CUDA graphs of the bf16 forward on (the default) or off (every forward eager).
     pub fn set_graphs(&mut self, on: bool) {
-        self.graphs.set_enabled(on);
+        self.passes.set_graphs(on);
     }
 
     /// Whether CUDA graphs are used and, if a capture failed, why not.
     pub fn graph_status(&self) -> &GraphStatus {
-        self.graphs.status()
+        self.passes.graph_status()
     }
 
     /// What the graph cache did so far (captures, replays, eager forwards).
     pub fn graph_stats(&self) -> GraphStats {
-        self.graphs.stats()
+        self.passes.graph_stats()
     }
 
     fn ensure_workspace(&mut self, n: usize, np: usize, keep: bool) -> CudaResult<()> {
-        if let Some(ws) = &self.ws {
+        if let Some(ws) = self.passes.workspace() {
             if ws.cap >= n && ws.cap_p >= np && (!keep || ws.stage.is_some()) {
                 return Ok(());
             }
         }
-        let (cap, cap_p, had_stage) = match &self.ws {
+        let (cap, cap_p, had_stage) = match self.passes.workspace() {
             Some(ws) => (ws.cap.max(n), ws.cap_p.max(np), ws.stage.is_some()),
             None => (n, np, false),
         };
-        self.ws = None; // free the old one first
-        self.graphs.invalidate(); // the graphs address the old buffers
         let c = &self.cfg;
         let (h, wp, mi, o, pi) = (
             c.hidden,
@@ -532,32 +520,34 @@ impl GlmCuda {
         );
         let d = &*self.dev;
         let p = self.precision;
-        self.ws = Some(Workspace {
-            inp: InputBuffers::alloc(d, p, cap * c.patch_dim(), 2 * cap, cap + 1)?,
-            cap,
-            cap_p,
-            x: d.alloc(cap * h)?,
-            hn: GemmBuffer::alloc(d, p, cap * h)?,
-            qkv: GemmBuffer::alloc(d, p, cap * 3 * wp)?,
-            attn: GemmBuffer::alloc(d, p, cap * wp)?,
-            gu: GemmBuffer::alloc(d, p, cap * 2 * mi)?,
-            act: GemmBuffer::alloc(d, p, cap * mi)?,
-            stage: if keep || had_stage {
-                Some(d.alloc(cap * h)?)
-            } else {
-                None
-            },
-            ds: d.alloc(cap_p * o)?,
-            ds_b: match p {
-                CudaPrecision::Bf16 => Some(d.alloc(cap_p * o)?),
-                CudaPrecision::F32 => None,
-            },
-            m: d.alloc(cap_p * o)?,
-            mn: GemmBuffer::alloc(d, p, cap_p * o)?,
-            mgu: GemmBuffer::alloc(d, p, cap_p * 2 * pi)?,
-            mact: GemmBuffer::alloc(d, p, cap_p * pi)?,
-            rows: d.alloc(cap_p * o)?,
-        });
+        self.passes.regrow(|| -> CudaResult<Workspace> {
+            Ok(Workspace {
+                inp: InputBuffers::alloc(d, p, cap * c.patch_dim(), 2 * cap, cap + 1)?,
+                cap,
+                cap_p,
+                x: d.alloc(cap * h)?,
+                hn: GemmBuffer::alloc(d, p, cap * h)?,
+                qkv: GemmBuffer::alloc(d, p, cap * 3 * wp)?,
+                attn: GemmBuffer::alloc(d, p, cap * wp)?,
+                gu: GemmBuffer::alloc(d, p, cap * 2 * mi)?,
+                act: GemmBuffer::alloc(d, p, cap * mi)?,
+                stage: if keep || had_stage {
+                    Some(d.alloc(cap * h)?)
+                } else {
+                    None
+                },
+                ds: d.alloc(cap_p * o)?,
+                ds_b: match p {
+                    CudaPrecision::Bf16 => Some(d.alloc(cap_p * o)?),
+                    CudaPrecision::F32 => None,
+                },
+                m: d.alloc(cap_p * o)?,
+                mn: GemmBuffer::alloc(d, p, cap_p * o)?,
+                mgu: GemmBuffer::alloc(d, p, cap_p * 2 * pi)?,
+                mact: GemmBuffer::alloc(d, p, cap_p * pi)?,
+                rows: d.alloc(cap_p * o)?,
+            })
+        })?;
         Ok(())
     }
 
@@ -610,11 +600,11 @@ impl GlmCuda {
     ) -> CudaResult<R> {
         self.ensure_workspace(batch.meta.n, batch.merged_rows(), keep)?;
         let mut ws = self
-            .ws
-            .take()
+            .passes
+            .take_workspace()
             .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
         let r = f(self, &mut ws);
-        self.ws = Some(ws);
+        self.passes.put_workspace(ws);
         r
     }
 
@@ -628,17 +618,17 @@ impl GlmCuda {
         keep: bool,
         out: Option<RowsTarget<'_>>,
     ) -> CudaResult<(Option<GlmStages>, Ran)> {
-        self.dev
-            .load_inputs(&batch.inputs, self.uploader.as_ref(), &mut ws.inp)?;
+        self.passes
+            .load_inputs(&self.dev, &batch.inputs, &mut ws.inp)?;
         let (mut stages, ran) = if keep || self.precision != CudaPrecision::Bf16 {
             (self.run_in(ws, &batch.meta, keep)?, Ran::Eager)
         } else {
-            let mut graphs = std::mem::take(&mut self.graphs);
+            let mut graphs = self.passes.take_graphs();
             let dev = self.dev.clone();
             let r = graphs.run(&*dev, &batch.meta.key, || {
                 self.run_in(ws, &batch.meta, false).map(|_| ())
             });
-            self.graphs = graphs;
+            self.passes.put_graphs(graphs);
             (None, r?)
         };
         self.project(ws, &batch.meta, out)?;
@@ -676,8 +666,8 @@ impl GlmCuda {
     /// Downloads the rows of the last [`GlmCuda::run`] on `batch`, one `[n_i/m², text_hidden]` per image.
     pub fn rows(&self, batch: &GlmBatch) -> CudaResult<Vec<Vec<f32>>> {
         let ws = self
-            .ws
-            .as_ref()
+            .passes
+            .workspace()
             .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
         let o = self.cfg.text_hidden;
         let all = self
@@ -723,8 +713,32 @@ impl gpu_core::DeviceTower for GlmCuda {
         batch.meta.rows_per.clone()
     }
 
+    fn prepare(&self, images: &[GlmImage<'_>]) -> CudaResult<GlmBatch> {
+        GlmCuda::prepare(self, images)
+    }
+
     fn stage(&mut self, host: GlmHostBatch) -> CudaResult<GlmBatch> {
         GlmCuda::stage(self, host)
+    }
+
+    fn run_pass(&mut self, batch: &GlmBatch) -> CudaResult<()> {
+        GlmCuda::run(self, batch, false).map(|_| ())
+    }
+
+    fn pass_rows(&self, batch: &GlmBatch) -> CudaResult<Vec<Vec<f32>>> {
+        GlmCuda::rows(self, batch)
+    }
+
+    fn set_graphs(&mut self, on: bool) {
+        GlmCuda::set_graphs(self, on)
+    }
+
+    fn graph_status(&self) -> &GraphStatus {
+        GlmCuda::graph_status(self)
+    }
+
+    fn graph_stats(&self) -> GraphStats {
+        GlmCuda::graph_stats(self)
     }
 
     fn run_into(&mut self, batch: &GlmBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {

@@ -32,8 +32,8 @@ use std::sync::Arc;
 use gpu_core::{
     bf16, conv3x3s2_out, head_groups, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp,
     DeviceBuffer, DeviceInputs, Epilogue, GemmBias, GemmBuffer, GemmOutput, GemmShape, GraphKey,
-    GraphStats, GraphStatus, Graphs, HostGemm, HostInputs, InputBuffers, Mat, QkvSpec, Ran,
-    RopeLayout, RopeSpec, RowsTarget, Stager, TensorStore, Uploader,
+    GraphStats, GraphStatus, HostGemm, HostInputs, InputBuffers, Mat, PassRunner, QkvSpec, Ran,
+    RopeLayout, RopeSpec, RowsTarget, Stager, TensorStore,
 };
 
 use crate::config::StepConfig;
@@ -212,11 +212,8 @@ pub struct StepCuda {
     proj_b: Option<DeviceBuffer<f32>>,
     inv_freq: DeviceBuffer<f32>,
     weight_bytes: usize,
-    ws: Option<Workspace>,
-    /// CUDA graphs of the bf16 forward, per batch layout.
-    graphs: Graphs,
-    /// Asynchronous uploads of staged batches (created on the first [`StepCuda::stage`]).
-    uploader: Option<Uploader>,
+    /// Graphs, uploader and workspace: the lifecycle every tower shares.
+    passes: PassRunner<Workspace>,
 }
 
 impl StepCuda {
@@ -314,9 +311,7 @@ impl StepCuda {
             proj_b: w.proj_b.as_ref().map(small).transpose()?,
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
             weight_bytes: 0,
-            ws: None,
-            graphs: Graphs::default(),
-            uploader: None,
+            passes: PassRunner::default(),
             dev: dev.clone(),
         };
         t.weight_bytes = t.count_weight_bytes();
@@ -437,29 +432,24 @@ impl StepCuda {
     /// stays valid until two more are staged ([`gpu_core::UPLOAD_SLOTS`]).
     pub fn stage(&mut self, host: StepHostBatch) -> CudaResult<StepBatch> {
         Ok(StepBatch {
-            inputs: Uploader::stage_into(
-                &mut self.uploader,
-                &self.dev,
-                self.precision,
-                &host.inputs,
-            )?,
+            inputs: self.passes.stage(&self.dev, self.precision, &host.inputs)?,
             meta: host.meta,
         })
     }
 
     /// Turns CUDA graphs of the bf16 forward on (the default) or off (every forward eager).
     pub fn set_graphs(&mut self, on: bool) {
-        self.graphs.set_enabled(on);
+        self.passes.set_graphs(on);
     }
 
     /// Whether CUDA graphs are used and, if a capture failed, why not.
     pub fn graph_status(&self) -> &GraphStatus {
-        self.graphs.status()
+        self.passes.graph_status()
     }
 
     /// What the graph cache did so far (captures, replays, eager forwards).
     pub fn graph_stats(&self) -> GraphStats {
-        self.graphs.stats()
+        self.passes.graph_stats()
     }
 
     /// Resizes the position table to every grid of `batch` not seen before (once per size).
@@ -497,12 +487,12 @@ impl StepCuda {
             .map(|v| conv3x3s2_out(v.gw))
             .max()
             .unwrap_or(1);
-        if let Some(ws) = &self.ws {
+        if let Some(ws) = self.passes.workspace() {
             if ws.cap >= b.n && ws.cap1 >= b.n1 && ws.cap2 >= b.n2 && ws.capw >= capw {
                 return Ok(());
             }
         }
-        let (cap, cap1, cap2, capw) = match &self.ws {
+        let (cap, cap1, cap2, capw) = match self.passes.workspace() {
             Some(ws) => (
                 ws.cap.max(b.n),
                 ws.cap1.max(b.n1),
@@ -511,34 +501,34 @@ impl StepCuda {
             ),
             None => (b.n, b.n1, b.n2, capw),
         };
-        self.ws = None; // free the old one first
-        self.graphs.invalidate(); // the graphs address the old buffers
         let c = &self.cfg;
         let (h, wp, i) = (c.hidden, c.heads * self.kd, c.intermediate);
         let d = &*self.dev;
         let p = self.precision;
-        self.ws = Some(Workspace {
-            inp: InputBuffers::alloc(d, p, cap * patch_k(c), 2 * cap, cap + 1)?,
-            cap,
-            cap1,
-            cap2,
-            capw,
-            x: d.alloc(cap * h)?,
-            y: d.alloc(cap * h)?,
-            hn: GemmBuffer::alloc(d, p, cap * h)?,
-            qkv: GemmBuffer::alloc(d, p, cap * 3 * wp)?,
-            attn: GemmBuffer::alloc(d, p, cap * wp)?,
-            f: GemmBuffer::alloc(d, p, cap * i)?,
-            col1: GemmBuffer::alloc(d, p, cap1 * CONV_TAPS * h)?,
-            d1: GemmBuffer::alloc(d, p, cap1 * 2 * h)?,
-            col2: GemmBuffer::alloc(d, p, cap2 * CONV_TAPS * 2 * h)?,
-            d2: GemmBuffer::alloc(d, p, cap2 * c.out_width())?,
-            rows: d.alloc(cap2 * c.text_hidden)?,
-            zeros: match p {
-                CudaPrecision::F32 => Some(d.alloc_zeros(capw * 2 * h)?),
-                CudaPrecision::Bf16 => None,
-            },
-        });
+        self.passes.regrow(|| -> CudaResult<Workspace> {
+            Ok(Workspace {
+                inp: InputBuffers::alloc(d, p, cap * patch_k(c), 2 * cap, cap + 1)?,
+                cap,
+                cap1,
+                cap2,
+                capw,
+                x: d.alloc(cap * h)?,
+                y: d.alloc(cap * h)?,
+                hn: GemmBuffer::alloc(d, p, cap * h)?,
+                qkv: GemmBuffer::alloc(d, p, cap * 3 * wp)?,
+                attn: GemmBuffer::alloc(d, p, cap * wp)?,
+                f: GemmBuffer::alloc(d, p, cap * i)?,
+                col1: GemmBuffer::alloc(d, p, cap1 * CONV_TAPS * h)?,
+                d1: GemmBuffer::alloc(d, p, cap1 * 2 * h)?,
+                col2: GemmBuffer::alloc(d, p, cap2 * CONV_TAPS * 2 * h)?,
+                d2: GemmBuffer::alloc(d, p, cap2 * c.out_width())?,
+                rows: d.alloc(cap2 * c.text_hidden)?,
+                zeros: match p {
+                    CudaPrecision::F32 => Some(d.alloc_zeros(capw * 2 * h)?),
+                    CudaPrecision::Bf16 => None,
+                },
+            })
+        })?;
         Ok(())
     }
 
@@ -590,11 +580,11 @@ impl StepCuda {
         self.ensure_tables(batch)?;
         self.ensure_workspace(&batch.meta.plan)?;
         let mut ws = self
-            .ws
-            .take()
+            .passes
+            .take_workspace()
             .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
         let r = f(self, &mut ws);
-        self.ws = Some(ws);
+        self.passes.put_workspace(ws);
         r
     }
 
@@ -608,17 +598,17 @@ impl StepCuda {
         keep: bool,
         out: Option<RowsTarget<'_>>,
     ) -> CudaResult<(Option<StepStages>, Ran)> {
-        self.dev
-            .load_inputs(&batch.inputs, self.uploader.as_ref(), &mut ws.inp)?;
+        self.passes
+            .load_inputs(&self.dev, &batch.inputs, &mut ws.inp)?;
         let (host, ran) = if keep || self.precision != CudaPrecision::Bf16 {
             (self.run_in(ws, batch, keep)?, Ran::Eager)
         } else {
-            let mut graphs = std::mem::take(&mut self.graphs);
+            let mut graphs = self.passes.take_graphs();
             let dev = self.dev.clone();
             let r = graphs.run(&*dev, &batch.meta.key, || {
                 self.run_in(ws, batch, false).map(|_| ())
             });
-            self.graphs = graphs;
+            self.passes.put_graphs(graphs);
             (None, r?)
         };
         self.project(ws, &batch.meta.plan, out)?;
@@ -667,8 +657,8 @@ impl StepCuda {
     /// crop order, then the global view's (upstream order), with the newline mask.
     pub fn rows(&self, batch: &StepBatch) -> CudaResult<Vec<StepRows>> {
         let ws = self
-            .ws
-            .as_ref()
+            .passes
+            .workspace()
             .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
         let t = self.cfg.text_hidden;
         let all = self.dev.download_prefix(&ws.rows, batch.meta.plan.n2 * t)?;
@@ -706,8 +696,32 @@ impl gpu_core::DeviceTower for StepCuda {
         batch.meta.plan.rows_per_image(batch.meta.masks.len())
     }
 
+    fn prepare(&self, images: &[StepImage<'_>]) -> CudaResult<StepBatch> {
+        StepCuda::prepare(self, images)
+    }
+
     fn stage(&mut self, host: StepHostBatch) -> CudaResult<StepBatch> {
         StepCuda::stage(self, host)
+    }
+
+    fn run_pass(&mut self, batch: &StepBatch) -> CudaResult<()> {
+        StepCuda::run(self, batch, false).map(|_| ())
+    }
+
+    fn pass_rows(&self, batch: &StepBatch) -> CudaResult<Vec<Vec<f32>>> {
+        StepCuda::rows(self, batch).map(|rows| rows.into_iter().map(|r| r.rows).collect())
+    }
+
+    fn set_graphs(&mut self, on: bool) {
+        StepCuda::set_graphs(self, on)
+    }
+
+    fn graph_status(&self) -> &GraphStatus {
+        StepCuda::graph_status(self)
+    }
+
+    fn graph_stats(&self) -> GraphStats {
+        StepCuda::graph_stats(self)
     }
 
     fn run_into(&mut self, batch: &StepBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {

@@ -1,0 +1,107 @@
+//! The state every CUDA tower keeps between passes, written once: the CUDA graphs of its
+//! forward, the uploader of staged batches and the workspace. A family keeps its weights, its
+//! workspace layout (`W`), its planning and its op sequence; the lifecycle around them is here.
+
+use crate::{
+    CudaPrecision, Device, DeviceInputs, GraphStats, GraphStatus, Graphs, HostInputs, InputBuffers,
+    Result, Uploader,
+};
+
+/// Graphs, uploader and workspace of one tower (see the module docs).
+#[derive(Debug)]
+pub struct PassRunner<W> {
+    // Declared (so dropped) in the order the towers held them: workspace, graphs, uploader.
+    /// The buffers of a pass, kept between calls and grown on demand.
+    ws: Option<W>,
+    /// CUDA graphs of the bf16 forward, per batch layout.
+    graphs: Graphs,
+    /// Asynchronous uploads of staged batches (created on the first [`PassRunner::stage`]).
+    uploader: Option<Uploader>,
+}
+
+impl<W> Default for PassRunner<W> {
+    fn default() -> Self {
+        PassRunner {
+            ws: None,
+            graphs: Graphs::default(),
+            uploader: None,
+        }
+    }
+}
+
+impl<W> PassRunner<W> {
+    /// Queues the upload of a host-prepared batch's inputs from page-locked memory on a copy
+    /// stream of its own and returns at once; valid until two more are staged.
+    pub fn stage(
+        &mut self,
+        dev: &Device,
+        precision: CudaPrecision,
+        host: &HostInputs,
+    ) -> Result<DeviceInputs> {
+        Uploader::stage_into(&mut self.uploader, dev, precision, host)
+    }
+
+    /// Turns CUDA graphs of the bf16 forward on (the default) or off (every forward eager).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs.set_enabled(on);
+    }
+
+    /// Whether CUDA graphs are used and, if a capture failed, why not.
+    pub fn graph_status(&self) -> &GraphStatus {
+        self.graphs.status()
+    }
+
+    /// What the graph cache did so far (captures, replays, eager forwards).
+    pub fn graph_stats(&self) -> GraphStats {
+        self.graphs.stats()
+    }
+
+    /// The workspace, if one was allocated.
+    pub fn workspace(&self) -> Option<&W> {
+        self.ws.as_ref()
+    }
+
+    /// Replaces the workspace by `alloc`'s: the old one is freed first and the graphs, which
+    /// address its buffers, are dropped; on an error the tower is left without a workspace.
+    pub fn regrow<E>(
+        &mut self,
+        alloc: impl FnOnce() -> std::result::Result<W, E>,
+    ) -> std::result::Result<(), E> {
+        self.ws = None; // free the old one first
+        self.graphs.invalidate(); // the graphs address the old buffers
+        self.ws = Some(alloc()?);
+        Ok(())
+    }
+
+    /// Takes the workspace out for a pass (give it back with [`PassRunner::put_workspace`]).
+    pub fn take_workspace(&mut self) -> Option<W> {
+        self.ws.take()
+    }
+
+    /// Gives the workspace back after a pass.
+    pub fn put_workspace(&mut self, ws: W) {
+        self.ws = Some(ws);
+    }
+
+    /// Copies a batch's inputs into the workspace's fixed buffers (a staged batch's after its
+    /// upload finished, on the device), where a graph reads them.
+    pub fn load_inputs(
+        &self,
+        dev: &Device,
+        inputs: &DeviceInputs,
+        dst: &mut InputBuffers,
+    ) -> Result<()> {
+        dev.load_inputs(inputs, self.uploader.as_ref(), dst)
+    }
+
+    /// Takes the graphs out for a graphed forward (`Graphs::run`, whose forward may then borrow
+    /// the tower that holds this runner); give them back with [`PassRunner::put_graphs`].
+    pub fn take_graphs(&mut self) -> Graphs {
+        std::mem::take(&mut self.graphs)
+    }
+
+    /// Gives the graphs back after a graphed forward.
+    pub fn put_graphs(&mut self, graphs: Graphs) {
+        self.graphs = graphs;
+    }
+}

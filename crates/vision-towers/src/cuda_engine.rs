@@ -1,0 +1,236 @@
+//! Every family's CUDA tower behind one path: the facade's plumbing (a pass, a stream session,
+//! rows into a device buffer, graphs) is written once over [`gpu_core::DeviceTower`]; a family
+//! only says which of the request's inputs are its own and how its errors read.
+
+use std::any::Any;
+use std::ops::Range;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use gpu_core::{CudaPrecision, DeviceTower, GraphStats, GraphStatus};
+use tower_gemma::GemmaCuda;
+use tower_glm5::GlmCuda;
+use tower_step::StepCuda;
+
+use crate::device_rows::{DeviceResult, Job};
+use crate::inputs::Images;
+use crate::tower_error::{gemma_cuda_err, glm_cuda_err, step_cuda_err, InputError};
+
+/// What the facade needs of a family's CUDA tower beyond the contract: its inputs among a
+/// request's, and its error as a pass error.
+pub(crate) trait CudaFamily:
+    DeviceTower<HostBatch: 'static, Batch: 'static> + 'static
+{
+    /// The request's inputs when they are this family's.
+    fn inputs<'b, 'a>(images: &'b Images<'a>) -> Option<&'b [Self::Image<'a>]>;
+
+    /// The family's error in a pass of `patches` patches.
+    fn in_pass(e: Self::Error, patches: usize) -> InputError;
+}
+
+impl CudaFamily for GemmaCuda {
+    fn inputs<'b, 'a>(images: &'b Images<'a>) -> Option<&'b [Self::Image<'a>]> {
+        match images {
+            Images::Gemma4(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    fn in_pass(e: tower_gemma::CudaError, patches: usize) -> InputError {
+        gemma_cuda_err(e, patches)
+    }
+}
+
+impl CudaFamily for GlmCuda {
+    fn inputs<'b, 'a>(images: &'b Images<'a>) -> Option<&'b [Self::Image<'a>]> {
+        match images {
+            Images::Glm(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    fn in_pass(e: tower_glm5::CudaError, patches: usize) -> InputError {
+        glm_cuda_err(e, patches)
+    }
+}
+
+impl CudaFamily for StepCuda {
+    fn inputs<'b, 'a>(images: &'b Images<'a>) -> Option<&'b [Self::Image<'a>]> {
+        match images {
+            Images::Step3p7(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    fn in_pass(e: tower_step::CudaError, patches: usize) -> InputError {
+        step_cuda_err(e, patches)
+    }
+}
+
+/// A family's CUDA tower as the facade holds it: the config on the host, the tower behind a
+/// mutex (its runs need `&mut`; CUDA passes from several threads take turns).
+#[derive(Debug)]
+pub(crate) struct Cuda<T: DeviceTower> {
+    pub(crate) config: T::Config,
+    pub(crate) cuda: Mutex<T>,
+}
+
+impl<T: DeviceTower> Cuda<T> {
+    fn lock(&self) -> MutexGuard<'_, T> {
+        self.cuda.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The one path over every family's CUDA tower (object-safe: the facade holds `&dyn`). A
+/// method that takes the request's inputs answers `None` when they are another family's.
+pub(crate) trait CudaEngine {
+    /// Turns graph replay on or off.
+    fn set_graphs(&mut self, on: bool);
+    /// Graph status (waits for a pass in progress).
+    fn graph_status(&self) -> GraphStatus;
+    /// Graph statistics (waits for a pass in progress).
+    fn graph_stats(&self) -> GraphStats;
+    /// One synchronous pass over `images[range]` (`patches` in all): rows per image.
+    fn pass(
+        &self,
+        images: &Images<'_>,
+        range: Range<usize>,
+        patches: usize,
+    ) -> Option<Result<Vec<Vec<f32>>, InputError>>;
+    /// The host half of a pass (no device): a family's host batch, type-erased.
+    fn pass_input(
+        &self,
+        precision: CudaPrecision,
+        images: &Images<'_>,
+        patches: usize,
+    ) -> Option<Result<Box<dyn Any + Send>, InputError>>;
+    /// A device encode's passes, rows into one device buffer.
+    fn run_device(
+        &self,
+        job: &Job<'_>,
+        images: &Images<'_>,
+    ) -> Option<Result<DeviceResult, InputError>>;
+    /// The tower held for a stream of passes (its lock taken until the session drops).
+    fn session(&self) -> Box<dyn CudaSession + '_>;
+}
+
+impl<T: CudaFamily> CudaEngine for Cuda<T> {
+    fn set_graphs(&mut self, on: bool) {
+        self.cuda
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .set_graphs(on);
+    }
+
+    fn graph_status(&self) -> GraphStatus {
+        self.lock().graph_status().clone()
+    }
+
+    fn graph_stats(&self) -> GraphStats {
+        self.lock().graph_stats()
+    }
+
+    fn pass(
+        &self,
+        images: &Images<'_>,
+        range: Range<usize>,
+        patches: usize,
+    ) -> Option<Result<Vec<Vec<f32>>, InputError>> {
+        let v = T::inputs(images)?;
+        let mut c = self.lock();
+        let run = |c: &mut T| {
+            let batch = c.prepare(&v[range])?;
+            c.run_pass(&batch)?;
+            c.pass_rows(&batch)
+        };
+        Some(run(&mut c).map_err(|e| T::in_pass(e, patches)))
+    }
+
+    fn pass_input(
+        &self,
+        precision: CudaPrecision,
+        images: &Images<'_>,
+        patches: usize,
+    ) -> Option<Result<Box<dyn Any + Send>, InputError>> {
+        let v = T::inputs(images)?;
+        Some(
+            T::prepare_host(&self.config, precision, v)
+                .map(|b| Box::new(b) as Box<dyn Any + Send>)
+                .map_err(|e| T::in_pass(e, patches)),
+        )
+    }
+
+    fn run_device(
+        &self,
+        job: &Job<'_>,
+        images: &Images<'_>,
+    ) -> Option<Result<DeviceResult, InputError>> {
+        let v = T::inputs(images)?;
+        Some(job.run(&self.cuda, &self.config, v))
+    }
+
+    fn session(&self) -> Box<dyn CudaSession + '_> {
+        Box::new(Held::<T> {
+            tower: self.lock(),
+            in_flight: None,
+        })
+    }
+}
+
+/// A CUDA tower held for a stream of passes: stage, launch, collect (see `session.rs`).
+pub(crate) trait CudaSession {
+    /// Stages a host batch made by [`CudaEngine::pass_input`] (`None` if it is another
+    /// family's): its upload is queued on the copy stream.
+    fn stage(
+        &mut self,
+        input: Box<dyn Any + Send>,
+        patches: usize,
+    ) -> Option<Result<Box<dyn Any>, InputError>>;
+    /// Launches a staged batch (`None` if it is another family's); queued, returns at once.
+    fn launch(&mut self, staged: Box<dyn Any>, patches: usize) -> Option<Result<(), InputError>>;
+    /// The rows of the pass in flight, per image (waits); `None` when none is in flight.
+    fn collect(&mut self, patches: usize) -> Result<Option<Vec<Vec<f32>>>, InputError>;
+}
+
+/// The lock of a family's tower and the batch it runs.
+struct Held<'a, T: DeviceTower> {
+    tower: MutexGuard<'a, T>,
+    in_flight: Option<T::Batch>,
+}
+
+impl<T: CudaFamily> CudaSession for Held<'_, T> {
+    fn stage(
+        &mut self,
+        input: Box<dyn Any + Send>,
+        patches: usize,
+    ) -> Option<Result<Box<dyn Any>, InputError>> {
+        let host = input.downcast::<T::HostBatch>().ok()?;
+        Some(
+            self.tower
+                .stage(*host)
+                .map(|b| Box::new(b) as Box<dyn Any>)
+                .map_err(|e| T::in_pass(e, patches)),
+        )
+    }
+
+    fn launch(&mut self, staged: Box<dyn Any>, patches: usize) -> Option<Result<(), InputError>> {
+        let batch = staged.downcast::<T::Batch>().ok()?;
+        Some(match self.tower.run_pass(&batch) {
+            Ok(()) => {
+                self.in_flight = Some(*batch);
+                Ok(())
+            }
+            Err(e) => Err(T::in_pass(e, patches)),
+        })
+    }
+
+    fn collect(&mut self, patches: usize) -> Result<Option<Vec<Vec<f32>>>, InputError> {
+        match self.in_flight.take() {
+            Some(b) => Ok(Some(
+                self.tower
+                    .pass_rows(&b)
+                    .map_err(|e| T::in_pass(e, patches))?,
+            )),
+            None => Ok(None),
+        }
+    }
+}
