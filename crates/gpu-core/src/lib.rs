@@ -58,7 +58,9 @@ pub use ops::{
 };
 pub use rows_out::{OwnedRows, RowsDtype, RowsTarget, PER_THREAD_DEFAULT_STREAM};
 pub use runner::PassRunner;
-pub use staging::{DeviceInputs, HostGemm, HostInputs, InputBuffers, Uploader, UPLOAD_SLOTS};
+pub use staging::{
+    recycled_bf16, DeviceInputs, HostGemm, HostInputs, InputBuffers, Uploader, UPLOAD_SLOTS,
+};
 pub use tower::{DeviceTower, LmAttention};
 pub use upload::{
     HostSource, HostTensor, LeBytes, LeDtype, StageElem, Stager, TensorStore, STAGING_BYTES,

@@ -35,8 +35,10 @@ const RECYCLED_MAX_BYTES: usize = 256 << 20;
 /// The bf16 conversion buffers of dropped [`HostGemm`]s, for the next conversions.
 static RECYCLED: Mutex<Vec<Vec<bf16>>> = Mutex::new(Vec::new());
 
-/// A buffer of `n` bf16 zeros, reusing the smallest kept buffer that holds `n`.
-fn recycled_bf16(n: usize) -> Vec<bf16> {
+/// A buffer of `n` bf16 zeros for a [`HostGemm::Bf16`] that a tower fills itself, reusing the
+/// smallest of the conversion buffers kept from dropped batches that holds `n` (no fresh memory
+/// per encode; see [`RECYCLED_BUFFERS`]).
+pub fn recycled_bf16(n: usize) -> Vec<bf16> {
     let mut pool = RECYCLED.lock().unwrap_or_else(PoisonError::into_inner);
     let best = pool
         .iter()

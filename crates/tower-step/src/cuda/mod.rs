@@ -396,16 +396,23 @@ impl StepCuda {
         }
         let k = cfg.patch_dim().next_multiple_of(8);
         let rows = match precision {
+            // bf16 into a kept conversion buffer (no fresh memory per encode: docs/PERF.md v0.7)
             CudaPrecision::Bf16 => HostGemm::Bf16(patch_rows(
                 &grids,
                 &plan.order,
                 cfg.patch,
                 k,
                 bf16::from_f32,
+                gpu_core::recycled_bf16,
             )),
-            CudaPrecision::F32 => {
-                HostGemm::F32(patch_rows(&grids, &plan.order, cfg.patch, k, |x| x))
-            }
+            CudaPrecision::F32 => HostGemm::F32(patch_rows(
+                &grids,
+                &plan.order,
+                cfg.patch,
+                k,
+                |x| x,
+                |n| vec![0.0; n],
+            )),
         };
         let cu = plan.cu_seqlens();
         let key = GraphKey {

@@ -220,13 +220,15 @@ pub(super) fn pad_cols(w: &[f32], cols: usize) -> Vec<f32> {
 /// The patch rows of the views `order` picks from `grids`, each `k ≥ 3·p²` values wide (zero past
 /// the patch) and converted by `conv`: patchify ([`patchify`]'s (c, ky, kx) order), the GEMM's
 /// column padding and its precision in one pass, parallel over rows (it was three passes over the
-/// batch, two of them serial).
+/// batch, two of them serial). `zeros(n)` gives the output buffer of `n` zeros (the padding
+/// columns are never written).
 pub(super) fn patch_rows<T: Copy + Default + Send + Sync>(
     grids: &[Grid<'_>],
     order: &[usize],
     p: usize,
     k: usize,
     conv: impl Fn(f32) -> T + Sync,
+    zeros: impl FnOnce(usize) -> Vec<T>,
 ) -> Vec<T> {
     // Each view of `order` with its first row.
     let mut starts = Vec::with_capacity(order.len());
@@ -235,7 +237,7 @@ pub(super) fn patch_rows<T: Copy + Default + Send + Sync>(
         starts.push((i, rows));
         rows += grids[i].gh * grids[i].gw;
     }
-    let mut out = vec![T::default(); rows * k];
+    let mut out = zeros(rows * k);
     out.par_chunks_mut(k).enumerate().for_each(|(row, dst)| {
         let (gi, first) = starts[starts.partition_point(|&(_, s)| s <= row) - 1];
         let g = &grids[gi];

@@ -61,9 +61,27 @@ fn patch_rows_equal_patchify_then_pad() {
     let want = pad_cols(&flat, pd);
     let k = pd.next_multiple_of(8);
     assert!(k > pd, "the case pads");
-    assert_eq!(patch_rows(&grids, &order, p, k, |x| x), want);
+    assert_eq!(
+        patch_rows(&grids, &order, p, k, |x| x, |n| vec![0.0; n]),
+        want
+    );
     let want_bf16: Vec<bf16> = want.iter().map(|&x| bf16::from_f32(x)).collect();
-    assert_eq!(patch_rows(&grids, &order, p, k, bf16::from_f32), want_bf16);
+    // a kept buffer that held other values is zeroed where the padding columns are
+    drop(HostGemm::Bf16(vec![
+        bf16::from_f32(9.0);
+        want_bf16.len() + 3
+    ]));
+    assert_eq!(
+        patch_rows(
+            &grids,
+            &order,
+            p,
+            k,
+            bf16::from_f32,
+            gpu_core::recycled_bf16
+        ),
+        want_bf16
+    );
 }
 
 /// The f32 im2col plan with the (ky, kx, c) weight gives the host twin's im2col with the
