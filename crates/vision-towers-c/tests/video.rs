@@ -361,3 +361,68 @@ fn hostile_videos_give_their_documented_status() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `examples/c/video.c` builds against the shared library and prints the Rust API's plan of the
+/// glm5_next case from its BMP frames.
+#[test]
+fn the_c_video_example_builds_and_runs() {
+    let lib = lib_dir();
+    let dir = scratch("video-example");
+    let out = dir.join("video_c");
+    let src = crate_dir().join("examples/c/video.c");
+    let inc = include_dir();
+    let rpath = format!("-Wl,-rpath,{}", lib.display());
+    compile(
+        &cc(),
+        &[
+            "-std=c99".as_ref(),
+            "-Wall".as_ref(),
+            "-Wextra".as_ref(),
+            "-Werror".as_ref(),
+            "-I".as_ref(),
+            inc.as_os_str(),
+            src.as_os_str(),
+            "-o".as_ref(),
+            out.as_os_str(),
+            "-L".as_ref(),
+            lib.as_os_str(),
+            "-lvision_towers_c".as_ref(),
+            rpath.as_ref(),
+        ],
+    );
+    let c = case("glm5_next_video/fps1_odd7");
+    let want = rust_video("models/glm5_next", &c);
+    let each = c.width as usize * c.height as usize * 3;
+    let files: Vec<std::path::PathBuf> = c
+        .raw
+        .chunks_exact(each)
+        .enumerate()
+        .map(|(i, f)| {
+            let p = dir.join(format!("{i:03}.bmp"));
+            std::fs::write(&p, bmp(f, c.width, c.height)).unwrap();
+            p
+        })
+        .collect();
+    let run = command(&out)
+        .arg(fixtures().join("models/glm5_next"))
+        .arg(c.fps.to_string())
+        .args(&files)
+        .output()
+        .expect("the example runs");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let head = format!(
+        "family glm5_next frames {} sampled {} rows {} width {}",
+        c.n,
+        want.plan.frames_indices.len(),
+        want.plan.rows,
+        want.width
+    );
+    assert!(stdout.contains(&head), "{stdout} lacks {head:?}");
+    assert!(stdout.contains("text \"2.0 seconds\""), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
