@@ -942,6 +942,26 @@ enum vt_status vt_model_encode_video(const struct vt_model *model,
                                      struct vt_video_plan **plan);
 
 /**
+ * [`vt_model_encode_video`] into the caller's host buffer `out` of `out_len` floats (the rows
+ * at its start, `vt_video_plan_rows × width` of them; size it from [`vt_model_plan_video`]).
+ *
+ * Out-params (each may be NULL): `*plan` on `VT_OK`; `*needed` (the elements the rows take) on
+ * `VT_OK` and on `VT_ERR_BUFFER_TOO_SMALL`, which is decided from the plan (metadata and
+ * headers) before any frame is decoded or anything written.
+ *
+ * # Safety
+ * As [`vt_model_encode_video`]; `out` is NULL (with `out_len == 0`) or `out_len` writable
+ * floats not overlapping the video's bytes; `needed` is NULL or valid for a write.
+ */
+enum vt_status vt_model_encode_video_into(const struct vt_model *model,
+                                          const struct vt_video *video,
+                                          const struct vt_video_settings *settings,
+                                          float *out,
+                                          size_t out_len,
+                                          size_t *needed,
+                                          struct vt_video_plan **plan);
+
+/**
  * Frees a video plan (NULL: nothing).
  *
  * # Safety

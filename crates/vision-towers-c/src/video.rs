@@ -8,11 +8,11 @@ use vision_towers::vision_prep::video::{VideoMetadata, VideoSettings};
 use vision_towers::vision_prep::{
     ImageSource, PrepError, Video, VideoFrames, VideoPiece, VideoPlan, VideoPreprocessor,
 };
-use vision_towers::{Model, ModelError, PrepOpenError};
+use vision_towers::{EncodedVideo, Model, ModelError, PrepOpenError};
 
 use crate::encode::{image_source, offsets_of, vt_image, vt_rows};
 use crate::error::{guard, guard_value, image_status, model_failure, vt_status, Failure, Stage};
-use crate::ffi::{need_out, slice, write_opt};
+use crate::ffi::{check_extent, need_out, slice, slice_mut, write_opt};
 use crate::model::{model_arg, vt_model};
 use crate::plan::VT_TOKEN_UNKNOWN;
 
@@ -190,7 +190,7 @@ unsafe fn with_video<T>(
     m: &Model,
     video: *const vt_video,
     settings: *const vt_video_settings,
-    run: impl FnOnce(&VideoPreprocessor, &Video<'_>) -> Result<T, ModelError>,
+    run: impl FnOnce(&VideoPreprocessor, &Video<'_>) -> Result<T, Failure>,
 ) -> Result<T, Failure> {
     // SAFETY: the caller's contract.
     let v = unsafe { video.as_ref() }.ok_or_else(|| Failure::null("video"))?;
@@ -240,7 +240,7 @@ unsafe fn with_video<T>(
             },
             metadata,
         };
-        run(&pre, &video).map_err(video_failure)
+        run(&pre, &video)
     } else {
         // SAFETY: the caller's contract: `n_frames` `vt_image`s at `frames`.
         let images = unsafe { slice(v.frames, v.n_frames, "video.frames") }?;
@@ -259,7 +259,7 @@ unsafe fn with_video<T>(
             frames: VideoFrames::Encoded(&sources),
             metadata,
         };
-        run(&pre, &video).map_err(video_failure)
+        run(&pre, &video)
     }
 }
 
@@ -293,12 +293,7 @@ pub unsafe extern "C" fn vt_model_plan_video(
         // SAFETY: the caller's contract.
         let plan = unsafe {
             with_video(m, video, settings, |pre, v| {
-                pre.plan(v).map_err(|source| {
-                    ModelError::Prep(PrepOpenError::Prep {
-                        path: m.path().to_path_buf(),
-                        source,
-                    })
-                })
+                pre.plan(v).map_err(|e| prep_failure(m, e))
             })
         }?;
         let handle = Box::into_raw(Box::new(vt_video_plan::new(&plan)));
@@ -335,8 +330,11 @@ pub unsafe extern "C" fn vt_model_encode_video(
             need_out(plan, "plan")?;
         }
         // SAFETY: the caller's contract.
-        let encoded =
-            unsafe { with_video(m, video, settings, |pre, v| m.encode_video_with(pre, v)) }?;
+        let encoded = unsafe {
+            with_video(m, video, settings, |pre, v| {
+                m.encode_video_with(pre, v).map_err(video_failure)
+            })
+        }?;
         let rows = vt_rows {
             offsets: offsets_of([encoded.plan.rows as usize]),
             data: encoded.rows,
@@ -345,6 +343,83 @@ pub unsafe extern "C" fn vt_model_encode_video(
         let handle = Box::into_raw(Box::new(rows));
         // SAFETY: checked non-NULL and aligned above.
         unsafe { out.write(handle) };
+        if !plan.is_null() {
+            let p = Box::into_raw(Box::new(vt_video_plan::new(&encoded.plan)));
+            // SAFETY: checked non-NULL and aligned above.
+            unsafe { write_opt(plan, p) };
+        }
+        Ok(())
+    })
+}
+
+/// [`vt_model_encode_video`] into the caller's host buffer `out` of `out_len` floats (the rows
+/// at its start, `vt_video_plan_rows × width` of them; size it from [`vt_model_plan_video`]).
+///
+/// Out-params (each may be NULL): `*plan` on `VT_OK`; `*needed` (the elements the rows take) on
+/// `VT_OK` and on `VT_ERR_BUFFER_TOO_SMALL`, which is decided from the plan (metadata and
+/// headers) before any frame is decoded or anything written.
+///
+/// # Safety
+/// As [`vt_model_encode_video`]; `out` is NULL (with `out_len == 0`) or `out_len` writable
+/// floats not overlapping the video's bytes; `needed` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn vt_model_encode_video_into(
+    model: *const vt_model,
+    video: *const vt_video,
+    settings: *const vt_video_settings,
+    out: *mut f32,
+    out_len: usize,
+    needed: *mut usize,
+    plan: *mut *mut vt_video_plan,
+) -> vt_status {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let m = unsafe { model_arg(model) }?;
+        if out.is_null() && out_len > 0 {
+            return Err(Failure::null("out"));
+        }
+        check_extent::<f32>(out as usize, out_len, "out")?;
+        if !needed.is_null() {
+            need_out(needed, "needed")?;
+        }
+        if !plan.is_null() {
+            need_out(plan, "plan")?;
+        }
+        let run = |pre: &VideoPreprocessor, v: &Video<'_>| -> Result<EncodedVideo, Failure> {
+            let planned = pre.plan(v).map_err(|e| prep_failure(m, e))?;
+            let elements = usize::try_from(planned.rows)
+                .ok()
+                .and_then(|r| r.checked_mul(m.width()))
+                .ok_or_else(|| Failure::invalid("the video's rows overflow size_t"))?;
+            if out_len < elements {
+                // SAFETY: the caller's contract.
+                unsafe { write_opt(needed, elements) };
+                return Err(Failure::new(
+                    vt_status::VT_ERR_BUFFER_TOO_SMALL,
+                    format!(
+                        "out holds {out_len} elements; the video's rows need {} × {} = \
+                             {elements}",
+                        planned.rows,
+                        m.width()
+                    ),
+                ));
+            }
+            m.encode_video_with(pre, v).map_err(video_failure)
+        };
+        // SAFETY: the caller's contract.
+        let encoded = unsafe { with_video(m, video, settings, run) }?;
+        if encoded.rows.len() > out_len {
+            return Err(Failure::new(
+                vt_status::VT_ERR_INTERNAL,
+                "the tower gave more rows than the plan",
+            ));
+        }
+        // SAFETY: `out` holds out_len >= rows.len() writable floats (the caller's contract;
+        // checked for alignment and extent above).
+        let dst = unsafe { slice_mut(out, encoded.rows.len(), "out") }?;
+        dst.copy_from_slice(&encoded.rows);
+        // SAFETY: the caller's contract.
+        unsafe { write_opt(needed, encoded.rows.len()) };
         if !plan.is_null() {
             let p = Box::into_raw(Box::new(vt_video_plan::new(&encoded.plan)));
             // SAFETY: checked non-NULL and aligned above.

@@ -392,7 +392,8 @@ static int same_video_plan(const vt_video_plan *a, const vt_video_plan *b) {
  * width 0: encoded frames (images as elsewhere), or with none named `n_frames` zeroed
  * vt_images (empty: a frame the library read would be refused as no image). Plans it
  * (vt_model_plan_video), then encodes it: the video line (encode's status, image, rows, width,
- * sampled indices, grid, the plan call's status, whether its plan equals encode's), then one
+ * sampled indices, grid, the plan call's status, whether its plan equals encode's, whether
+ * vt_model_encode_video_into gives the same rows and refuses a buffer one short), then one
  * piece line per prompt piece (id, count, embeds, is_text, text). */
 static void cmd_video(char **f, size_t n) {
     if (n < 8) die("video: 7 arguments or more");
@@ -434,9 +435,26 @@ static void cmd_video(char **f, size_t n) {
         for (size_t i = 0; i < vt_video_plan_frame_count(plan); i++)
             printf("%s%llu", i ? "," : "", (unsigned long long)vt_video_plan_frames_indices(plan)[i]);
         const uint64_t *g = vt_video_plan_grid(plan);
-        printf("\t%llu,%llu,%llu\t%s\t%d", (unsigned long long)g[0], (unsigned long long)g[1],
+        /* The caller's buffer: one element short (status, *needed, nothing written), exact. */
+        size_t need = rows * width, got = (size_t)-1;
+        float *buf = malloc((need ? need : 1) * sizeof(float));
+        if (!buf) die("out of memory");
+        memset(buf, 0xff, (need ? need : 1) * sizeof(float));
+        vt_video_plan *p2 = NULL;
+        vt_status short_s =
+            vt_model_encode_video_into(slot(f[1]), &v, &set, buf, need - 1, &got, &p2);
+        int into = short_s == VT_ERR_BUFFER_TOO_SMALL && got == need && !p2;
+        const unsigned char *b = (const unsigned char *)buf;
+        for (size_t i = 0; i < need * sizeof(float); i++) into &= b[i] == 0xff;
+        got = (size_t)-1;
+        into &= vt_model_encode_video_into(slot(f[1]), &v, &set, buf, need, &got, &p2) == VT_OK &&
+                got == need && p2 && same_video_plan(p2, plan) &&
+                !memcmp(buf, vt_rows_data(r), need * sizeof(float));
+        vt_video_plan_free(p2);
+        free(buf);
+        printf("\t%llu,%llu,%llu\t%s\t%d\t%s", (unsigned long long)g[0], (unsigned long long)g[1],
                (unsigned long long)g[2], vt_status_name(ps),
-               planned ? same_video_plan(planned, plan) : 0);
+               planned ? same_video_plan(planned, plan) : 0, into ? "into-ok" : "into-FAILED");
         print_message();
         write_file(f[2], vt_rows_data(r), rows * width * sizeof(float));
         for (size_t i = 0; i < vt_video_plan_piece_count(plan); i++) {
@@ -453,7 +471,7 @@ static void cmd_video(char **f, size_t n) {
         vt_video_plan_free(plan);
     } else {
         if (r || plan) die("encode_video: out written on a refusal");
-        printf("video\t%s\t%lld\t0\t0\t-\t-\t%s\t0", vt_status_name(s),
+        printf("video\t%s\t%lld\t0\t0\t-\t-\t%s\t0\t-", vt_status_name(s),
                (long long)vt_last_error_image(), vt_status_name(ps));
         print_message();
     }
@@ -845,6 +863,16 @@ static void cmd_nulls(char **f, size_t n) {
                "video frame kind");
         v.frames = NULL;
         v.rgb = px;
+        size_t vneed = 7;
+        expect(vt_model_encode_video_into(m, &v, &set, NULL, 4, &vneed, &vp) ==
+                       VT_ERR_NULL_ARGUMENT && vneed == 7 && !vp,
+               "video_into out NULL with a length");
+        expect(vt_model_encode_video_into(m, &v, &set, (float *)((char *)buf + 1), 2, &vneed,
+                                          &vp) == VT_ERR_INVALID_ARGUMENT && vneed == 7 && !vp,
+               "video_into misaligned");
+        expect(vt_model_encode_video_into(NULL, &v, &set, buf, 4, &vneed, &vp) ==
+                       VT_ERR_NULL_ARGUMENT && vneed == 7 && !vp,
+               "video_into model");
         expect(vt_model_encode_video(m, &v, &set, &r, NULL) == VT_OK && r, "video ok, no plan");
         vt_rows_free(r);
         r = NULL;
