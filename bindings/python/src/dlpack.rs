@@ -68,6 +68,12 @@ impl DLDataType {
         bits: 16,
         lanes: 1,
     };
+    /// uint8 (raw RGB video frames).
+    pub const U8: DLDataType = DLDataType {
+        code: KDL_UINT,
+        bits: 8,
+        lanes: 1,
+    };
 
     /// The NumPy / PyTorch spelling (`float32`, `int64`, `bool`, …), for messages.
     pub fn name(self) -> String {

@@ -42,6 +42,8 @@ pub enum Phase {
     Images,
     /// Encoding processor tensors: the tensors are the input.
     Tensors,
+    /// Planning or encoding a video: its frames and metadata are the input.
+    Video,
 }
 
 /// One failure, ready to be raised.
@@ -110,6 +112,10 @@ impl Failure {
         let (class, index) = match e {
             ModelError::Image { index, .. } => (Class::BadImage, Some(*index)),
             ModelError::Prep(p) => match (p, phase) {
+                (PrepOpenError::Prep { source, .. }, Phase::Video) => video_class(source),
+                (PrepOpenError::Tokenizer(_) | PrepOpenError::Io { .. }, Phase::Video) => {
+                    (Class::BadModel, None)
+                }
                 (PrepOpenError::Prep { .. } | PrepOpenError::Tokenizer(_), Phase::Open) => {
                     (Class::BadModel, None)
                 }
@@ -152,6 +158,20 @@ impl Failure {
     }
 }
 
+/// A video refused by vision-prep: no video path for the family is `UnsupportedError`, a
+/// setting out of range `ValueError`, the model's video config `BadModelError`; the video itself
+/// (its metadata budgets, frames that do not fit together, a frame refused as an image would be,
+/// with the frame's index) `BadImageError`.
+fn video_class(e: &PrepError) -> (Class, Option<usize>) {
+    match e {
+        PrepError::NoVideoPath(_) => (Class::Unsupported, None),
+        PrepError::BadSetting(_) => (Class::Value, None),
+        PrepError::Config { .. } | PrepError::UnknownProcessor(_) => (Class::BadModel, None),
+        PrepError::VideoFrame { index, .. } => (Class::BadImage, Some(*index)),
+        _ => (Class::BadImage, None),
+    }
+}
+
 fn tower_class(t: &TowerError, phase: Phase) -> (Class, Option<usize>) {
     match t {
         TowerError::NoDevice { .. } => (Class::NoDevice, None),
@@ -175,7 +195,7 @@ fn tower_class(t: &TowerError, phase: Phase) -> (Class, Option<usize>) {
             // The tower refuses an image its own processor prepared (e.g. a grid past a small
             // model's position table): an image this model cannot take; the tower's message
             // names it, not by the request's index.
-            Phase::Images => (Class::BadImage, None),
+            Phase::Images | Phase::Video => (Class::BadImage, None),
         },
     }
 }
@@ -314,5 +334,40 @@ mod tests {
             f.message,
             "m: config error in preprocessor_config.json: patch_size 0"
         );
+
+        assert_eq!(Failure::model(&config, Phase::Video).class, Class::BadModel);
+
+        let video = |source| {
+            ModelError::Prep(PrepOpenError::Prep {
+                path: PathBuf::from("m"),
+                source,
+            })
+        };
+        let f = Failure::model(
+            &video(PrepError::NoVideoPath("step3p7".into())),
+            Phase::Video,
+        );
+        assert_eq!(
+            (f.class, f.kind.as_str()),
+            (Class::Unsupported, "prep:NoVideoPath")
+        );
+        let over = PrepError::VideoOverBudget {
+            what: "frames".into(),
+            amount: 10_000,
+            budget: 4096,
+        };
+        let f = Failure::model(&video(over), Phase::Video);
+        assert_eq!(
+            (f.class, f.kind.as_str()),
+            (Class::BadImage, "prep:VideoOverBudget")
+        );
+        let frame = PrepError::VideoFrame {
+            index: 7,
+            source: Box::new(PrepError::NotAnImage("magic 00".into())),
+        };
+        let f = Failure::model(&video(frame), Phase::Video);
+        assert_eq!((f.class, f.index), (Class::BadImage, Some(7)));
+        let f = Failure::model(&video(PrepError::BadSetting("fps".into())), Phase::Video);
+        assert_eq!(f.class, Class::Value);
     }
 }

@@ -146,8 +146,8 @@ def test_plans_equal_upstream_for_every_processor_case(tmp_path):
     for variant in sorted((fixtures_dir() / "outputs").iterdir()):
         for case in sorted(variant.glob("*.safetensors")):
             meta = SafeTensors(case).fixture()
-            if not meta.get("prompt_plan"):
-                continue
+            if not meta.get("prompt_plan") or "video_processor" in meta:
+                continue  # video cases: test_video.py
             if meta["model"]:
                 m = model(meta["model"].removeprefix("models/"))
             else:

@@ -11,10 +11,13 @@
  *   vt_model_plan      per image, from its header: token runs, the placeholder mask, rows
  *   vt_model_encode    the rows (host f32), or vt_model_encode_into a caller's buffer, or
  *                      vt_model_encode_device a caller's CUDA buffer on a caller's stream
+ *   vt_model_plan_video / vt_model_encode_video  one video (glm5_next, gemma4): every frame,
+ *                      encoded or raw RGB, and its metadata in; its plan (token runs and
+ *                      timestamp text) and its rows (host f32) out
  *
  * Conventions
- * - Handles are opaque (vt_model, vt_plan, vt_rows, vt_tensors). Every object the library
- *   allocates has its _free; every _free accepts NULL.
+ * - Handles are opaque (vt_model, vt_plan, vt_rows, vt_tensors, vt_video_plan). Every object
+ *   the library allocates has its _free; every _free accepts NULL.
  * - Errors: every fallible call returns a vt_status (VT_OK = 0). The message is per thread:
  *   vt_last_error() holds the message of the last status-returning call on the calling thread
  *   ("" after VT_OK), valid until the next vt_ call on that thread; vt_last_error_image() names
@@ -29,8 +32,8 @@
  *   kept); a caller's device buffer is written in the caller's stream order, after the call.
  * - Threads: a const vt_model* may be used from several threads at once (plans and encodes run
  *   concurrently; CUDA passes take turns on the device); only vt_model_free needs it alone.
- *   vt_plan and vt_rows are immutable values, readable from any thread. A vt_tensors is filled
- *   by one thread, then readable by several.
+ *   vt_plan, vt_video_plan and vt_rows are immutable values, readable from any thread. A
+ *   vt_tensors is filled by one thread, then readable by several.
  * - Enum-valued inputs are uint32_t fields or arguments holding the enum's values, so an
  *   unknown value is an error, never undefined behaviour.
  */
@@ -92,13 +95,16 @@ typedef enum vt_status {
   /**
    * An image was refused: not an image, a format not decoded, zero-sized, corrupt or
    * truncated, a malformed data URI, a URI scheme other than `data:`, or a size the model's
-   * processor cannot plan. [`vt_last_error_image`] names it.
+   * processor cannot plan. [`vt_last_error_image`] names it. For a video: frames that do not
+   * fit its metadata (no fps for glm5_next, too few frames, frames of different sizes, a short
+   * raw frame), or a sampled frame refused as an image (`vt_last_error_image` names the frame).
    */
   VT_ERR_IMAGE = 6,
   /**
    * An image is over a limit: the decode budget (`max_pixels`), the data URI cap, the output
    * budget, or more patches than one pass holds (`max_patches_per_pass`).
-   * [`vt_last_error_image`] names it.
+   * [`vt_last_error_image`] names it. For a video: over a metadata budget (4096 frames, 2^28
+   * pixels of the sampled frames, 1 GiB handed in), checked before any frame is read.
    */
   VT_ERR_IMAGE_TOO_LARGE = 7,
   /**
@@ -112,7 +118,8 @@ typedef enum vt_status {
   VT_ERR_NO_DEVICE = 9,
   /**
    * The request is valid but not available: bf16 on the CPU, device rows from a model on the
-   * CPU, bf16 rows from an f32 model.
+   * CPU, bf16 rows from an f32 model, video for a family without a video path (step3p7,
+   * glm_ocr).
    */
   VT_ERR_UNSUPPORTED = 10,
   /**
@@ -272,6 +279,18 @@ typedef struct vt_rows vt_rows;
 typedef struct vt_tensors vt_tensors;
 
 /**
+ * One video's plan, from its metadata and frame size alone (nothing decoded): the rows, the
+ * frames sampled and their timestamps, `video_grid_thw`, and the prompt as pieces in order:
+ * token runs (`ids[i]` repeated `counts[i]` times, `embeds[i]` = 1 where the rows replace them)
+ * and text pieces (`is_text[i]` = 1: the timestamps, for the caller's tokenizer; id
+ * [`VT_TOKEN_UNKNOWN`], count 0). Made by [`vt_model_plan_video`] or [`vt_model_encode_video`],
+ * freed by [`vt_video_plan_free`]; the arrays it hands out live as long as it does.
+ *
+ * Thread safety: immutable; a `const vt_video_plan*` may be read from several threads.
+ */
+typedef struct vt_video_plan vt_video_plan;
+
+/**
  * One image: `len` bytes at `data`, read only during the call. A zeroed struct plus `data`
  * and `len` is an image file's bytes.
  */
@@ -335,6 +354,81 @@ typedef struct vt_open_options {
    */
   uint64_t max_data_uri_bytes;
 } vt_open_options;
+
+/**
+ * How a video is sampled, over the model's video processor config. Start from
+ * [`vt_video_settings_default`]; a zeroed struct is the same (every field's 0 means the
+ * config's value).
+ */
+typedef struct vt_video_settings {
+  /**
+   * glm5_next: the target sampling rate in frames per second (gemma4 refuses one).
+   */
+  double sample_fps;
+  /**
+   * gemma4: frames sampled, uniformly (a video with fewer frames is refused, as upstream).
+   */
+  uint64_t num_frames;
+  /**
+   * Most frames sampled.
+   */
+  uint64_t max_frames;
+  /**
+   * gemma4: soft tokens per frame, one of 70, 140, 280, 560, 1120.
+   */
+  uint32_t max_soft_tokens;
+  /**
+   * glm5_next: the whole video's token budget, lower bound.
+   */
+  uint64_t min_image_tokens;
+  /**
+   * glm5_next: the whole video's token budget.
+   */
+  uint64_t max_image_tokens;
+} vt_video_settings;
+
+/**
+ * One video: every frame of it, in order, and its metadata. Give the frames either encoded
+ * (`frames`: `n_frames` `vt_image`s; only the sampled ones are read) or raw (`rgb`: frames of
+ * `height · width · 3` bytes back to back, `rgb_len` bytes in all), the other pointer NULL. Read
+ * only during the call.
+ */
+typedef struct vt_video {
+  /**
+   * Encoded frames (`n_frames` of them), or NULL for raw frames.
+   */
+  const struct vt_image *frames;
+  /**
+   * Raw RGB u8 frames, row-major, or NULL for encoded frames.
+   */
+  const uint8_t *rgb;
+  /**
+   * Bytes at `rgb`. Frames past them count as empty: the metadata budgets are checked first
+   * (so a video refused by them needs no bytes at all), then a short frame is `VT_ERR_IMAGE`.
+   */
+  size_t rgb_len;
+  /**
+   * Frames in the video (its metadata's `total_num_frames`; the encoded frames given).
+   */
+  size_t n_frames;
+  /**
+   * Raw frames' width (ignored for encoded frames, whose headers say it).
+   */
+  uint32_t width;
+  /**
+   * Raw frames' height.
+   */
+  uint32_t height;
+  /**
+   * The video's frame rate (glm5_next needs it); 0 or less, or NaN = unknown.
+   */
+  double fps;
+  /**
+   * Duration in seconds if the container states it; 0 or less = unknown (derived from the
+   * frame count and `fps`, as upstream does).
+   */
+  double duration;
+} vt_video;
 
 #ifdef __cplusplus
 extern "C" {
@@ -798,6 +892,192 @@ enum vt_status vt_model_encode_tensors_device(const struct vt_model *model,
                                               size_t *row_offsets,
                                               size_t offsets_len,
                                               size_t *n_images);
+
+/**
+ * The default video settings: every value from the model's video processor config. Never
+ * fails.
+ */
+struct vt_video_settings vt_video_settings_default(void);
+
+/**
+ * Plans `video` from its metadata and frame size (raw frames: `width` and `height`; encoded
+ * frames: the sampled frames' headers; nothing decoded) and writes the new plan to `*out`.
+ * `settings` NULL = [`vt_video_settings_default`].
+ *
+ * Statuses: `VT_ERR_NULL_ARGUMENT`, `VT_ERR_INVALID_ARGUMENT` (both `frames` and `rgb` set, a
+ * zero raw size, an unknown frame `kind`, a setting out of range), `VT_ERR_UNSUPPORTED` (a family without a
+ * video path: step3p7, glm_ocr), `VT_ERR_IMAGE_TOO_LARGE` (over a metadata budget: frames,
+ * pixels of the sampled frames, bytes handed in; checked before any frame is read),
+ * `VT_ERR_IMAGE` (no `fps` for glm5_next, fewer frames than gemma4's `num_frames`, frames of
+ * different sizes, a short raw frame, a sampled frame refused as an image, which
+ * `vt_last_error_image` names), `VT_ERR_MODEL` (the model's video config).
+ *
+ * # Safety
+ * `model` is a live handle; `video` points at a `vt_video` whose `frames` (and each frame's
+ * bytes) or `rgb` hold what its fields say, valid for the call; `settings` is NULL or valid;
+ * `out` is valid for a write.
+ */
+enum vt_status vt_model_plan_video(const struct vt_model *model,
+                                   const struct vt_video *video,
+                                   const struct vt_video_settings *settings,
+                                   struct vt_video_plan **out);
+
+/**
+ * Samples, decodes and prepares `video`'s frames and runs the tower once over the whole video
+ * (glm5_next: one attention segment per frame pair; gemma4: each sampled frame one image),
+ * writing the new rows to `*out` (f32 on the host, whatever the device; one "image" of
+ * `vt_video_plan_rows` rows, in the order of the plan's embedding runs) and, if `plan` is not
+ * NULL, the video's plan to `*plan`.
+ *
+ * Statuses: those of [`vt_model_plan_video`], and `VT_ERR_OUT_OF_MEMORY` (the model stays
+ * usable), `VT_ERR_DEVICE`.
+ *
+ * # Safety
+ * As [`vt_model_plan_video`]; `out` is valid for a write; `plan` is NULL or valid for a write.
+ */
+enum vt_status vt_model_encode_video(const struct vt_model *model,
+                                     const struct vt_video *video,
+                                     const struct vt_video_settings *settings,
+                                     struct vt_rows **out,
+                                     struct vt_video_plan **plan);
+
+/**
+ * [`vt_model_encode_video`] into the caller's host buffer `out` of `out_len` floats (the rows
+ * at its start, `vt_video_plan_rows × width` of them; size it from [`vt_model_plan_video`]).
+ *
+ * Out-params (each may be NULL): `*plan` on `VT_OK`; `*needed` (the elements the rows take) on
+ * `VT_OK` and on `VT_ERR_BUFFER_TOO_SMALL`, which is decided from the plan (metadata and
+ * headers) before any frame is decoded or anything written.
+ *
+ * # Safety
+ * As [`vt_model_encode_video`]; `out` is NULL (with `out_len == 0`) or `out_len` writable
+ * floats not overlapping the video's bytes; `needed` is NULL or valid for a write.
+ */
+enum vt_status vt_model_encode_video_into(const struct vt_model *model,
+                                          const struct vt_video *video,
+                                          const struct vt_video_settings *settings,
+                                          float *out,
+                                          size_t out_len,
+                                          size_t *needed,
+                                          struct vt_video_plan **plan);
+
+/**
+ * Frees a video plan (NULL: nothing).
+ *
+ * # Safety
+ * `plan` is NULL or a plan from this library not freed before.
+ */
+void vt_video_plan_free(struct vt_video_plan *plan);
+
+/**
+ * Embedding rows the tower emits for the video (= the tokens of the runs marked in
+ * `vt_video_plan_piece_embeds`); 0 for NULL.
+ *
+ * # Safety
+ * `plan` is NULL or a live plan.
+ */
+uint64_t vt_video_plan_rows(const struct vt_video_plan *plan);
+
+/**
+ * Prompt pieces, token runs and text in order: how many (0 for NULL).
+ *
+ * # Safety
+ * `plan` is NULL or a live plan.
+ */
+size_t vt_video_plan_piece_count(const struct vt_video_plan *plan);
+
+/**
+ * The pieces' token ids ([`VT_TOKEN_UNKNOWN`] for text, and where the model's files do not
+ * state the id); NULL for NULL.
+ *
+ * # Safety
+ * `plan` is NULL or a live plan.
+ */
+const uint32_t *vt_video_plan_piece_ids(const struct vt_video_plan *plan);
+
+/**
+ * The pieces' repetition counts (0 for text); NULL for NULL.
+ *
+ * # Safety
+ * `plan` is NULL or a live plan.
+ */
+const uint64_t *vt_video_plan_piece_counts(const struct vt_video_plan *plan);
+
+/**
+ * The placeholder mask: 1 where a run's tokens are replaced by the video's rows (in order),
+ * 0 for tokens the engine embeds itself and for text; NULL for NULL.
+ *
+ * # Safety
+ * `plan` is NULL or a live plan.
+ */
+const uint8_t *vt_video_plan_piece_embeds(const struct vt_video_plan *plan);
+
+/**
+ * 1 where a piece is text for the caller's tokenizer (e.g. glm5_next's `"2.0 seconds"`,
+ * gemma4's `"00:01 "`), 0 for a token run; NULL for NULL.
+ *
+ * # Safety
+ * `plan` is NULL or a live plan.
+ */
+const uint8_t *vt_video_plan_piece_is_text(const struct vt_video_plan *plan);
+
+/**
+ * Piece `i`'s text: a run's token text (e.g. `"<|image|>"`) or the text itself,
+ * NUL-terminated; NULL past the last piece or for NULL.
+ *
+ * # Safety
+ * `plan` is NULL or a live plan.
+ */
+const char *vt_video_plan_piece_text(const struct vt_video_plan *plan, size_t i);
+
+/**
+ * Frames sampled (0 for NULL).
+ *
+ * # Safety
+ * `plan` is NULL or a live plan.
+ */
+size_t vt_video_plan_frame_count(const struct vt_video_plan *plan);
+
+/**
+ * The sampled frames' indices in the video (upstream's `frames_indices`); NULL for NULL.
+ *
+ * # Safety
+ * `plan` is NULL or a live plan.
+ */
+const uint64_t *vt_video_plan_frames_indices(const struct vt_video_plan *plan);
+
+/**
+ * The sampled frames' timestamps in seconds (`index / fps`); NULL for NULL.
+ *
+ * # Safety
+ * `plan` is NULL or a live plan.
+ */
+const double *vt_video_plan_timestamps(const struct vt_video_plan *plan);
+
+/**
+ * The grid, 3 numbers: glm5_next `video_grid_thw` (`[frame pairs, patch rows, patch
+ * columns]`), gemma4 `[frames, patch rows, patch columns]`; NULL for NULL.
+ *
+ * # Safety
+ * `plan` is NULL or a live plan.
+ */
+const uint64_t *vt_video_plan_grid(const struct vt_video_plan *plan);
+
+/**
+ * The size every sampled frame is brought to, width (glm5_next: its canvas); 0 for NULL.
+ *
+ * # Safety
+ * `plan` is NULL or a live plan.
+ */
+uint64_t vt_video_plan_target_width(const struct vt_video_plan *plan);
+
+/**
+ * The target height (see [`vt_video_plan_target_width`]); 0 for NULL.
+ *
+ * # Safety
+ * `plan` is NULL or a live plan.
+ */
+uint64_t vt_video_plan_target_height(const struct vt_video_plan *plan);
 
 #ifdef __cplusplus
 }  // extern "C"

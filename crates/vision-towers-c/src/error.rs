@@ -31,11 +31,14 @@ pub enum vt_status {
     VT_ERR_MODEL = 5,
     /// An image was refused: not an image, a format not decoded, zero-sized, corrupt or
     /// truncated, a malformed data URI, a URI scheme other than `data:`, or a size the model's
-    /// processor cannot plan. [`vt_last_error_image`] names it.
+    /// processor cannot plan. [`vt_last_error_image`] names it. For a video: frames that do not
+    /// fit its metadata (no fps for glm5_next, too few frames, frames of different sizes, a short
+    /// raw frame), or a sampled frame refused as an image (`vt_last_error_image` names the frame).
     VT_ERR_IMAGE = 6,
     /// An image is over a limit: the decode budget (`max_pixels`), the data URI cap, the output
     /// budget, or more patches than one pass holds (`max_patches_per_pass`).
-    /// [`vt_last_error_image`] names it.
+    /// [`vt_last_error_image`] names it. For a video: over a metadata budget (4096 frames, 2^28
+    /// pixels of the sampled frames, 1 GiB handed in), checked before any frame is read.
     VT_ERR_IMAGE_TOO_LARGE = 7,
     /// Prepared tensors were refused by the tower (missing or mistyped tensor, a shape that
     /// does not fit the model, an inconsistent grid or count).
@@ -43,7 +46,8 @@ pub enum vt_status {
     /// A CUDA device was asked for and none opens.
     VT_ERR_NO_DEVICE = 9,
     /// The request is valid but not available: bf16 on the CPU, device rows from a model on the
-    /// CPU, bf16 rows from an f32 model.
+    /// CPU, bf16 rows from an f32 model, video for a family without a video path (step3p7,
+    /// glm_ocr).
     VT_ERR_UNSUPPORTED = 10,
     /// The device ran out of memory; the model stays usable (retry with fewer images per call or
     /// a lower `max_patches_per_pass`).
@@ -93,7 +97,7 @@ pub(crate) enum Stage {
 }
 
 /// The status of an image refusal from vision-prep.
-fn image_status(e: &PrepError) -> vt_status {
+pub(crate) fn image_status(e: &PrepError) -> vt_status {
     match e {
         PrepError::OverBudget { .. }
         | PrepError::DataUriTooLarge { .. }

@@ -3,7 +3,8 @@
 //! `libvision_towers_c.a`.
 //!
 //! The conventions (the header's preamble says the same to C callers):
-//! - **Handles** are opaque ([`vt_model`], [`vt_plan`], [`vt_rows`], [`vt_tensors`]); each one
+//! - **Handles** are opaque ([`vt_model`], [`vt_plan`], [`vt_rows`], [`vt_tensors`],
+//!   [`vt_video_plan`]); each one
 //!   the library allocates has its `_free`, and every `_free` accepts NULL.
 //! - **Status and message**: every fallible call returns a [`vt_status`]. The message of the
 //!   last status-returning call is per thread: [`vt_last_error`] (empty after `VT_OK`), valid
@@ -32,6 +33,7 @@ mod ffi;
 mod model;
 mod plan;
 mod tensors;
+mod video;
 
 pub use encode::{
     vt_dtype, vt_image, vt_image_kind, vt_model_encode, vt_model_encode_device,
@@ -53,6 +55,16 @@ pub use plan::{
 pub use tensors::{
     vt_model_encode_tensors, vt_model_encode_tensors_device, vt_tensors, vt_tensors_add_f32,
     vt_tensors_add_i64, vt_tensors_free, vt_tensors_new,
+};
+
+pub use video::{
+    vt_model_encode_video, vt_model_encode_video_into, vt_model_plan_video, vt_video,
+    vt_video_plan, vt_video_plan_frame_count, vt_video_plan_frames_indices, vt_video_plan_free,
+    vt_video_plan_grid, vt_video_plan_piece_count, vt_video_plan_piece_counts,
+    vt_video_plan_piece_embeds, vt_video_plan_piece_ids, vt_video_plan_piece_is_text,
+    vt_video_plan_piece_text, vt_video_plan_rows, vt_video_plan_target_height,
+    vt_video_plan_target_width, vt_video_plan_timestamps, vt_video_settings,
+    vt_video_settings_default,
 };
 
 use std::ffi::c_char;

@@ -7,6 +7,11 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 __version__: str
 
+VideoFrames = Union[Sequence["ImageArg"], bytes, bytearray, memoryview, Any]
+"""A video's frames, every frame in order: a list of encoded images (only the sampled frames are
+read), raw RGB frames back to back in a bytes-like object (with ``width`` and ``height``), or a
+uint8 array ``[frames, height, width, 3]`` exporting ``__dlpack__``."""
+
 ImageArg = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 """An image: its file's bytes, a path to the file, or a ``data:`` URI string (other URI schemes
 are refused; a plain string is a path)."""
@@ -21,7 +26,9 @@ class VisionTowersError(Exception):
 
 class BadImageError(VisionTowersError):
     """An image was refused (not an image, over the decode budget, corrupt, unreadable, a refused
-    URI scheme, over the pass ceiling)."""
+    URI scheme, over the pass ceiling), or a video: over its metadata budgets (kind
+    ``prep:VideoOverBudget``), frames that do not fit its metadata (``prep:BadVideo``), a frame
+    refused as an image would be (``prep:VideoFrame``, ``index`` the frame)."""
 
 class BadModelError(VisionTowersError):
     """The weight file, its configs or its tokenizer files were refused."""
@@ -36,13 +43,14 @@ class OutOfMemoryError(VisionTowersError):
     """The device ran out of memory; the model stays usable."""
 
 class UnsupportedError(VisionTowersError):
-    """A device, precision, dtype or output this model cannot give."""
+    """A device, precision, dtype or output this model cannot give, or video for a family
+    without a video path (kind ``prep:NoVideoPath``)."""
 
 class DeviceError(VisionTowersError):
     """Any other CUDA failure."""
 
 class ImageRows:
-    """One image's rows ``[rows, width]``, row-major: host float32 for a CPU model, device memory
+    """One image's rows ``[rows, width]`` (or one video's, from ``Model.encode_video``), row-major: host float32 for a CPU model, device memory
     (float32 or bfloat16) for a CUDA model. Exports DLPack without a copy."""
 
     @property
@@ -60,7 +68,8 @@ class ImageRows:
     def nbytes(self) -> int: ...
     @property
     def plan(self) -> Optional[dict[str, Any]]:
-        """The image's plan (as ``Model.plan``), None for rows of processor tensors."""
+        """The image's plan (as ``Model.plan``), the video's (as ``Model.plan_video``) for the
+        rows of ``encode_video``, None for rows of processor tensors."""
     def to_bytes(self) -> bytes:
         """The rows' bytes, little-endian in their dtype (a copy; waits for device rows)."""
     def __dlpack_device__(self) -> Tuple[int, int]: ...
@@ -140,3 +149,46 @@ class Model:
         out_stream: Optional[Any] = None,
     ) -> list[Any]:
         """``encode`` from the HF image processor's tensors (CPU arrays by upstream name)."""
+    def plan_video(
+        self,
+        frames: VideoFrames,
+        *,
+        fps: Optional[float] = None,
+        total_num_frames: Optional[int] = None,
+        duration: Optional[float] = None,
+        width: Optional[int] = None,
+        height: Optional[int] = None,
+        sample_fps: Optional[float] = None,
+        num_frames: Optional[int] = None,
+        max_frames: Optional[int] = None,
+        max_soft_tokens: Optional[int] = None,
+        min_image_tokens: Optional[int] = None,
+        max_image_tokens: Optional[int] = None,
+    ) -> dict[str, Any]:
+        """A video's plan from its metadata and frame size (nothing decoded): ``rows``,
+        ``frames_indices``, ``timestamps``, ``video_grid_thw``, ``target``, ``content``,
+        ``width``, ``height``, ``family``, ``processor``, ``prompt`` (pieces in order: a token run
+        ``(id, count, embeds)``, text a ``str``), ``prompt_tokens``, ``prompt_runs`` ((id, count)
+        of the runs) and ``is_embed`` (one bool per token of the runs)."""
+    def encode_video(
+        self,
+        frames: VideoFrames,
+        *,
+        fps: Optional[float] = None,
+        total_num_frames: Optional[int] = None,
+        duration: Optional[float] = None,
+        width: Optional[int] = None,
+        height: Optional[int] = None,
+        sample_fps: Optional[float] = None,
+        num_frames: Optional[int] = None,
+        max_frames: Optional[int] = None,
+        max_soft_tokens: Optional[int] = None,
+        min_image_tokens: Optional[int] = None,
+        max_image_tokens: Optional[int] = None,
+        dtype: Optional[Any] = None,
+    ) -> ImageRows:
+        """One video's rows as one ``ImageRows`` (``.plan`` is ``plan_video``'s). ``fps``: the
+        video's frame rate; ``sample_fps``: glm5_next's target sampling rate; ``num_frames``:
+        gemma4's frames sampled. Metadata budgets are checked before any frame is read
+        (``BadImageError``, kind ``prep:VideoOverBudget``); a family without video raises
+        ``UnsupportedError`` (kind ``prep:NoVideoPath``); a setting out of range ValueError."""

@@ -6,6 +6,7 @@ mod input;
 mod model;
 mod plan;
 mod rows;
+mod video;
 
 use pyo3::prelude::*;
 

@@ -17,6 +17,7 @@ use crate::py::errors::detached;
 use crate::py::input::{self, Image, Out, Read};
 use crate::py::plan;
 use crate::py::rows::{ImageRows, PlanInfo};
+use crate::py::video::{self, Described, Sampling};
 
 /// A model: its image processor and its vision tower, on the CPU (the float32 reference) or a
 /// CUDA device. Thread-safe: share one between threads; the GIL is released while images are
@@ -319,7 +320,7 @@ impl PyModel {
                 .collect::<Result<Vec<Read<'_>>, Failure>>()?;
             let sources: Vec<ImageSource<'_>> = reads.iter().map(Read::source).collect();
             let failed = |e: vision_towers::ModelError| Failure::model(&e, Phase::Images);
-            let info = |plan: vision_towers::vision_prep::Plan| Arc::new(PlanInfo { plan });
+            let info = |plan: vision_towers::vision_prep::Plan| Arc::new(PlanInfo::Image(plan));
             if let Some(out) = &out {
                 // The plans first (headers only): the output's shape is checked before anything
                 // is decoded or written.
@@ -421,6 +422,147 @@ impl PyModel {
             }
         })?;
         encoded.into_pyobject(py)
+    }
+
+    /// The plan of one video from its metadata and its frames' size alone (raw frames: the
+    /// width and height; encoded frames: the sampled frames' headers; nothing decoded): a dict
+    /// with `rows`, `frames_indices` (the sampled frames), `timestamps`, `video_grid_thw`,
+    /// `target`, `content`, `width`, `height`, `family`, `processor`, `prompt` (the pieces in
+    /// order: a token run a `(token_id, count, embeds)` tuple, text a `str` for the tokenizer),
+    /// `prompt_tokens` (each piece's token text, None for text), `prompt_runs` (`(token_id,
+    /// count)` of the runs alone) and `is_embed` (one bool per token of those runs). Takes what
+    /// `encode_video` takes.
+    #[pyo3(signature = (frames, *, fps=None, total_num_frames=None, duration=None, width=None,
+                        height=None, sample_fps=None, num_frames=None, max_frames=None,
+                        max_soft_tokens=None, min_image_tokens=None, max_image_tokens=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn plan_video<'py>(
+        &self,
+        py: Python<'py>,
+        frames: &Bound<'py, PyAny>,
+        fps: Option<f64>,
+        total_num_frames: Option<u64>,
+        duration: Option<f64>,
+        width: Option<u32>,
+        height: Option<u32>,
+        sample_fps: Option<f64>,
+        num_frames: Option<u64>,
+        max_frames: Option<u64>,
+        max_soft_tokens: Option<u32>,
+        min_image_tokens: Option<u64>,
+        max_image_tokens: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let objs = video::frame_list(frames)?;
+        let args = video::args(
+            frames,
+            &objs,
+            Described {
+                fps,
+                total_num_frames,
+                duration,
+                width,
+                height,
+            },
+            Sampling {
+                sample_fps,
+                num_frames,
+                max_frames,
+                max_soft_tokens,
+                min_image_tokens,
+                max_image_tokens,
+            },
+        )?;
+        let model = self.model.clone();
+        let planned = detached(py, move || {
+            video::with_video(&model, &args, |pre, v| {
+                pre.plan(v).map_err(|source| {
+                    vision_towers::ModelError::Prep(vision_towers::PrepOpenError::Prep {
+                        path: model.path().to_path_buf(),
+                        source,
+                    })
+                })
+            })
+        })?;
+        plan::video_to_dict(py, &planned)
+    }
+
+    /// Encodes one video (glm5_next and gemma4; docs/VIDEO.md) and returns its rows as one
+    /// `ImageRows` (`[plan rows, width]`, the frames' rows in prompt order; `.plan` is the
+    /// video's plan, as `plan_video` gives it): float32 host rows for a CPU model, rows left on
+    /// the device in `dtype` for a CUDA model (exported through `__dlpack__` as `encode`'s).
+    ///
+    /// `frames`: every frame of the video, in order: a list of encoded images (bytes,
+    /// bytearray, memoryview, paths or `data:` URIs; only the sampled frames are read), raw RGB
+    /// frames back to back in a bytes-like object with `width` and `height`, or a uint8 array
+    /// `[frames, height, width, 3]` exporting `__dlpack__` (NumPy, PyTorch CPU). `fps`: the
+    /// video's frame rate (glm5_next needs it); `total_num_frames` (default: the frames given)
+    /// and `duration` (seconds): the rest of its metadata. The metadata budgets (frames, pixels
+    /// of the sampled frames, bytes) are checked before any frame is read: `BadImageError`
+    /// (kind `prep:VideoOverBudget`). Sampling settings override the model's video processor
+    /// config: `sample_fps` (glm5_next target rate), `num_frames` (gemma4), `max_frames`,
+    /// `max_soft_tokens` (gemma4, per frame), `min_image_tokens` / `max_image_tokens`
+    /// (glm5_next, the whole video); one out of range raises ValueError. A family without a
+    /// video path raises `UnsupportedError` (kind `prep:NoVideoPath`).
+    #[pyo3(signature = (frames, *, fps=None, total_num_frames=None, duration=None, width=None,
+                        height=None, sample_fps=None, num_frames=None, max_frames=None,
+                        max_soft_tokens=None, min_image_tokens=None, max_image_tokens=None,
+                        dtype=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn encode_video(
+        &self,
+        py: Python<'_>,
+        frames: &Bound<'_, PyAny>,
+        fps: Option<f64>,
+        total_num_frames: Option<u64>,
+        duration: Option<f64>,
+        width: Option<u32>,
+        height: Option<u32>,
+        sample_fps: Option<f64>,
+        num_frames: Option<u64>,
+        max_frames: Option<u64>,
+        max_soft_tokens: Option<u32>,
+        min_image_tokens: Option<u64>,
+        max_image_tokens: Option<u64>,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<ImageRows> {
+        let objs = video::frame_list(frames)?;
+        let args = video::args(
+            frames,
+            &objs,
+            Described {
+                fps,
+                total_num_frames,
+                duration,
+                width,
+                height,
+            },
+            Sampling {
+                sample_fps,
+                num_frames,
+                max_frames,
+                max_soft_tokens,
+                min_image_tokens,
+                max_image_tokens,
+            },
+        )?;
+        let asked = input::dtype(dtype)?;
+        let dtype = self.rows_dtype(asked).map_err(|f| f.into_pyerr(py))?;
+        let model = self.model.clone();
+        let device = self.device;
+        detached(py, move || {
+            video::with_video(&model, &args, |pre, v| match device {
+                Device::Cuda(_) => {
+                    let d = model.encode_video_device(pre, v, dtype)?;
+                    let plan = Arc::new(PlanInfo::Video(d.plan));
+                    Ok(ImageRows::on_device_whole(d.rows, Some(plan)))
+                }
+                _ => {
+                    let e = model.encode_video_with(pre, v)?;
+                    let plan = Arc::new(PlanInfo::Video(e.plan));
+                    Ok(ImageRows::on_host(e.rows, e.width, Some(plan)))
+                }
+            })
+        })
     }
 
     fn __repr__(&self) -> String {

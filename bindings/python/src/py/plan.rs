@@ -1,10 +1,10 @@
-//! A plan as a Python dict.
+//! A plan (an image's or a video's) as a Python dict.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use serde_json::Value;
 
-use vision_towers::vision_prep::Plan;
+use vision_towers::vision_prep::{Plan, VideoPiece, VideoPlan};
 
 /// `Plan::to_json` as Python values (`target` and each prompt run a tuple), plus `is_embed`:
 /// one bool per prompt token, `True` where the token receives a row.
@@ -26,6 +26,39 @@ pub fn to_dict<'py>(py: Python<'py>, plan: &Plan) -> PyResult<Bound<'py, PyAny>>
         .collect::<PyResult<_>>()?;
     d.set_item("prompt_runs", PyList::new(py, runs)?)?;
     d.set_item("is_embed", plan.is_embed())?;
+    Ok(d.into_any())
+}
+
+/// `VideoPlan::to_json` as Python values: `target` and `content` tuples, `prompt` the pieces in
+/// order (a token run a `(token_id, count, embeds)` tuple, text a `str`), plus `prompt_runs`
+/// (`(token_id, count)` of the token runs alone, in order) and `is_embed` (one bool per token of
+/// those runs, `True` where it receives a row; the text pieces are the caller's to tokenize).
+pub fn video_to_dict<'py>(py: Python<'py>, plan: &VideoPlan) -> PyResult<Bound<'py, PyAny>> {
+    let d = json(py, &plan.to_json())?.cast_into::<PyDict>()?;
+    d.set_item("target", (plan.target.0, plan.target.1))?;
+    d.set_item("content", (plan.content.0, plan.content.1))?;
+    let mut pieces: Vec<Bound<'py, PyAny>> = Vec::with_capacity(plan.prompt.len());
+    let mut runs: Vec<Bound<'py, PyTuple>> = Vec::new();
+    let mut is_embed: Vec<bool> = Vec::new();
+    for p in &plan.prompt {
+        match p {
+            VideoPiece::Run(r) => {
+                let id = r.token.id.into_pyobject(py)?.into_any();
+                let count = r.count.into_pyobject(py)?.into_any();
+                let embeds = r.embeds.into_pyobject(py)?.to_owned().into_any();
+                pieces.push(PyTuple::new(py, [id.clone(), count.clone(), embeds])?.into_any());
+                runs.push(PyTuple::new(py, [id, count])?);
+                is_embed.extend(std::iter::repeat_n(
+                    r.embeds,
+                    usize::try_from(r.count).unwrap_or(0),
+                ));
+            }
+            VideoPiece::Text(t) => pieces.push(t.into_pyobject(py)?.into_any()),
+        }
+    }
+    d.set_item("prompt", PyList::new(py, pieces)?)?;
+    d.set_item("prompt_runs", PyList::new(py, runs)?)?;
+    d.set_item("is_embed", is_embed)?;
     Ok(d.into_any())
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use vision_towers::vision_prep::Plan;
+use vision_towers::vision_prep::{Plan, VideoPlan};
 use vision_towers::{DeviceRows, RowsDtype, PER_THREAD_DEFAULT_STREAM};
 
 use crate::dlpack::{self, DLDataType, DLDevice, Export2d, KDL_CPU, KDL_CUDA};
@@ -23,20 +23,23 @@ pub enum Store {
     Device(DeviceRows),
 }
 
-/// An image's plan.
+/// The plan the rows land on: an image's, or a whole video's.
 #[derive(Debug)]
-pub struct PlanInfo {
-    /// The plan.
-    pub plan: Plan,
+pub enum PlanInfo {
+    /// An image's plan (`Model.plan`).
+    Image(Plan),
+    /// A video's plan (`Model.plan_video`).
+    Video(VideoPlan),
 }
 
-/// One image's rows `[rows, width]`, row-major, in the LM's dtype: host float32 for a CPU
-/// model, device memory for a CUDA model (zero-copy through `__dlpack__`).
+/// One image's rows `[rows, width]` (or one video's, all its frames), row-major, in the LM's
+/// dtype: host float32 for a CPU model, device memory for a CUDA model (zero-copy through
+/// `__dlpack__`).
 #[pyclass(frozen, module = "vision_towers", name = "ImageRows")]
 pub struct ImageRows {
     store: Arc<Store>,
-    /// The image's position in its request (its rows in a shared device buffer).
-    image: usize,
+    /// The first row of these rows in the store (an image's place in a shared device buffer).
+    start: usize,
     rows: usize,
     width: usize,
     plan: Option<Arc<PlanInfo>>,
@@ -48,7 +51,7 @@ impl ImageRows {
         let n = rows.len() / width.max(1);
         ImageRows {
             store: Arc::new(Store::Host(rows)),
-            image: 0,
+            start: 0,
             rows: n,
             width,
             plan,
@@ -59,21 +62,33 @@ impl ImageRows {
     pub fn on_device(rows: DeviceRows, plans: Option<Vec<Arc<PlanInfo>>>) -> Vec<ImageRows> {
         let width = rows.width();
         let images = rows.images();
-        let counts: Vec<usize> = (0..images)
-            .map(|i| rows.image_rows(i).map_or(0, |r| r.len()))
+        let spans: Vec<std::ops::Range<usize>> = (0..images)
+            .map(|i| rows.image_rows(i).unwrap_or(0..0))
             .collect();
         let store = Arc::new(Store::Device(rows));
-        counts
+        spans
             .into_iter()
             .enumerate()
-            .map(|(i, n)| ImageRows {
+            .map(|(i, r)| ImageRows {
                 store: store.clone(),
-                image: i,
-                rows: n,
+                start: r.start,
+                rows: r.len(),
                 width,
                 plan: plans.as_ref().and_then(|p| p.get(i).cloned()),
             })
             .collect()
+    }
+
+    /// All the rows of a device request as one `ImageRows` (a video's frames, consecutive).
+    pub fn on_device_whole(rows: DeviceRows, plan: Option<Arc<PlanInfo>>) -> ImageRows {
+        let (width, n) = (rows.width(), rows.rows());
+        ImageRows {
+            store: Arc::new(Store::Device(rows)),
+            start: 0,
+            rows: n,
+            width,
+            plan,
+        }
     }
 
     fn rows_dtype(&self) -> RowsDtype {
@@ -99,7 +114,9 @@ impl ImageRows {
     fn ptr(&self) -> u64 {
         match &*self.store {
             Store::Host(v) => v.as_ptr() as usize as u64,
-            Store::Device(d) => d.image_ptr(self.image).unwrap_or(0),
+            Store::Device(d) => {
+                d.device_ptr() + (self.start * self.width * d.dtype().size()) as u64
+            }
         }
     }
 
@@ -153,7 +170,7 @@ impl ImageRows {
                 };
                 Ok((e, Box::new(self.store.clone()), versioned))
             }
-            Store::Device(rows) => {
+            Store::Device(_) => {
                 if copy == Some(true) {
                     return Err(Failure::buffer(
                         "copy=True: rows on a CUDA device are exported without a copy; copy them \
@@ -195,7 +212,7 @@ impl ImageRows {
                     })?;
                 }
                 let e = Export2d {
-                    data: rows.image_ptr(self.image).unwrap_or(0),
+                    data: self.ptr(),
                     shape,
                     dtype,
                     device,
@@ -246,12 +263,16 @@ impl ImageRows {
         self.rows * self.width * self.rows_dtype().size()
     }
 
-    /// The image's plan (as `Model.plan` gives it), or None for rows of processor tensors.
+    /// The image's plan (as `Model.plan` gives it), the video's (as `Model.plan_video` gives
+    /// it) for the rows of `encode_video`, or None for rows of processor tensors.
     #[getter]
     fn plan<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.plan
             .as_ref()
-            .map(|p| plan::to_dict(py, &p.plan))
+            .map(|p| match &**p {
+                PlanInfo::Image(plan) => plan::to_dict(py, plan),
+                PlanInfo::Video(plan) => plan::video_to_dict(py, plan),
+            })
             .transpose()
     }
 
@@ -268,7 +289,7 @@ impl ImageRows {
             }
             Store::Device(_) => {
                 let store = self.store.clone();
-                let (image, width) = (self.image, self.width);
+                let (r, width) = (self.start..self.start + self.rows, self.width);
                 let bytes = detached(py, move || {
                     let Store::Device(d) = &*store else {
                         return Ok(Vec::new());
@@ -280,7 +301,6 @@ impl ImageRows {
                             crate::failure::one_line(&e),
                         )
                     })?;
-                    let r = d.image_rows(image).unwrap_or(0..0);
                     let size = d.dtype().size();
                     Ok(all[r.start * width * size..r.end * width * size].to_vec())
                 })?;

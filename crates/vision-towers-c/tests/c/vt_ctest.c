@@ -8,6 +8,7 @@
  * valgrind's leak check is meaningful.
  *
  * Images in commands: "file:<path>" (the file's bytes) or "uri:<path>" (the file holds a URI).
+ * Videos (the video command): raw RGB frames from one file, or encoded frames as images.
  *
  * CUDA (encode_device, encode_tensors_device, oom) goes through the driver API, loaded with
  * dlopen("libcuda.so.1"), so this file builds without CUDA headers or libraries.
@@ -364,6 +365,122 @@ static void cmd_encode_into(char **f, size_t n) {
     free_images(&l);
 }
 
+/* Whether two video plans say the same (rows, pieces, sampled frames, grid). */
+static int same_video_plan(const vt_video_plan *a, const vt_video_plan *b) {
+    size_t n = vt_video_plan_piece_count(a), k = vt_video_plan_frame_count(a);
+    if (vt_video_plan_rows(a) != vt_video_plan_rows(b) || n != vt_video_plan_piece_count(b) ||
+        k != vt_video_plan_frame_count(b))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (vt_video_plan_piece_ids(a)[i] != vt_video_plan_piece_ids(b)[i] ||
+            vt_video_plan_piece_counts(a)[i] != vt_video_plan_piece_counts(b)[i] ||
+            vt_video_plan_piece_embeds(a)[i] != vt_video_plan_piece_embeds(b)[i] ||
+            vt_video_plan_piece_is_text(a)[i] != vt_video_plan_piece_is_text(b)[i] ||
+            strcmp(vt_video_plan_piece_text(a, i), vt_video_plan_piece_text(b, i)))
+            return 0;
+    for (size_t i = 0; i < k; i++)
+        if (vt_video_plan_frames_indices(a)[i] != vt_video_plan_frames_indices(b)[i] ||
+            vt_video_plan_timestamps(a)[i] != vt_video_plan_timestamps(b)[i])
+            return 0;
+    return !memcmp(vt_video_plan_grid(a), vt_video_plan_grid(b), 3 * sizeof(uint64_t)) &&
+           vt_video_plan_target_width(a) == vt_video_plan_target_width(b) &&
+           vt_video_plan_target_height(a) == vt_video_plan_target_height(b);
+}
+
+/* video <slot> <out> <fps> <num_frames> <n_frames> <width> <height> [<frame>...]: one video.
+ * width > 0: raw RGB frames, from the one file named ("file:<path>"; none: no bytes at all);
+ * width 0: encoded frames (images as elsewhere), or with none named `n_frames` zeroed
+ * vt_images (empty: a frame the library read would be refused as no image). Plans it
+ * (vt_model_plan_video), then encodes it: the video line (encode's status, image, rows, width,
+ * sampled indices, grid, the plan call's status, whether its plan equals encode's, whether
+ * vt_model_encode_video_into gives the same rows and refuses a buffer one short), then one
+ * piece line per prompt piece (id, count, embeds, is_text, text). */
+static void cmd_video(char **f, size_t n) {
+    if (n < 8) die("video: 7 arguments or more");
+    vt_video v;
+    memset(&v, 0, sizeof v);
+    v.fps = strtod(f[3], NULL);
+    vt_video_settings set = vt_video_settings_default();
+    set.num_frames = strtoull(f[4], NULL, 10);
+    v.n_frames = strtoull(f[5], NULL, 10);
+    v.width = (uint32_t)strtoul(f[6], NULL, 10);
+    v.height = (uint32_t)strtoul(f[7], NULL, 10);
+    image_list l = {NULL, NULL, 0};
+    unsigned char *rgb = NULL;
+    vt_image *zeroed = NULL;
+    if (v.width > 0) {
+        if (n > 8) {
+            if (strncmp(f[8], "file:", 5) != 0) die("raw frames are file:<path>");
+            rgb = read_file(f[8] + 5, &v.rgb_len);
+            v.rgb = rgb;
+        }
+    } else if (n > 8) {
+        l = load_images(f + 8, n - 8);
+        v.frames = l.images;
+    } else {
+        zeroed = calloc(v.n_frames ? v.n_frames : 1, sizeof(vt_image));
+        if (!zeroed) die("out of memory");
+        v.frames = zeroed;
+    }
+    vt_video_plan *planned = NULL, *plan = NULL;
+    vt_status ps = vt_model_plan_video(slot(f[1]), &v, &set, &planned);
+    if ((ps == VT_OK) != (planned != NULL)) die("plan_video: out written against its status");
+    vt_rows *r = NULL;
+    vt_status s = vt_model_encode_video(slot(f[1]), &v, &set, &r, &plan);
+    if (s == VT_OK) {
+        size_t rows = vt_rows_count(r), width = vt_rows_width(r);
+        if (vt_rows_images(r) != 1 || rows != vt_video_plan_rows(plan))
+            die("video rows differ from their plan");
+        printf("video\t%s\t-1\t%zu\t%zu\t", vt_status_name(s), rows, width);
+        for (size_t i = 0; i < vt_video_plan_frame_count(plan); i++)
+            printf("%s%llu", i ? "," : "", (unsigned long long)vt_video_plan_frames_indices(plan)[i]);
+        const uint64_t *g = vt_video_plan_grid(plan);
+        /* The caller's buffer: one element short (status, *needed, nothing written), exact. */
+        size_t need = rows * width, got = (size_t)-1;
+        float *buf = malloc((need ? need : 1) * sizeof(float));
+        if (!buf) die("out of memory");
+        memset(buf, 0xff, (need ? need : 1) * sizeof(float));
+        vt_video_plan *p2 = NULL;
+        vt_status short_s =
+            vt_model_encode_video_into(slot(f[1]), &v, &set, buf, need - 1, &got, &p2);
+        int into = short_s == VT_ERR_BUFFER_TOO_SMALL && got == need && !p2;
+        const unsigned char *b = (const unsigned char *)buf;
+        for (size_t i = 0; i < need * sizeof(float); i++) into &= b[i] == 0xff;
+        got = (size_t)-1;
+        into &= vt_model_encode_video_into(slot(f[1]), &v, &set, buf, need, &got, &p2) == VT_OK &&
+                got == need && p2 && same_video_plan(p2, plan) &&
+                !memcmp(buf, vt_rows_data(r), need * sizeof(float));
+        vt_video_plan_free(p2);
+        free(buf);
+        printf("\t%llu,%llu,%llu\t%s\t%d\t%s", (unsigned long long)g[0], (unsigned long long)g[1],
+               (unsigned long long)g[2], vt_status_name(ps),
+               planned ? same_video_plan(planned, plan) : 0, into ? "into-ok" : "into-FAILED");
+        print_message();
+        write_file(f[2], vt_rows_data(r), rows * width * sizeof(float));
+        for (size_t i = 0; i < vt_video_plan_piece_count(plan); i++) {
+            uint32_t id = vt_video_plan_piece_ids(plan)[i];
+            printf("piece\t%lld\t%llu\t%u\t%u\t%s\n",
+                   id == VT_TOKEN_UNKNOWN ? -1 : (long long)id,
+                   (unsigned long long)vt_video_plan_piece_counts(plan)[i],
+                   vt_video_plan_piece_embeds(plan)[i], vt_video_plan_piece_is_text(plan)[i],
+                   vt_video_plan_piece_text(plan, i));
+        }
+        if (vt_video_plan_piece_text(plan, vt_video_plan_piece_count(plan)) != NULL)
+            die("piece text past the end");
+        vt_rows_free(r);
+        vt_video_plan_free(plan);
+    } else {
+        if (r || plan) die("encode_video: out written on a refusal");
+        printf("video\t%s\t%lld\t0\t0\t-\t-\t%s\t0\t-", vt_status_name(s),
+               (long long)vt_last_error_image(), vt_status_name(ps));
+        print_message();
+    }
+    vt_video_plan_free(planned);
+    free(rgb);
+    free(zeroed);
+    if (l.n) free_images(&l);
+}
+
 /* tensors_new: a fresh set (the previous one freed) */
 static void cmd_tensors_new(void) {
     vt_tensors_free(tensors);
@@ -683,10 +800,104 @@ static void cmd_nulls(char **f, size_t n) {
     expect(vt_model_encode_tensors_device(m, NULL, buf, 4, 0, NULL, NULL, 0, NULL) ==
                VT_ERR_NULL_ARGUMENT,
            "tensors_device NULL");
+    /* video */
+    {
+        vt_video v;
+        memset(&v, 0, sizeof v);
+        vt_video_settings set = vt_video_settings_default();
+        set.num_frames = 1;
+        unsigned char px[3] = {1, 2, 3};
+        v.rgb = px;
+        v.rgb_len = 3;
+        v.n_frames = 1;
+        v.width = 1;
+        v.height = 1;
+        v.fps = 1.0;
+        vt_video_plan *vp = NULL;
+        expect(vt_model_encode_video(NULL, &v, &set, &r, &vp) == VT_ERR_NULL_ARGUMENT && !r && !vp,
+               "video model");
+        expect(vt_model_encode_video(m, NULL, &set, &r, &vp) == VT_ERR_NULL_ARGUMENT && !r && !vp,
+               "video NULL");
+        expect(vt_model_encode_video(m, &v, &set, NULL, &vp) == VT_ERR_NULL_ARGUMENT && !vp,
+               "video out");
+        expect(vt_model_plan_video(m, &v, &set, NULL) == VT_ERR_NULL_ARGUMENT, "plan_video out");
+        expect(vt_model_plan_video(NULL, &v, &set, &vp) == VT_ERR_NULL_ARGUMENT && !vp,
+               "plan_video model");
+        v.frames = l.images;
+        expect(vt_model_encode_video(m, &v, &set, &r, &vp) == VT_ERR_INVALID_ARGUMENT && !r && !vp,
+               "video frames and rgb");
+        v.frames = NULL;
+        v.rgb = NULL;
+        expect(vt_model_encode_video(m, &v, &set, &r, &vp) == VT_ERR_NULL_ARGUMENT && !r && !vp,
+               "video rgb NULL with a length");
+        v.rgb = (const uint8_t *)((uintptr_t)-2);
+        v.rgb_len = (size_t)-1 / 2;
+        expect(vt_model_encode_video(m, &v, &set, &r, &vp) == VT_ERR_INVALID_ARGUMENT && !r && !vp,
+               "video rgb huge length");
+        v.rgb = px;
+        v.rgb_len = 3;
+        v.width = 0;
+        expect(vt_model_encode_video(m, &v, &set, &r, &vp) == VT_ERR_INVALID_ARGUMENT && !r && !vp,
+               "video zero width");
+        v.width = 1;
+        vt_video_settings bad = set;
+        bad.max_soft_tokens = 99;
+        expect(vt_model_encode_video(m, &v, &bad, &r, &vp) == VT_ERR_INVALID_ARGUMENT && !r && !vp,
+               "video max_soft_tokens");
+        bad = set;
+        bad.sample_fps = 2.0;
+        expect(vt_model_plan_video(m, &v, &bad, &vp) == VT_ERR_INVALID_ARGUMENT && !vp,
+               "video gemma4 sample_fps");
+        v.rgb_len = 2;
+        expect(vt_model_encode_video(m, &v, &set, &r, &vp) == VT_ERR_IMAGE && !r && !vp,
+               "video short frame");
+        v.rgb_len = 3;
+        vt_image junk = {px, 3, VT_IMAGE_BYTES};
+        v.rgb = NULL;
+        v.frames = &junk;
+        expect(vt_model_plan_video(m, &v, &set, &vp) == VT_ERR_IMAGE && !vp &&
+                   vt_last_error_image() == 0,
+               "video frame not an image");
+        junk.kind = 9;
+        expect(vt_model_plan_video(m, &v, &set, &vp) == VT_ERR_INVALID_ARGUMENT && !vp,
+               "video frame kind");
+        v.frames = NULL;
+        v.rgb = px;
+        size_t vneed = 7;
+        expect(vt_model_encode_video_into(m, &v, &set, NULL, 4, &vneed, &vp) ==
+                       VT_ERR_NULL_ARGUMENT && vneed == 7 && !vp,
+               "video_into out NULL with a length");
+        expect(vt_model_encode_video_into(m, &v, &set, (float *)((char *)buf + 1), 2, &vneed,
+                                          &vp) == VT_ERR_INVALID_ARGUMENT && vneed == 7 && !vp,
+               "video_into misaligned");
+        expect(vt_model_encode_video_into(NULL, &v, &set, buf, 4, &vneed, &vp) ==
+                       VT_ERR_NULL_ARGUMENT && vneed == 7 && !vp,
+               "video_into model");
+        expect(vt_model_encode_video(m, &v, &set, &r, NULL) == VT_OK && r, "video ok, no plan");
+        vt_rows_free(r);
+        r = NULL;
+        expect(vt_model_encode_video(m, &v, &set, &r, &vp) == VT_OK && r && vp &&
+                   vt_rows_count(r) == vt_video_plan_rows(vp),
+               "video ok");
+        vt_rows_free(r);
+        r = NULL;
+        vt_video_plan_free(vp);
+        expect(vt_video_plan_rows(NULL) == 0 && vt_video_plan_piece_count(NULL) == 0 &&
+                   !vt_video_plan_piece_ids(NULL) && !vt_video_plan_piece_counts(NULL) &&
+                   !vt_video_plan_piece_embeds(NULL) && !vt_video_plan_piece_is_text(NULL) &&
+                   !vt_video_plan_piece_text(NULL, 0) && vt_video_plan_frame_count(NULL) == 0 &&
+                   !vt_video_plan_frames_indices(NULL) && !vt_video_plan_timestamps(NULL) &&
+                   !vt_video_plan_grid(NULL) && vt_video_plan_target_width(NULL) == 0 &&
+                   vt_video_plan_target_height(NULL) == 0,
+               "video plan getters NULL");
+        vt_video_settings d = vt_video_settings_default();
+        expect(d.sample_fps == 0 && d.num_frames == 0 && d.max_soft_tokens == 0, "video defaults");
+    }
     vt_tensors_free(t);
     /* every _free accepts NULL */
     vt_model_free(NULL);
     vt_plan_free(NULL);
+    vt_video_plan_free(NULL);
     vt_rows_free(NULL);
     vt_tensors_free(NULL);
     /* a success clears the message */
@@ -734,6 +945,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(c, "plan")) cmd_plan(f, n);
         else if (!strcmp(c, "encode")) cmd_encode(f, n);
         else if (!strcmp(c, "encode_into")) cmd_encode_into(f, n);
+        else if (!strcmp(c, "video")) cmd_video(f, n);
         else if (!strcmp(c, "tensors_new")) cmd_tensors_new();
         else if (!strcmp(c, "tensor_f32")) cmd_tensor(f, n, 1);
         else if (!strcmp(c, "tensor_i64")) cmd_tensor(f, n, 0);
