@@ -13,7 +13,9 @@
  *                      vt_model_encode_device a caller's CUDA buffer on a caller's stream
  *   vt_model_plan_video / vt_model_encode_video  one video (glm5_next, gemma4): every frame,
  *                      encoded or raw RGB, and its metadata in; its plan (token runs and
- *                      timestamp text) and its rows (host f32) out
+ *                      timestamp text) and its rows out (host f32), or
+ *                      vt_model_encode_video_into a caller's buffer, or
+ *                      vt_model_encode_video_device a caller's CUDA buffer on a caller's stream
  *
  * Conventions
  * - Handles are opaque (vt_model, vt_plan, vt_rows, vt_tensors, vt_video_plan). Every object
@@ -960,6 +962,52 @@ enum vt_status vt_model_encode_video_into(const struct vt_model *model,
                                           size_t out_len,
                                           size_t *needed,
                                           struct vt_video_plan **plan);
+
+/**
+ * [`vt_model_encode_video`] with the rows written to the caller's CUDA memory `dst` (`dst_len`
+ * elements of `dtype`), ordered with the caller's `stream` as [`vt_model_encode_device`] writes
+ * an image's: the tower starts after the work `stream` has queued, and `stream` waits (on the
+ * device) for the rows. Returns once the work is queued: read the rows in `stream`'s order (or
+ * after synchronising it). The rows are at the start of `dst`, `vt_video_plan_rows × width` of
+ * them, in the order of the plan's embedding runs; size `dst` from [`vt_model_plan_video`].
+ *
+ * The arguments are [`vt_model_encode_video_into`]'s with its host buffer (`out`, `out_len`)
+ * replaced by [`vt_model_encode_device`]'s device target (`dst`, `dst_len`, `dtype`, `stream`,
+ * in that function's order): the model, the video and its sampling, where the rows go, then the
+ * out-params, `needed` before `plan` as in `vt_model_encode_video_into`. No `row_offsets`: a
+ * video is one "image", its rows `0 .. *needed / width`.
+ *
+ * Checks, in order: `dtype` and the model as `vt_model_encode_device` checks them
+ * (`VT_ERR_UNSUPPORTED` for a model on the CPU or bf16 rows from an f32 model: no `dst_len`
+ * would do, so `*needed` is not written, and no video config is read), then `dst` as it does
+ * (NULL: `VT_ERR_NULL_ARGUMENT`; misaligned for `dtype` or past the address space:
+ * `VT_ERR_INVALID_ARGUMENT`), then the out-params and the video as `vt_model_encode_video_into`
+ * does (the destination before the video); `VT_ERR_BUFFER_TOO_SMALL` is decided from the plan
+ * (metadata and headers) before any frame is decoded or the device touched.
+ *
+ * Out-params (each may be NULL): `*plan` on `VT_OK`; `*needed` (the elements the rows take) on
+ * `VT_OK` and on `VT_ERR_BUFFER_TOO_SMALL`.
+ *
+ * Statuses: those of [`vt_model_encode_video`], and `VT_ERR_UNSUPPORTED` (a model on the CPU;
+ * bf16 rows from an f32 model), `VT_ERR_BUFFER_TOO_SMALL`, `VT_ERR_OUT_OF_MEMORY` (nothing
+ * usable in `dst`; the model stays usable).
+ *
+ * # Safety
+ * As [`vt_model_plan_video`]; `dst` and `stream` as in [`vt_model_encode_device`] (`dst` device
+ * memory of the model's device holding `dst_len` elements of `dtype`, not used by anything else
+ * until the rows are written in `stream`'s order; `stream` NULL or a live stream of that
+ * device's primary context, alive until the queued work completes); `needed` and `plan` are
+ * NULL or valid for a write.
+ */
+enum vt_status vt_model_encode_video_device(const struct vt_model *model,
+                                            const struct vt_video *video,
+                                            const struct vt_video_settings *settings,
+                                            void *dst,
+                                            size_t dst_len,
+                                            uint32_t dtype,
+                                            void *stream,
+                                            size_t *needed,
+                                            struct vt_video_plan **plan);
 
 /**
  * Frees a video plan (NULL: nothing).

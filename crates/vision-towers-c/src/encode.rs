@@ -467,3 +467,48 @@ pub unsafe extern "C" fn vt_rows_offsets(rows: *const vt_rows) -> *const usize {
         unsafe { get(rows) }.map_or(std::ptr::null(), |r| r.offsets.as_ptr())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `dst` checks that `vt_model_encode_device`, `vt_model_encode_tensors_device` and
+    /// `vt_model_encode_video_device` share refuse before any device is used, so they run here
+    /// (on a CUDA model through the entry points: `tests/gpu.rs`).
+    #[test]
+    fn device_out_refuses_a_null_a_misaligned_and_an_overflowing_dst() {
+        use vt_status::{VT_ERR_INVALID_ARGUMENT, VT_ERR_NULL_ARGUMENT};
+        let cases = [
+            (0usize, RowsDtype::F32, VT_ERR_NULL_ARGUMENT, "dst is NULL"),
+            (0, RowsDtype::Bf16, VT_ERR_NULL_ARGUMENT, "dst is NULL"),
+            (258, RowsDtype::F32, VT_ERR_INVALID_ARGUMENT, "aligned to 4"),
+            (
+                257,
+                RowsDtype::Bf16,
+                VT_ERR_INVALID_ARGUMENT,
+                "aligned to 2",
+            ),
+            (
+                usize::MAX - 7,
+                RowsDtype::F32,
+                VT_ERR_INVALID_ARGUMENT,
+                "address space",
+            ),
+        ];
+        for (addr, dtype, status, word) in cases {
+            // SAFETY: every case is refused before `dst` or the stream is used.
+            let got = unsafe {
+                device_out(
+                    addr as *mut std::ffi::c_void,
+                    4,
+                    dtype,
+                    0,
+                    std::ptr::null_mut(),
+                )
+            };
+            let f = got.expect_err("refused");
+            assert_eq!(f.status, status, "{addr:#x} {dtype:?}: {}", f.message);
+            assert!(f.message.contains(word), "{addr:#x}: {:?}", f.message);
+        }
+    }
+}

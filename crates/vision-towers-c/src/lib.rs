@@ -58,13 +58,13 @@ pub use tensors::{
 };
 
 pub use video::{
-    vt_model_encode_video, vt_model_encode_video_into, vt_model_plan_video, vt_video,
-    vt_video_plan, vt_video_plan_frame_count, vt_video_plan_frames_indices, vt_video_plan_free,
-    vt_video_plan_grid, vt_video_plan_piece_count, vt_video_plan_piece_counts,
-    vt_video_plan_piece_embeds, vt_video_plan_piece_ids, vt_video_plan_piece_is_text,
-    vt_video_plan_piece_text, vt_video_plan_rows, vt_video_plan_target_height,
-    vt_video_plan_target_width, vt_video_plan_timestamps, vt_video_settings,
-    vt_video_settings_default,
+    vt_model_encode_video, vt_model_encode_video_device, vt_model_encode_video_into,
+    vt_model_plan_video, vt_video, vt_video_plan, vt_video_plan_frame_count,
+    vt_video_plan_frames_indices, vt_video_plan_free, vt_video_plan_grid,
+    vt_video_plan_piece_count, vt_video_plan_piece_counts, vt_video_plan_piece_embeds,
+    vt_video_plan_piece_ids, vt_video_plan_piece_is_text, vt_video_plan_piece_text,
+    vt_video_plan_rows, vt_video_plan_target_height, vt_video_plan_target_width,
+    vt_video_plan_timestamps, vt_video_settings, vt_video_settings_default,
 };
 
 use std::ffi::c_char;

@@ -2,7 +2,7 @@
 //! (glm5_next, gemma4; docs/VIDEO.md). The metadata budgets are checked before any frame is
 //! read; of encoded frames only the sampled ones are read.
 
-use std::ffi::{c_char, CString};
+use std::ffi::{c_char, c_void, CString};
 
 use vision_towers::vision_prep::video::{VideoMetadata, VideoSettings};
 use vision_towers::vision_prep::{
@@ -10,7 +10,7 @@ use vision_towers::vision_prep::{
 };
 use vision_towers::{EncodedVideo, Model, ModelError, PrepOpenError};
 
-use crate::encode::{image_source, offsets_of, vt_image, vt_rows};
+use crate::encode::{device_out, device_target, image_source, offsets_of, vt_image, vt_rows};
 use crate::error::{guard, guard_value, image_status, model_failure, vt_status, Failure, Stage};
 use crate::ffi::{check_extent, need_out, slice, slice_mut, write_opt};
 use crate::model::{model_arg, vt_model};
@@ -263,6 +263,63 @@ unsafe fn with_video<T>(
     }
 }
 
+/// The elements the video's rows take (its plan's rows × the model's width), decided from the
+/// plan alone (metadata and headers; no frame decoded): a caller's buffer `what` of `have`
+/// elements that holds fewer is `VT_ERR_BUFFER_TOO_SMALL`, with `*needed` written.
+///
+/// # Safety
+/// `needed` is NULL or valid for a write.
+unsafe fn rows_fit(
+    m: &Model,
+    pre: &VideoPreprocessor,
+    v: &Video<'_>,
+    what: &str,
+    have: usize,
+    needed: *mut usize,
+) -> Result<usize, Failure> {
+    let planned = pre.plan(v).map_err(|e| prep_failure(m, e))?;
+    let elements = usize::try_from(planned.rows)
+        .ok()
+        .and_then(|r| r.checked_mul(m.width()))
+        .ok_or_else(|| Failure::invalid("the video's rows overflow size_t"))?;
+    if have < elements {
+        // SAFETY: the caller's contract.
+        unsafe { write_opt(needed, elements) };
+        return Err(Failure::new(
+            vt_status::VT_ERR_BUFFER_TOO_SMALL,
+            format!(
+                "{what} holds {have} elements; the video's rows need {} × {} = {elements}",
+                planned.rows,
+                m.width()
+            ),
+        ));
+    }
+    Ok(elements)
+}
+
+/// Checks the optional out-params `needed` and `plan` (NULL, or aligned).
+fn optional_outs(needed: *mut usize, plan: *mut *mut vt_video_plan) -> Result<(), Failure> {
+    if !needed.is_null() {
+        need_out(needed, "needed")?;
+    }
+    if !plan.is_null() {
+        need_out(plan, "plan")?;
+    }
+    Ok(())
+}
+
+/// Writes a new [`vt_video_plan`] of `p` to `*plan` if `plan` is not NULL.
+///
+/// # Safety
+/// `plan` is NULL or valid for a write (checked by [`need_out`]).
+unsafe fn write_plan(plan: *mut *mut vt_video_plan, p: &VideoPlan) {
+    if !plan.is_null() {
+        let handle = Box::into_raw(Box::new(vt_video_plan::new(p)));
+        // SAFETY: the caller's contract.
+        unsafe { plan.write(handle) };
+    }
+}
+
 /// Plans `video` from its metadata and frame size (raw frames: `width` and `height`; encoded
 /// frames: the sampled frames' headers; nothing decoded) and writes the new plan to `*out`.
 /// `settings` NULL = [`vt_video_settings_default`].
@@ -343,11 +400,8 @@ pub unsafe extern "C" fn vt_model_encode_video(
         let handle = Box::into_raw(Box::new(rows));
         // SAFETY: checked non-NULL and aligned above.
         unsafe { out.write(handle) };
-        if !plan.is_null() {
-            let p = Box::into_raw(Box::new(vt_video_plan::new(&encoded.plan)));
-            // SAFETY: checked non-NULL and aligned above.
-            unsafe { write_opt(plan, p) };
-        }
+        // SAFETY: NULL, or checked aligned above (the caller's contract: valid for a write).
+        unsafe { write_plan(plan, &encoded.plan) };
         Ok(())
     })
 }
@@ -379,31 +433,10 @@ pub unsafe extern "C" fn vt_model_encode_video_into(
             return Err(Failure::null("out"));
         }
         check_extent::<f32>(out as usize, out_len, "out")?;
-        if !needed.is_null() {
-            need_out(needed, "needed")?;
-        }
-        if !plan.is_null() {
-            need_out(plan, "plan")?;
-        }
+        optional_outs(needed, plan)?;
         let run = |pre: &VideoPreprocessor, v: &Video<'_>| -> Result<EncodedVideo, Failure> {
-            let planned = pre.plan(v).map_err(|e| prep_failure(m, e))?;
-            let elements = usize::try_from(planned.rows)
-                .ok()
-                .and_then(|r| r.checked_mul(m.width()))
-                .ok_or_else(|| Failure::invalid("the video's rows overflow size_t"))?;
-            if out_len < elements {
-                // SAFETY: the caller's contract.
-                unsafe { write_opt(needed, elements) };
-                return Err(Failure::new(
-                    vt_status::VT_ERR_BUFFER_TOO_SMALL,
-                    format!(
-                        "out holds {out_len} elements; the video's rows need {} × {} = \
-                             {elements}",
-                        planned.rows,
-                        m.width()
-                    ),
-                ));
-            }
+            // SAFETY: the caller's contract on `needed`.
+            unsafe { rows_fit(m, pre, v, "out", out_len, needed) }?;
             m.encode_video_with(pre, v).map_err(video_failure)
         };
         // SAFETY: the caller's contract.
@@ -420,11 +453,79 @@ pub unsafe extern "C" fn vt_model_encode_video_into(
         dst.copy_from_slice(&encoded.rows);
         // SAFETY: the caller's contract.
         unsafe { write_opt(needed, encoded.rows.len()) };
-        if !plan.is_null() {
-            let p = Box::into_raw(Box::new(vt_video_plan::new(&encoded.plan)));
-            // SAFETY: checked non-NULL and aligned above.
-            unsafe { write_opt(plan, p) };
-        }
+        // SAFETY: NULL, or checked aligned above (the caller's contract: valid for a write).
+        unsafe { write_plan(plan, &encoded.plan) };
+        Ok(())
+    })
+}
+
+/// [`vt_model_encode_video`] with the rows written to the caller's CUDA memory `dst` (`dst_len`
+/// elements of `dtype`), ordered with the caller's `stream` as [`vt_model_encode_device`] writes
+/// an image's: the tower starts after the work `stream` has queued, and `stream` waits (on the
+/// device) for the rows. Returns once the work is queued: read the rows in `stream`'s order (or
+/// after synchronising it). The rows are at the start of `dst`, `vt_video_plan_rows × width` of
+/// them, in the order of the plan's embedding runs; size `dst` from [`vt_model_plan_video`].
+///
+/// The arguments are [`vt_model_encode_video_into`]'s with its host buffer (`out`, `out_len`)
+/// replaced by [`vt_model_encode_device`]'s device target (`dst`, `dst_len`, `dtype`, `stream`,
+/// in that function's order): the model, the video and its sampling, where the rows go, then the
+/// out-params, `needed` before `plan` as in `vt_model_encode_video_into`. No `row_offsets`: a
+/// video is one "image", its rows `0 .. *needed / width`.
+///
+/// Checks, in order: `dtype` and the model as `vt_model_encode_device` checks them
+/// (`VT_ERR_UNSUPPORTED` for a model on the CPU or bf16 rows from an f32 model: no `dst_len`
+/// would do, so `*needed` is not written, and no video config is read), then `dst` as it does
+/// (NULL: `VT_ERR_NULL_ARGUMENT`; misaligned for `dtype` or past the address space:
+/// `VT_ERR_INVALID_ARGUMENT`), then the out-params and the video as `vt_model_encode_video_into`
+/// does (the destination before the video); `VT_ERR_BUFFER_TOO_SMALL` is decided from the plan
+/// (metadata and headers) before any frame is decoded or the device touched.
+///
+/// Out-params (each may be NULL): `*plan` on `VT_OK`; `*needed` (the elements the rows take) on
+/// `VT_OK` and on `VT_ERR_BUFFER_TOO_SMALL`.
+///
+/// Statuses: those of [`vt_model_encode_video`], and `VT_ERR_UNSUPPORTED` (a model on the CPU;
+/// bf16 rows from an f32 model), `VT_ERR_BUFFER_TOO_SMALL`, `VT_ERR_OUT_OF_MEMORY` (nothing
+/// usable in `dst`; the model stays usable).
+///
+/// # Safety
+/// As [`vt_model_plan_video`]; `dst` and `stream` as in [`vt_model_encode_device`] (`dst` device
+/// memory of the model's device holding `dst_len` elements of `dtype`, not used by anything else
+/// until the rows are written in `stream`'s order; `stream` NULL or a live stream of that
+/// device's primary context, alive until the queued work completes); `needed` and `plan` are
+/// NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn vt_model_encode_video_device(
+    model: *const vt_model,
+    video: *const vt_video,
+    settings: *const vt_video_settings,
+    dst: *mut c_void,
+    dst_len: usize,
+    dtype: u32,
+    stream: *mut c_void,
+    needed: *mut usize,
+    plan: *mut *mut vt_video_plan,
+) -> vt_status {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let m = unsafe { model_arg(model) }?;
+        let (ordinal, dtype) = device_target(m, dtype)?;
+        // SAFETY: the caller's contract on `dst` and `stream`.
+        let out = unsafe { device_out(dst, dst_len, dtype, ordinal, stream) }?;
+        optional_outs(needed, plan)?;
+        let run = |pre: &VideoPreprocessor, v: &Video<'_>| -> Result<(VideoPlan, usize), Failure> {
+            // SAFETY: the caller's contract on `needed`.
+            let elements = unsafe { rows_fit(m, pre, v, "dst", dst_len, needed) }?;
+            let planned = m
+                .encode_video_device_into(pre, v, &out)
+                .map_err(video_failure)?;
+            Ok((planned, elements))
+        };
+        // SAFETY: the caller's contract.
+        let (planned, elements) = unsafe { with_video(m, video, settings, run) }?;
+        // SAFETY: the caller's contract.
+        unsafe { write_opt(needed, elements) };
+        // SAFETY: NULL, or checked aligned above (the caller's contract: valid for a write).
+        unsafe { write_plan(plan, &planned) };
         Ok(())
     })
 }

@@ -6,7 +6,10 @@
 //!   `vt_model_encode_tensors_device` write into a caller's `cuMemAlloc`'d buffer on a caller's
 //!   stream exactly the bytes `Model::encode_device` / `encode_tensors_device` give on the very
 //!   same model (f32 and bf16); out of memory is `VT_ERR_OUT_OF_MEMORY` and the handle stays
-//!   usable.
+//!   usable. `vt_model_encode_video_device` does the same for the upstream video tower cases the
+//!   CPU video tests use (bitwise `Model::encode_video_device`'s, the plan
+//!   `vt_model_plan_video`'s, f32 rows within 1e-4 rel-L2 of upstream's f64 rows), and refuses a
+//!   short buffer from the frames' headers before anything is decoded or written.
 //! - Through the C program (`vt_ctest`, CUDA through `dlopen("libcuda.so.1")`): the f32 device
 //!   rows are bitwise the rows `vt_model_encode` downloads from the same handle, bf16 within one
 //!   bf16 step of them, a short buffer is refused before anything runs, an f32 model refuses
@@ -22,8 +25,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use vision_towers::gpu_core::{self, GpuError};
-use vision_towers::vision_prep::ImageSource;
-use vision_towers::{Model, RowsDtype};
+use vision_towers::vision_prep::{ImageSource, Video, VideoFrames};
+use vision_towers::{Model, Precision, RowsDtype};
 use vision_towers_c::*;
 
 const IMAGES: [&str; 4] = [
@@ -275,6 +278,313 @@ fn processor_tensors_on_the_device_through_the_c_abi() {
         // SAFETY: the set from vt_tensors_new, freed once.
         unsafe { vt_tensors_free(t) };
         println!("CAPI-TENSORS {model} {case}: bitwise encode_tensors_device's");
+    }
+}
+
+/// (model, the upstream video tower case the CPU video tests use, `tests/video.rs`).
+const VIDEO_CASES: [(&str, &str); 2] = [
+    ("models/glm5_next", "glm5_next_video/fps1_odd7"),
+    ("models/gemma4", "gemma4_video/g4_n2"),
+];
+
+/// A video plan as its getters give it (timestamps as bits), to compare two.
+#[derive(Debug, PartialEq)]
+struct PlanView {
+    rows: u64,
+    ids: Vec<u32>,
+    counts: Vec<u64>,
+    embeds: Vec<u8>,
+    is_text: Vec<u8>,
+    texts: Vec<String>,
+    indices: Vec<u64>,
+    timestamps: Vec<u64>,
+    grid: Vec<u64>,
+    target: (u64, u64),
+}
+
+/// Reads a live video plan.
+///
+/// # Safety
+/// `p` is a live plan from this library.
+unsafe fn plan_view(p: *const vt_video_plan) -> PlanView {
+    // SAFETY: the caller's contract: the getters' arrays hold the counts they say.
+    unsafe {
+        let (n, k) = (vt_video_plan_piece_count(p), vt_video_plan_frame_count(p));
+        let arr = |a: *const u64, len: usize| std::slice::from_raw_parts(a, len).to_vec();
+        PlanView {
+            rows: vt_video_plan_rows(p),
+            ids: std::slice::from_raw_parts(vt_video_plan_piece_ids(p), n).to_vec(),
+            counts: arr(vt_video_plan_piece_counts(p), n),
+            embeds: std::slice::from_raw_parts(vt_video_plan_piece_embeds(p), n).to_vec(),
+            is_text: std::slice::from_raw_parts(vt_video_plan_piece_is_text(p), n).to_vec(),
+            texts: (0..n)
+                .map(|i| {
+                    std::ffi::CStr::from_ptr(vt_video_plan_piece_text(p, i))
+                        .to_string_lossy()
+                        .into_owned()
+                })
+                .collect(),
+            indices: arr(vt_video_plan_frames_indices(p), k),
+            timestamps: std::slice::from_raw_parts(vt_video_plan_timestamps(p), k)
+                .iter()
+                .map(|t| t.to_bits())
+                .collect(),
+            grid: arr(vt_video_plan_grid(p), 3),
+            target: (
+                vt_video_plan_target_width(p),
+                vt_video_plan_target_height(p),
+            ),
+        }
+    }
+}
+
+/// Rows of `dtype` as f32 (bf16 widened exactly).
+fn values(bytes: &[u8], dtype: RowsDtype) -> Vec<f32> {
+    match dtype {
+        RowsDtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        RowsDtype::Bf16 => bytes
+            .chunks_exact(2)
+            .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+            .collect(),
+    }
+}
+
+fn rel_l2(got: &[f32], reference: &[f64]) -> f64 {
+    assert_eq!(got.len(), reference.len());
+    let (num, den) = got
+        .iter()
+        .zip(reference)
+        .fold((0f64, 0f64), |(a, b), (g, r)| {
+            let e = f64::from(*g) - r;
+            (a + e * e, b + r * r)
+        });
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// The video tower cases through `vt_model_encode_video_device`, bf16 and f32 models, f32 and
+/// bf16 rows, into a caller's `cuMemAlloc`'d buffer on the caller's stream: the bytes are
+/// `Model::encode_video_device`'s on the very same model, the plan is `vt_model_plan_video`'s
+/// (and the Rust API's), `*needed` the elements; f32 rows of the f32 model are within 1e-4
+/// rel-L2 of upstream's f64 rows (the bf16 model's within 2e-2). A buffer one element short is
+/// refused from the headers (frames that are BMP headers alone, never decodable) with `*needed`
+/// set and nothing written; bf16 rows from the f32 model, a NULL and a misaligned `dst` get
+/// `vt_model_encode_device`'s statuses.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn video_device_rows_through_the_c_abi_are_the_rust_device_paths_bytes() {
+    let caller = Caller::new();
+    let bytes = image_bytes();
+    let image = images_of(&bytes)[0];
+    for (model, name) in VIDEO_CASES {
+        let c = video_case(name);
+        let (video, settings) = (c.vt_video(), c.vt_settings());
+        let frames = c.frames();
+        let rust_video = Video {
+            frames: VideoFrames::Rgb {
+                width: c.width,
+                height: c.height,
+                frames: &frames,
+            },
+            metadata: c.metadata(),
+        };
+        let bmps = header_only_bmps(&c);
+        let bmp_frames = images_of(&bmps);
+        let headers_only = vt_video {
+            frames: bmp_frames.as_ptr(),
+            rgb: std::ptr::null(),
+            rgb_len: 0,
+            width: 0,
+            height: 0,
+            ..video
+        };
+        for precision in [0u32, 1] {
+            let h = Handle::open(model, precision);
+            let m = h.model();
+            let what = format!("{name} on {model} {}", m.precision());
+            let pre = m.video_preprocessor(c.settings()).unwrap();
+            let mut planned = std::ptr::null_mut();
+            // SAFETY: a live handle, the case's video, a valid out-param.
+            let s = unsafe { vt_model_plan_video(h.0, &video, &settings, &mut planned) };
+            assert_eq!(s, vt_status::VT_OK, "{what}: {}", last_error());
+            // SAFETY: a plan from vt_model_plan_video, read then freed once.
+            let want_plan = unsafe {
+                let v = plan_view(planned);
+                vt_video_plan_free(planned);
+                v
+            };
+            let n = want_plan.rows as usize * m.width();
+            for (dtype, rows_dtype) in [(0u32, RowsDtype::F32), (1, RowsDtype::Bf16)] {
+                let size = rows_dtype.size();
+                let buf = caller.buffer(n * size);
+                let mut needed = usize::MAX;
+                let mut plan = std::ptr::null_mut();
+                if rows_dtype == RowsDtype::Bf16 && m.precision() == Precision::F32 {
+                    // SAFETY: `buf` holds n elements of the model's device; the stream is live.
+                    let s = unsafe {
+                        vt_model_encode_video_device(
+                            h.0,
+                            &video,
+                            &settings,
+                            caller.addr(&buf),
+                            n,
+                            dtype,
+                            caller.raw_stream(),
+                            &mut needed,
+                            &mut plan,
+                        )
+                    };
+                    assert_eq!(s, vt_status::VT_ERR_UNSUPPORTED, "{what}: {}", last_error());
+                    assert!(last_error().contains("bf16 model"), "{}", last_error());
+                    assert!(needed == usize::MAX && plan.is_null(), "{what}: out-params");
+                    assert!(
+                        caller.read(&buf, n * size).iter().all(|b| *b == 0xff),
+                        "{what}: refused bf16 rows were written"
+                    );
+                    continue;
+                }
+                let want = m
+                    .encode_video_device(&pre, &rust_video, rows_dtype)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                let want_bytes = want.rows.to_host_bytes().unwrap();
+                assert_eq!(want_bytes.len(), n * size, "{what}: the Rust API's rows");
+                // SAFETY: `buf` holds n elements of `dtype` on the model's device; the stream is
+                // live; valid out-params.
+                let s = unsafe {
+                    vt_model_encode_video_device(
+                        h.0,
+                        &video,
+                        &settings,
+                        caller.addr(&buf),
+                        n,
+                        dtype,
+                        caller.raw_stream(),
+                        &mut needed,
+                        &mut plan,
+                    )
+                };
+                assert_eq!(s, vt_status::VT_OK, "{what}: {}", last_error());
+                assert_eq!(needed, n, "{what}: *needed");
+                assert!(!plan.is_null(), "{what}: no plan");
+                // SAFETY: a plan from vt_model_encode_video_device, read then freed once.
+                let got_plan = unsafe {
+                    let v = plan_view(plan);
+                    vt_video_plan_free(plan);
+                    v
+                };
+                assert_eq!(
+                    got_plan, want_plan,
+                    "{what}: the plan differs from plan_video's"
+                );
+                assert_eq!(got_plan.rows, want.plan.rows, "{what}");
+                assert_eq!(got_plan.indices, want.plan.frames_indices, "{what}");
+                assert_eq!(got_plan.grid, want.plan.grid_thw.to_vec(), "{what}");
+                let got = caller.read(&buf, n * size);
+                assert!(
+                    got == want_bytes,
+                    "{what} dtype {dtype}: the C ABI's device rows differ from \
+                     encode_video_device's"
+                );
+                let rows = values(&got, rows_dtype);
+                assert!(
+                    rows.iter().all(|v| v.is_finite()),
+                    "{what}: NaN in the rows"
+                );
+                let rel = rel_l2(&rows, &c.reference);
+                let bound = match (m.precision(), rows_dtype) {
+                    (Precision::F32, RowsDtype::F32) => 1e-4,
+                    _ => 2e-2,
+                };
+                assert!(
+                    rel <= bound,
+                    "{what} dtype {dtype}: rel-L2 {rel:e} over {bound:e}"
+                );
+                // One element short, frames that are headers alone: refused from the plan,
+                // `*needed` set, nothing decoded (a decode would refuse a frame: see the full
+                // buffer below) and nothing written.
+                let short = caller.buffer(n * size);
+                for (v, len, status) in [
+                    (&headers_only, n - 1, vt_status::VT_ERR_BUFFER_TOO_SMALL),
+                    (&video, n - 1, vt_status::VT_ERR_BUFFER_TOO_SMALL),
+                    (&headers_only, n, vt_status::VT_ERR_IMAGE),
+                ] {
+                    let mut needed = usize::MAX;
+                    let mut plan = std::ptr::null_mut();
+                    // SAFETY: `short` holds n >= len elements of `dtype`; the stream is live.
+                    let s = unsafe {
+                        vt_model_encode_video_device(
+                            h.0,
+                            v,
+                            &settings,
+                            caller.addr(&short),
+                            len,
+                            dtype,
+                            caller.raw_stream(),
+                            &mut needed,
+                            &mut plan,
+                        )
+                    };
+                    assert_eq!(s, status, "{what} into {len}: {}", last_error());
+                    let want_needed = if status == vt_status::VT_ERR_BUFFER_TOO_SMALL {
+                        n
+                    } else {
+                        usize::MAX
+                    };
+                    assert_eq!(needed, want_needed, "{what} into {len}: *needed");
+                    assert!(plan.is_null(), "{what}: *plan written on a refusal");
+                }
+                assert!(
+                    caller.read(&short, n * size).iter().all(|b| *b == 0xff),
+                    "{what}: a refused call wrote rows"
+                );
+                // A NULL and a misaligned dst: vt_model_encode_device's statuses.
+                let misaligned: *mut c_void =
+                    caller.addr(&short).cast::<u8>().wrapping_add(1).cast();
+                for (dst, status) in [
+                    (std::ptr::null_mut(), vt_status::VT_ERR_NULL_ARGUMENT),
+                    (misaligned, vt_status::VT_ERR_INVALID_ARGUMENT),
+                ] {
+                    let mut needed = usize::MAX;
+                    // SAFETY: refused before `dst` is used; the stream is live.
+                    let (s, image_s) = unsafe {
+                        (
+                            vt_model_encode_video_device(
+                                h.0,
+                                &video,
+                                &settings,
+                                dst,
+                                n,
+                                dtype,
+                                caller.raw_stream(),
+                                &mut needed,
+                                std::ptr::null_mut(),
+                            ),
+                            vt_model_encode_device(
+                                h.0,
+                                &image,
+                                1,
+                                dst,
+                                n,
+                                dtype,
+                                caller.raw_stream(),
+                                std::ptr::null_mut(),
+                                std::ptr::null_mut(),
+                            ),
+                        )
+                    };
+                    assert_eq!(s, status, "{what}: dst {dst:?}");
+                    assert_eq!(image_s, status, "{what}: the image call, dst {dst:?}");
+                    assert_eq!(needed, usize::MAX, "{what}");
+                }
+                println!(
+                    "CAPI-VIDEO-DEVICE {what} dtype {dtype}: {n} elements, bitwise \
+                     encode_video_device's, rel-L2 {rel:.3e} against upstream's f64 rows \
+                     (bound {bound:e})"
+                );
+            }
+        }
     }
 }
 

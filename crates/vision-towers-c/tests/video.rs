@@ -6,82 +6,20 @@
 //! every prompt piece); the hostile videos (10 000 frames, 10⁹ pixels, no fps, a family without
 //! video) give the documented status, with frames never read; and (valgrind present) the same
 //! script under memcheck.
+//!
+//! In this process (the crate's rlib): `vt_model_encode_video_device` on a CPU model refuses as
+//! `vt_model_encode_device` does (`VT_ERR_UNSUPPORTED` before the buffer is sized), and the size
+//! check it shares with `vt_model_encode_video_into` answers from the frames' headers before any
+//! frame is decoded. Its rows on CUDA: `tests/gpu.rs`.
 
 mod common;
 
 use common::*;
-use serde_json::Value;
+use std::ffi::{c_void, CStr, CString};
 use std::path::Path;
-use vision_towers::vision_prep::video::VideoSettings;
-use vision_towers::vision_prep::{PrepSettings, Video, VideoFrames, VideoMetadata, VideoPiece};
+use vision_towers::vision_prep::{PrepSettings, Video, VideoFrames, VideoPiece};
 use vision_towers::{Device, EncodedVideo, Model, TowerOptions};
-
-/// A video tower case: frames `[N, H, W, 3]` (raw bytes), its metadata, and the setting its
-/// video processor config names (gemma4 `num_frames`).
-struct Case {
-    raw: Vec<u8>,
-    n: usize,
-    width: u32,
-    height: u32,
-    fps: f64,
-    num_frames: u64,
-}
-
-/// The case's fixture, read with the safetensors header (JSON) alone.
-fn case(name: &str) -> Case {
-    let bytes = std::fs::read(fixtures().join(format!("outputs/{name}.safetensors"))).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    let meta: Value =
-        serde_json::from_str(header["__metadata__"]["fixture"].as_str().unwrap()).unwrap();
-    let t = &header["frames_u8"];
-    let shape: Vec<usize> = t["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as usize)
-        .collect();
-    let (a, b) = (
-        t["data_offsets"][0].as_u64().unwrap() as usize,
-        t["data_offsets"][1].as_u64().unwrap() as usize,
-    );
-    Case {
-        raw: bytes[8 + n + a..8 + n + b].to_vec(),
-        n: shape[0],
-        width: shape[2] as u32,
-        height: shape[1] as u32,
-        fps: meta["video_metadata"]["fps"].as_f64().unwrap(),
-        num_frames: meta["video_processor_config"]["num_frames"]
-            .as_u64()
-            .unwrap_or(0),
-    }
-}
-
-/// A 24-bit BMP of an RGB frame (bottom-up rows, BGR, rows padded to 4 bytes): lossless.
-fn bmp(rgb: &[u8], w: u32, h: u32) -> Vec<u8> {
-    let stride = (w as usize * 3).div_ceil(4) * 4;
-    let size = 54 + stride * h as usize;
-    let mut out = Vec::with_capacity(size);
-    out.extend(b"BM");
-    out.extend((size as u32).to_le_bytes());
-    out.extend([0u8; 4]);
-    out.extend(54u32.to_le_bytes());
-    out.extend(40u32.to_le_bytes());
-    out.extend((w as i32).to_le_bytes());
-    out.extend((h as i32).to_le_bytes());
-    out.extend(1u16.to_le_bytes());
-    out.extend(24u16.to_le_bytes());
-    out.extend([0u8; 24]);
-    for y in (0..h as usize).rev() {
-        let row = &rgb[y * w as usize * 3..(y + 1) * w as usize * 3];
-        let start = out.len();
-        for p in row.chunks_exact(3) {
-            out.extend([p[2], p[1], p[0]]);
-        }
-        out.resize(start + stride, 0);
-    }
-    out
-}
+use vision_towers_c::*;
 
 fn open_line(slot: usize, model: &str) -> String {
     line(&[
@@ -98,37 +36,26 @@ fn open_line(slot: usize, model: &str) -> String {
 }
 
 /// The Rust API's answer for the case on `model`.
-fn rust_video(model: &str, c: &Case) -> EncodedVideo {
+fn rust_video(model: &str, c: &VideoCase) -> EncodedVideo {
     let options = TowerOptions {
         device: Device::Cpu,
         ..TowerOptions::default()
     };
     let m = Model::open_with(&fixtures().join(model), &options, PrepSettings::default()).unwrap();
-    let frames: Vec<&[u8]> = c
-        .raw
-        .chunks_exact(c.width as usize * c.height as usize * 3)
-        .collect();
+    let frames = c.frames();
     let video = Video {
         frames: VideoFrames::Rgb {
             width: c.width,
             height: c.height,
             frames: &frames,
         },
-        metadata: VideoMetadata {
-            total_num_frames: c.n as u64,
-            fps: Some(c.fps),
-            duration: None,
-        },
+        metadata: c.metadata(),
     };
-    let settings = VideoSettings {
-        num_frames: (c.num_frames != 0).then_some(c.num_frames),
-        ..Default::default()
-    };
-    m.encode_video(&video, settings).unwrap()
+    m.encode_video(&video, c.settings()).unwrap()
 }
 
 /// The script lines of the case on `model` (raw, then BMP frames) and the rows files.
-fn case_script(dir: &Path, tag: &str, c: &Case) -> (String, [std::path::PathBuf; 2]) {
+fn case_script(dir: &Path, tag: &str, c: &VideoCase) -> (String, [std::path::PathBuf; 2]) {
     let raw = dir.join(format!("{tag}.rgb"));
     std::fs::write(&raw, &c.raw).unwrap();
     let each = c.width as usize * c.height as usize * 3;
@@ -312,7 +239,7 @@ fn c_program_gets_the_rust_apis_video_plans_and_rows() {
     ];
     let mut failures = Vec::new();
     for (name, model) in cases {
-        let c = case(name);
+        let c = video_case(name);
         let want = rust_video(model, &c);
         let tag = name.replace('/', "_");
         let (lines, outs) = case_script(&dir, &tag, &c);
@@ -395,7 +322,7 @@ fn the_c_video_example_builds_and_runs() {
             rpath.as_ref(),
         ],
     );
-    let c = case("glm5_next_video/fps1_odd7");
+    let c = video_case("glm5_next_video/fps1_odd7");
     let want = rust_video("models/glm5_next", &c);
     let each = c.width as usize * c.height as usize * 3;
     let files: Vec<std::path::PathBuf> = c
@@ -430,4 +357,253 @@ fn the_c_video_example_builds_and_runs() {
     assert!(stdout.contains(&head), "{stdout} lacks {head:?}");
     assert!(stdout.contains("text \"2.0 seconds\""), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------------------------
+// In this process (the crate's rlib): the device call on the CPU, and the size check it shares
+// ---------------------------------------------------------------------------------------------
+
+fn last_error() -> String {
+    // SAFETY: vt_last_error returns a NUL-terminated string valid until the next call here.
+    unsafe { CStr::from_ptr(vt_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A model opened through the C ABI on the CPU.
+struct CpuHandle(*mut vt_model);
+
+impl CpuHandle {
+    fn open(model: &str) -> CpuHandle {
+        let path = CString::new(fixtures().join(model).to_str().unwrap()).unwrap();
+        let mut o = vt_open_options_default();
+        o.device = c"cpu".as_ptr();
+        let mut m = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated path, valid options and out-param.
+        let s = unsafe { vt_model_open(path.as_ptr(), &o, &mut m) };
+        assert_eq!(s, vt_status::VT_OK, "{model}: {}", last_error());
+        CpuHandle(m)
+    }
+
+    /// The elements `video`'s rows take, from `vt_model_plan_video`.
+    fn elements(&self, video: &vt_video, settings: &vt_video_settings) -> usize {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: a live handle, a video whose pointers hold what it says, a valid out-param.
+        let s = unsafe { vt_model_plan_video(self.0, video, settings, &mut p) };
+        assert_eq!(s, vt_status::VT_OK, "{}", last_error());
+        // SAFETY: a plan from vt_model_plan_video, freed once; a live handle.
+        unsafe {
+            let n = vt_video_plan_rows(p) as usize * vt_model_width(self.0);
+            vt_video_plan_free(p);
+            n
+        }
+    }
+}
+
+impl Drop for CpuHandle {
+    fn drop(&mut self) {
+        // SAFETY: a handle from vt_model_open, freed once.
+        unsafe { vt_model_free(self.0) };
+    }
+}
+
+/// `vt_model_encode_video_device` on a CPU model is `VT_ERR_UNSUPPORTED` whatever `dst` is, as
+/// `vt_model_encode_device` answers for an image on the same handle: the device checks come
+/// first, so a short (or NULL, or misaligned) `dst` is refused as unsupported, with `*needed` and
+/// `*plan` untouched (no size would do); an unknown dtype is `VT_ERR_INVALID_ARGUMENT` and a NULL
+/// model `VT_ERR_NULL_ARGUMENT`, as there.
+#[test]
+fn video_device_rows_from_a_cpu_model_are_unsupported_before_the_buffer_is_sized() {
+    let c = video_case("glm5_next_video/fps1_odd7");
+    let h = CpuHandle::open("models/glm5_next");
+    let (video, settings) = (c.vt_video(), c.vt_settings());
+    let n = h.elements(&video, &settings);
+    let tiny = std::fs::read(fixtures().join("images/tiny_20x15.png")).unwrap();
+    let image = vt_image {
+        data: tiny.as_ptr(),
+        len: tiny.len(),
+        kind: vt_image_kind::VT_IMAGE_BYTES as u32,
+    };
+    let mut host = vec![0f32; n + 1];
+    let base = host.as_mut_ptr().cast::<c_void>();
+    let misaligned = base.cast::<u8>().wrapping_add(1).cast::<c_void>();
+    let null = std::ptr::null_mut::<c_void>();
+    let cpu = "need a model opened on CUDA";
+    let cases = [
+        (
+            "room for the rows",
+            base,
+            n,
+            0,
+            vt_status::VT_ERR_UNSUPPORTED,
+            cpu,
+        ),
+        (
+            "one element short",
+            base,
+            n - 1,
+            0,
+            vt_status::VT_ERR_UNSUPPORTED,
+            cpu,
+        ),
+        ("no room", base, 0, 0, vt_status::VT_ERR_UNSUPPORTED, cpu),
+        ("NULL dst", null, n, 0, vt_status::VT_ERR_UNSUPPORTED, cpu),
+        (
+            "misaligned dst",
+            misaligned,
+            n,
+            0,
+            vt_status::VT_ERR_UNSUPPORTED,
+            cpu,
+        ),
+        ("bf16 rows", base, n, 1, vt_status::VT_ERR_UNSUPPORTED, cpu),
+        (
+            "dtype 9",
+            base,
+            n,
+            9,
+            vt_status::VT_ERR_INVALID_ARGUMENT,
+            "not a vt_dtype",
+        ),
+    ];
+    for (what, dst, dst_len, dtype, status, word) in cases {
+        let mut needed = usize::MAX;
+        let mut plan = std::ptr::null_mut();
+        // SAFETY: a live handle, the case's video; `dst` is never dereferenced on a CPU model
+        // (the call refuses before it); valid out-params.
+        let s = unsafe {
+            vt_model_encode_video_device(
+                h.0,
+                &video,
+                &settings,
+                dst,
+                dst_len,
+                dtype,
+                std::ptr::null_mut(),
+                &mut needed,
+                &mut plan,
+            )
+        };
+        let message = last_error();
+        assert_eq!(s, status, "{what}: {message}");
+        assert!(message.contains(word), "{what}: {message:?} lacks {word:?}");
+        assert_eq!(needed, usize::MAX, "{what}: *needed written on a refusal");
+        assert!(plan.is_null(), "{what}: *plan written on a refusal");
+        // The image call answers the same on the same handle and arguments.
+        let mut offsets = [usize::MAX; 2];
+        let mut image_needed = usize::MAX;
+        // SAFETY: as above, one live image.
+        let image_status = unsafe {
+            vt_model_encode_device(
+                h.0,
+                &image,
+                1,
+                dst,
+                dst_len,
+                dtype,
+                std::ptr::null_mut(),
+                offsets.as_mut_ptr(),
+                &mut image_needed,
+            )
+        };
+        assert_eq!(image_status, s, "{what}: vt_model_encode_device differs");
+        assert_eq!(image_needed, usize::MAX, "{what}");
+    }
+    let mut needed = usize::MAX;
+    // SAFETY: a NULL model is refused before anything is read.
+    let s = unsafe {
+        vt_model_encode_video_device(
+            std::ptr::null(),
+            &video,
+            &settings,
+            base,
+            n,
+            0,
+            std::ptr::null_mut(),
+            &mut needed,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(s, vt_status::VT_ERR_NULL_ARGUMENT, "{}", last_error());
+    assert!(last_error().contains("model"), "{}", last_error());
+    assert_eq!(needed, usize::MAX);
+    assert!(host.iter().all(|v| *v == 0.0), "the buffer was written");
+    // The handle still works after the refusals.
+    assert_eq!(h.elements(&video, &settings), n);
+}
+
+/// The size check `vt_model_encode_video_device` shares with `vt_model_encode_video_into`
+/// answers from the video's plan alone: with every frame a BMP header and no pixels (any frame
+/// decoded is refused), a buffer one element short is `VT_ERR_BUFFER_TOO_SMALL` with `*needed`
+/// the elements the raw frames' plan takes, and nothing written, while a buffer large enough
+/// gets to the decode, which refuses a sampled frame (`VT_ERR_IMAGE`, the frame named).
+#[test]
+fn a_short_buffer_is_refused_from_the_frames_headers_before_any_frame_is_decoded() {
+    let cases = [
+        ("glm5_next_video/fps1_odd7", "models/glm5_next"),
+        ("gemma4_video/g4_n2", "models/gemma4"),
+    ];
+    for (name, model) in cases {
+        let c = video_case(name);
+        let h = CpuHandle::open(model);
+        let settings = c.vt_settings();
+        let n = h.elements(&c.vt_video(), &settings);
+        let bmps = header_only_bmps(&c);
+        let frames: Vec<vt_image> = bmps
+            .iter()
+            .map(|b| vt_image {
+                data: b.as_ptr(),
+                len: b.len(),
+                kind: vt_image_kind::VT_IMAGE_BYTES as u32,
+            })
+            .collect();
+        let video = vt_video {
+            frames: frames.as_ptr(),
+            rgb: std::ptr::null(),
+            rgb_len: 0,
+            width: 0,
+            height: 0,
+            ..c.vt_video()
+        };
+        assert_eq!(h.elements(&video, &settings), n, "{name}: headers' plan");
+        let poison = f32::from_bits(u32::MAX);
+        let mut out = vec![poison; n];
+        for (len, status) in [
+            (n - 1, vt_status::VT_ERR_BUFFER_TOO_SMALL),
+            (n, vt_status::VT_ERR_IMAGE),
+        ] {
+            let mut needed = usize::MAX;
+            let mut plan = std::ptr::null_mut();
+            // SAFETY: a live handle, frames alive for the call, `out` holds n >= len floats.
+            let s = unsafe {
+                vt_model_encode_video_into(
+                    h.0,
+                    &video,
+                    &settings,
+                    out.as_mut_ptr(),
+                    len,
+                    &mut needed,
+                    &mut plan,
+                )
+            };
+            let message = last_error();
+            assert_eq!(s, status, "{name} into {len}: {message}");
+            assert!(plan.is_null(), "{name}: *plan written on a refusal");
+            if status == vt_status::VT_ERR_BUFFER_TOO_SMALL {
+                assert_eq!(needed, n, "{name}: *needed");
+                assert_eq!(vt_last_error_image(), -1, "{name}");
+            } else {
+                assert_eq!(needed, usize::MAX, "{name}: *needed written on {s:?}");
+                let frame = vt_last_error_image();
+                assert!(
+                    (0..c.n as i64).contains(&frame),
+                    "{name}: the refused frame {frame}: {message}"
+                );
+            }
+            assert!(
+                out.iter().all(|v| v.to_bits() == u32::MAX),
+                "{name}: the buffer was written"
+            );
+        }
+    }
 }

@@ -66,6 +66,8 @@ int main(int argc, char **argv) {
     vt_video_settings settings = vt_video_settings_default();
     vt_rows *rows = NULL;
     vt_video_plan *plan = NULL;
+    /* Host f32 rows; vt_model_encode_video_device writes them into a CUDA buffer on a stream of
+     * yours instead (a model opened on "cuda"). */
     s = vt_model_encode_video(model, &video, &settings, &rows, &plan);
     int rc = 0;
     if (s != VT_OK) {

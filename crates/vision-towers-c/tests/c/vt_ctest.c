@@ -873,6 +873,23 @@ static void cmd_nulls(char **f, size_t n) {
         expect(vt_model_encode_video_into(NULL, &v, &set, buf, 4, &vneed, &vp) ==
                        VT_ERR_NULL_ARGUMENT && vneed == 7 && !vp,
                "video_into model");
+        expect(vt_model_encode_video_device(NULL, &v, &set, buf, 4, VT_DTYPE_F32, NULL, &vneed,
+                                            &vp) == VT_ERR_NULL_ARGUMENT && vneed == 7 && !vp,
+               "video_device model");
+        expect(vt_model_encode_video_device(m, &v, &set, NULL, 0, 9, NULL, &vneed, &vp) ==
+                       VT_ERR_INVALID_ARGUMENT && vneed == 7 && !vp,
+               "video_device dtype");
+        if (vt_model_device_ordinal(m) < 0) {
+            /* The device checks come first, as in vt_model_encode_device: a CPU model refuses
+             * whatever the buffer (4 floats is short for this video), *needed untouched. */
+            expect(vt_model_encode_video_device(m, &v, &set, buf, 4, VT_DTYPE_F32, NULL, &vneed,
+                                                &vp) == VT_ERR_UNSUPPORTED && vneed == 7 && !vp &&
+                       strstr(vt_last_error(), "CUDA") != NULL,
+                   "video_device on a CPU model");
+            expect(vt_model_encode_video_device(m, &v, &set, NULL, 0, VT_DTYPE_BF16, NULL, &vneed,
+                                                &vp) == VT_ERR_UNSUPPORTED && vneed == 7 && !vp,
+                   "video_device on a CPU model, NULL dst");
+        }
         expect(vt_model_encode_video(m, &v, &set, &r, NULL) == VT_OK && r, "video ok, no plan");
         vt_rows_free(r);
         r = NULL;

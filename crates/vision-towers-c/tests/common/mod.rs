@@ -349,3 +349,135 @@ pub fn tensor_script(list: &TensorList, dir: &Path, tag: &str) -> String {
     }
     s
 }
+
+/// An upstream video tower case (`fixtures/outputs/<name>.safetensors`, from
+/// `oracle/fam_video.py`): every frame `[N, H, W, 3]` as raw RGB bytes, its metadata (no
+/// duration in these cases), the setting its video processor config names (gemma4
+/// `num_frames`; 0 = the config's) and upstream's true-f64 rows (`f64/rows`).
+pub struct VideoCase {
+    pub raw: Vec<u8>,
+    pub n: usize,
+    pub width: u32,
+    pub height: u32,
+    pub fps: f64,
+    pub num_frames: u64,
+    pub reference: Vec<f64>,
+}
+
+/// The video tower case `name` (e.g. `glm5_next_video/fps1_odd7`).
+pub fn video_case(name: &str) -> VideoCase {
+    let path = fixtures().join(format!("outputs/{name}.safetensors"));
+    let ck = vision_towers::st_reader::Checkpoint::open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let meta: serde_json::Value =
+        serde_json::from_str(ck.metadata().get("fixture").expect("fixture metadata")).unwrap();
+    assert_eq!(meta["kind"], "tower", "{name}");
+    assert!(
+        meta["video_metadata"]["duration"].is_null(),
+        "{name}: a case with a duration (VideoCase has none)"
+    );
+    let frames = ck.tensor("frames_u8").expect("frames_u8");
+    let shape = frames.shape().to_vec();
+    let reference = ck
+        .tensor("f64/rows")
+        .expect("f64/rows")
+        .bytes()
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    VideoCase {
+        raw: frames.bytes().to_vec(),
+        n: shape[0],
+        width: shape[2] as u32,
+        height: shape[1] as u32,
+        fps: meta["video_metadata"]["fps"].as_f64().expect("fps"),
+        num_frames: meta["video_processor_config"]["num_frames"]
+            .as_u64()
+            .unwrap_or(0),
+        reference,
+    }
+}
+
+impl VideoCase {
+    /// Every frame's bytes, in order.
+    pub fn frames(&self) -> Vec<&[u8]> {
+        self.raw
+            .chunks_exact(self.width as usize * self.height as usize * 3)
+            .collect()
+    }
+
+    /// The metadata as the Rust API takes it.
+    pub fn metadata(&self) -> vision_towers::vision_prep::VideoMetadata {
+        vision_towers::vision_prep::VideoMetadata {
+            total_num_frames: self.n as u64,
+            fps: Some(self.fps),
+            duration: None,
+        }
+    }
+
+    /// The settings as the Rust API takes them.
+    pub fn settings(&self) -> vision_towers::vision_prep::video::VideoSettings {
+        vision_towers::vision_prep::video::VideoSettings {
+            num_frames: (self.num_frames != 0).then_some(self.num_frames),
+            ..Default::default()
+        }
+    }
+
+    /// The video for the C ABI: its raw frames (borrowed from `self`).
+    pub fn vt_video(&self) -> vision_towers_c::vt_video {
+        vision_towers_c::vt_video {
+            frames: std::ptr::null(),
+            rgb: self.raw.as_ptr(),
+            rgb_len: self.raw.len(),
+            n_frames: self.n,
+            width: self.width,
+            height: self.height,
+            fps: self.fps,
+            duration: 0.0,
+        }
+    }
+
+    /// The settings for the C ABI.
+    pub fn vt_settings(&self) -> vision_towers_c::vt_video_settings {
+        vision_towers_c::vt_video_settings {
+            num_frames: self.num_frames,
+            ..vision_towers_c::vt_video_settings_default()
+        }
+    }
+}
+
+/// A 24-bit BMP of an RGB frame (bottom-up rows, BGR, rows padded to 4 bytes): lossless.
+pub fn bmp(rgb: &[u8], w: u32, h: u32) -> Vec<u8> {
+    let stride = (w as usize * 3).div_ceil(4) * 4;
+    let size = 54 + stride * h as usize;
+    let mut out = Vec::with_capacity(size);
+    out.extend(b"BM");
+    out.extend((size as u32).to_le_bytes());
+    out.extend([0u8; 4]);
+    out.extend(54u32.to_le_bytes());
+    out.extend(40u32.to_le_bytes());
+    out.extend((w as i32).to_le_bytes());
+    out.extend((h as i32).to_le_bytes());
+    out.extend(1u16.to_le_bytes());
+    out.extend(24u16.to_le_bytes());
+    out.extend([0u8; 24]);
+    for y in (0..h as usize).rev() {
+        let row = &rgb[y * w as usize * 3..(y + 1) * w as usize * 3];
+        let start = out.len();
+        for p in row.chunks_exact(3) {
+            out.extend([p[2], p[1], p[0]]);
+        }
+        out.resize(start + stride, 0);
+    }
+    out
+}
+
+/// BMP files of the case's frames cut to their 54-byte headers: the headers plan the video (its
+/// size), but a frame decoded is refused (no pixels), so a call that answers from the plan alone
+/// shows that nothing was decoded.
+pub fn header_only_bmps(c: &VideoCase) -> Vec<Vec<u8>> {
+    c.frames()
+        .iter()
+        .map(|f| bmp(f, c.width, c.height)[..54].to_vec())
+        .collect()
+}
