@@ -477,49 +477,12 @@ fn fingerprint(rows: &[f32]) -> u64 {
     })
 }
 
-/// The step3p7 views of one prepared image (square views, side from the element count), as the
-/// facade builds them.
+/// The step3p7 views of one prepared image, as the facade builds them.
 fn step_image(p: &Prepared) -> Result<StepImage<'_>> {
     let s = p
         .step3p7()
         .context("a prepared image without step3p7 inputs")?;
-    let side = |len: usize| -> Result<usize> {
-        let side = ((len / 3) as f64).sqrt().round() as usize;
-        ensure!(
-            side * side * 3 == len,
-            "a view of {len} values is not 3 × S × S"
-        );
-        Ok(side)
-    };
-    let g = side(s.global.len())?;
-    let mut crops = Vec::new();
-    if let Some(each) = s.local.len().checked_div(s.num_local) {
-        ensure!(
-            each > 0 && each * s.num_local == s.local.len(),
-            "{} crop values do not split into {} crops",
-            s.local.len(),
-            s.num_local
-        );
-        let c = side(each)?;
-        for px in s.local.chunks_exact(each) {
-            crops.push(StepView {
-                pixels: px,
-                height: c,
-                width: c,
-            });
-        }
-    }
-    Ok(StepImage {
-        crops,
-        global: StepView {
-            pixels: s.global,
-            height: g,
-            width: g,
-        },
-        newline_mask: (0..s.num_local)
-            .map(|i| s.newline_mask.get(i).is_some_and(|&m| m != 0))
-            .collect(),
-    })
+    Ok(vision_towers::step_image(s))
 }
 
 /// One row of the throughput table.

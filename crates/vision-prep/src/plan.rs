@@ -616,6 +616,9 @@ pub(crate) mod tests {
                     assert_eq!((s.num_local * 81 + 169) as u64, plan.rows, "{ctx}");
                     assert_eq!(s.local.len(), s.num_local * 3 * 504 * 504, "{ctx}");
                     assert_eq!(s.newline_mask.len(), s.num_local, "{ctx}");
+                    let local_side = if s.num_local > 0 { 504 } else { 0 };
+                    assert_eq!((s.global_side, s.local_side), (728, local_side), "{ctx}");
+                    assert_eq!(s.crops().count(), s.num_local, "{ctx}");
                 } else {
                     panic!("{ctx}: no family view");
                 }

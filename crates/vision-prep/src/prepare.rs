@@ -100,21 +100,33 @@ pub struct Gemma4Inputs<'a> {
 pub struct GlmInputs<'a> {
     /// `[N, 3·t·p²]` rows (c, t, kh, kw), 2×2 block-major.
     pub rows: &'a [f32],
-    /// `[t, gh, gw]`.
-    pub grid_thw: [i64; 3],
+    /// `[t, gh, gw]` (upstream's `image_grid_thw` / `video_grid_thw` row, non-negative).
+    pub grid_thw: [usize; 3],
 }
 
-/// step3p7 tower inputs (borrowed).
+/// step3p7 tower inputs (borrowed), with the side of each view from its tensor's shape.
 #[derive(Debug, Clone, Copy)]
 pub struct Step3p7Inputs<'a> {
     /// `[1, 3, S, S]` global view.
     pub global: &'a [f32],
+    /// S.
+    pub global_side: usize,
     /// `[k, 3, s, s]` local crops (empty when k = 0).
     pub local: &'a [f32],
+    /// s (0 when k = 0).
+    pub local_side: usize,
     /// k.
     pub num_local: usize,
     /// `[k]` newline flags.
     pub newline_mask: &'a [u8],
+}
+
+impl<'a> Step3p7Inputs<'a> {
+    /// The k crops, each `[3, s, s]`, in order.
+    pub fn crops(&self) -> impl Iterator<Item = &'a [f32]> + 'a {
+        let each = (3 * self.local_side * self.local_side).max(1);
+        self.local.chunks_exact(each).take(self.num_local)
+    }
 }
 
 impl Prepared {
@@ -145,10 +157,9 @@ impl Prepared {
     }
     /// glm view (`None` for other families).
     pub fn glm(&self) -> Option<GlmInputs<'_>> {
-        let g = self.i64s("image_grid_thw")?;
         Some(GlmInputs {
             rows: self.f32s("pixel_values")?,
-            grid_thw: [*g.first()?, *g.get(1)?, *g.get(2)?],
+            grid_thw: grid_row(self.i64s("image_grid_thw")?)?,
         })
     }
     /// step3p7 view (`None` for other families).
@@ -158,12 +169,33 @@ impl Prepared {
             Some(TensorData::U8(v)) => v.as_slice(),
             _ => &[],
         };
+        let local = self.f32s("pixel_values_local").unwrap_or(&[]);
+        let local_side = match k {
+            0 => 0,
+            _ => square_side(&self.tensor("pixel_values_local")?.shape, k)?,
+        };
         Some(Step3p7Inputs {
             global: self.f32s("pixel_values")?,
-            local: self.f32s("pixel_values_local").unwrap_or(&[]),
+            global_side: square_side(&self.tensor("pixel_values")?.shape, 1)?,
+            local,
+            local_side,
             num_local: k,
             newline_mask: mask,
         })
+    }
+}
+
+/// A `[t, h, w]` grid row of upstream's `*_grid_thw` as sizes (`None` if short or negative).
+pub(crate) fn grid_row(g: &[i64]) -> Option<[usize; 3]> {
+    let d = |i: usize| usize::try_from(*g.get(i)?).ok();
+    Some([d(0)?, d(1)?, d(2)?])
+}
+
+/// S of a `[n, 3, S, S]` shape (`None` for any other shape).
+fn square_side(shape: &[usize], n: usize) -> Option<usize> {
+    match *shape {
+        [m, 3, s, s2] if m == n && s == s2 => Some(s),
+        _ => None,
     }
 }
 
@@ -744,4 +776,48 @@ pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> P
         _ => Vec::new(),
     };
     Prepared { plan, tensors }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grid_rows_are_sizes_or_nothing() {
+        assert_eq!(grid_row(&[2, 4, 6]), Some([2, 4, 6]));
+        assert_eq!(grid_row(&[1, -4, 6]), None);
+        assert_eq!(grid_row(&[1, 4]), None);
+    }
+
+    #[test]
+    fn a_step_view_side_comes_from_a_square_shape_only() {
+        assert_eq!(square_side(&[1, 3, 728, 728], 1), Some(728));
+        assert_eq!(square_side(&[2, 3, 504, 504], 2), Some(504));
+        assert_eq!(square_side(&[2, 3, 504, 504], 3), None);
+        assert_eq!(square_side(&[1, 3, 728, 727], 1), None);
+        assert_eq!(square_side(&[1, 4, 728, 728], 1), None);
+        assert_eq!(square_side(&[3, 728, 728], 1), None);
+    }
+
+    #[test]
+    fn step_crops_split_the_local_tensor_in_order() {
+        let local: Vec<f32> = (0..2 * 3 * 4).map(|i| i as f32).collect();
+        let s = Step3p7Inputs {
+            global: &[],
+            global_side: 0,
+            local: &local,
+            local_side: 2,
+            num_local: 2,
+            newline_mask: &[0, 1],
+        };
+        let crops: Vec<&[f32]> = s.crops().collect();
+        assert_eq!(crops, vec![&local[..12], &local[12..]]);
+        let none = Step3p7Inputs {
+            local: &[],
+            local_side: 0,
+            num_local: 0,
+            ..s
+        };
+        assert_eq!(none.crops().count(), 0);
+    }
 }

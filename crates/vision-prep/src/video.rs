@@ -21,7 +21,7 @@ use crate::error::{PrepError, Result};
 use crate::law::{self, Law, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD};
 use crate::norm::{Normalize, Window};
 use crate::plan::{Family, PromptRun};
-use crate::prepare::{Gemma4Inputs, GlmInputs, NamedTensor, TensorData};
+use crate::prepare::{grid_row, Gemma4Inputs, GlmInputs, NamedTensor, TensorData};
 use crate::resize::{resize_rgb, Filter};
 use crate::source::{self, AdmissionLimits, ImageSource, RgbImage};
 
@@ -463,7 +463,7 @@ impl PreparedVideo {
         };
         Some(GlmInputs {
             rows,
-            grid_thw: [*g.first()?, *g.get(1)?, *g.get(2)?],
+            grid_thw: grid_row(g)?,
         })
     }
 

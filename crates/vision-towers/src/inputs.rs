@@ -6,6 +6,7 @@ use std::ops::Range;
 use tower_gemma::GemmaImage;
 use tower_glm5::GlmImage;
 use tower_step::{StepImage, StepView};
+use vision_prep::prepare::{Gemma4Inputs, GlmInputs, Step3p7Inputs};
 use vision_prep::Prepared;
 
 use crate::tower::{Rows, Tower};
@@ -101,91 +102,56 @@ impl Tower {
             Family::Gemma4 => Images::Gemma4(
                 prepared
                     .iter()
-                    .map(|p| {
-                        p.gemma4()
-                            .map(|g| GemmaImage {
-                                patches: g.patches,
-                                positions: g.positions,
-                            })
-                            .ok_or_else(|| missing("gemma4"))
-                    })
+                    .map(|p| p.gemma4().map(gemma_image).ok_or_else(|| missing("gemma4")))
                     .collect::<Result<Vec<_>, _>>()?,
             ),
             Family::Glm5Next | Family::GlmOcr => Images::Glm(
                 prepared
                     .iter()
-                    .map(|p| {
-                        let g = p.glm().ok_or_else(|| missing("glm"))?;
-                        let dim = |v: i64| {
-                            usize::try_from(v).map_err(|_| {
-                                InputError::Message(format!("negative grid {:?}", g.grid_thw))
-                            })
-                        };
-                        Ok(GlmImage {
-                            patches: g.rows,
-                            grid_thw: [
-                                dim(g.grid_thw[0])?,
-                                dim(g.grid_thw[1])?,
-                                dim(g.grid_thw[2])?,
-                            ],
-                        })
-                    })
-                    .collect::<Result<Vec<_>, InputError>>()?,
+                    .map(|p| p.glm().map(glm_image).ok_or_else(|| missing("glm")))
+                    .collect::<Result<Vec<_>, _>>()?,
             ),
             Family::Step3p7 => Images::Step3p7(
                 prepared
                     .iter()
-                    .map(|p| {
-                        let s = p.step3p7().ok_or_else(|| missing("step3p7"))?;
-                        step_image(&s)
-                    })
-                    .collect::<Result<Vec<_>, InputError>>()?,
+                    .map(|p| p.step3p7().map(step_image).ok_or_else(|| missing("step3p7")))
+                    .collect::<Result<Vec<_>, _>>()?,
             ),
         })
     }
 }
 
-/// The Step views of one prepared image: square views, side from the element count.
-fn step_image<'a>(
-    s: &vision_prep::prepare::Step3p7Inputs<'a>,
-) -> Result<StepImage<'a>, InputError> {
-    let side_of = |len: usize| {
-        let side = ((len / 3) as f64).sqrt().round() as usize;
-        (side * side * 3 == len)
-            .then_some(side)
-            .ok_or_else(|| InputError::Message(format!("a view of {len} values is not 3 × S × S")))
-    };
-    let global = StepView {
-        pixels: s.global,
-        height: side_of(s.global.len())?,
-        width: side_of(s.global.len())?,
-    };
-    let mut crops = Vec::new();
-    if let Some(each) = s.local.len().checked_div(s.num_local) {
-        if each == 0 || each * s.num_local != s.local.len() {
-            return Err(InputError::Message(format!(
-                "{} crop values do not split into {} crops",
-                s.local.len(),
-                s.num_local
-            )));
-        }
-        let side = side_of(each)?;
-        for c in s.local.chunks_exact(each) {
-            crops.push(StepView {
-                pixels: c,
-                height: side,
-                width: side,
-            });
-        }
+/// A gemma4 image of vision-prep's inputs (its real patches and their positions).
+pub fn gemma_image(g: Gemma4Inputs<'_>) -> GemmaImage<'_> {
+    GemmaImage {
+        patches: g.patches,
+        positions: g.positions,
     }
-    let newline_mask = (0..s.num_local)
-        .map(|i| s.newline_mask.get(i).is_some_and(|&m| m != 0))
-        .collect();
-    Ok(StepImage {
-        crops,
-        global,
-        newline_mask,
-    })
+}
+
+/// A glm image (or video: `t` frame pairs) of vision-prep's inputs.
+pub fn glm_image(g: GlmInputs<'_>) -> GlmImage<'_> {
+    GlmImage {
+        patches: g.rows,
+        grid_thw: g.grid_thw,
+    }
+}
+
+/// The step3p7 views of vision-prep's inputs: the global view and the crops, each square with the
+/// side its tensor's shape gives.
+pub fn step_image(s: Step3p7Inputs<'_>) -> StepImage<'_> {
+    let view = |pixels, side| StepView {
+        pixels,
+        height: side,
+        width: side,
+    };
+    StepImage {
+        global: view(s.global, s.global_side),
+        crops: s.crops().map(|c| view(c, s.local_side)).collect(),
+        newline_mask: (0..s.num_local)
+            .map(|i| s.newline_mask.get(i).is_some_and(|&m| m != 0))
+            .collect(),
+    }
 }
 
 #[cfg(test)]

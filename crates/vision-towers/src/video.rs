@@ -5,12 +5,10 @@
 use std::path::Path;
 
 use crate::device_rows::Dest;
-use crate::inputs::Images;
+use crate::inputs::{gemma_image, glm_image, Images};
 use crate::tower_error::InputError;
 use crate::{DeviceOut, DeviceRows};
 use crate::{Family, Model, ModelError, PrepOpenError, RowsDtype, TowerError, WeightFile};
-use tower_gemma::GemmaImage;
-use tower_glm5::GlmImage;
 use vision_prep::video::{read_video_config, VideoPlan, VideoPreprocessor, VideoSettings};
 use vision_prep::{ModelConfigs, PrepError, Video};
 
@@ -209,23 +207,13 @@ impl Model {
             ))
         };
         let images = match self.family() {
-            Family::Glm5Next => {
-                let g = prepared.glm().ok_or_else(missing)?;
-                let dim = |v: i64| usize::try_from(v).unwrap_or(0);
-                Images::Glm(vec![GlmImage {
-                    patches: g.rows,
-                    grid_thw: [dim(g.grid_thw[0]), dim(g.grid_thw[1]), dim(g.grid_thw[2])],
-                }])
-            }
+            Family::Glm5Next => Images::Glm(vec![glm_image(prepared.glm().ok_or_else(missing)?)]),
             Family::Gemma4 => Images::Gemma4(
                 prepared
                     .gemma4_frames()
                     .ok_or_else(missing)?
                     .into_iter()
-                    .map(|f| GemmaImage {
-                        patches: f.patches,
-                        positions: f.positions,
-                    })
+                    .map(gemma_image)
                     .collect(),
             ),
             other => {

@@ -223,7 +223,7 @@ impl Glm {
             let p = self.prepared[i].glm().expect("glm inputs");
             GlmImage {
                 patches: if flip { &self.flipped[i] } else { p.rows },
-                grid_thw: p.grid_thw.map(|v| v as usize),
+                grid_thw: p.grid_thw,
             }
         };
         match w {
