@@ -949,14 +949,14 @@ int main(int argc, char **argv) {
     char *save_line = NULL;
     for (char *line = strtok_r(script, "\n", &save_line); line;
          line = strtok_r(NULL, "\n", &save_line)) {
-        char *f[MAX_FIELDS];
+        char *f[MAX_FIELDS] = {0};
         size_t n = 0;
         for (char *p = line; p && n < MAX_FIELDS;) {
             f[n++] = p;
             p = strchr(p, '\t');
             if (p) *p++ = 0;
         }
-        const char *c = f[0];
+        const char *c = n ? f[0] : "";
         if (!strcmp(c, "open")) cmd_open(f, n);
         else if (!strcmp(c, "free")) cmd_free(f, n);
         else if (!strcmp(c, "plan")) cmd_plan(f, n);
