@@ -1,5 +1,6 @@
 """No leak over 1 000 repeated failing calls (and 1 000 DLPack exports, consumed or not): the
-resident set size after them stays within a small bound of its size before."""
+resident set size after them stays within a small bound of its size before, in one of up to three
+windows of calls (a leak grows it in every window)."""
 
 import gc
 
@@ -14,15 +15,30 @@ CALLS = 1000
 BOUND = 2 << 20
 
 
+# A leak grows the resident set in every window of calls; a warm-up does not. On a many-core
+# machine the first windows grow the allocator's per-thread arenas of prep's worker threads
+# (measured with 16 rayon workers: 7 MiB in the first window of 1 000 failing encodes, then
+# 0–0.4 MiB), so a call passes when one of up to WINDOWS windows stays within the bound.
+WINDOWS = 3
+
+
 def growth(call, calls=CALLS):
+    """The smallest growth of the resident set over a window of `calls` calls, windows tried
+    until one is within BOUND (at most WINDOWS)."""
     for _ in range(100):  # warm up: pools, caches, lazily built types
         call()
-    gc.collect()
-    before = rss_bytes()
-    for _ in range(calls):
-        call()
-    gc.collect()
-    return rss_bytes() - before
+    least = None
+    for _ in range(WINDOWS):
+        gc.collect()
+        before = rss_bytes()
+        for _ in range(calls):
+            call()
+        gc.collect()
+        grown = rss_bytes() - before
+        least = grown if least is None else min(least, grown)
+        if least <= BOUND:
+            break
+    return least
 
 
 def raises(exc, f):
