@@ -27,7 +27,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::bench_towers::{self as bt, BenchTower, Host, Inputs};
-use gpu_core::{bf16, Device, Epilogue, GemmInputs, GemmOutput, GemmShape, GemmTuned, GemmTuning};
+use gpu_core::{
+    bf16, Device, DeviceTower, Epilogue, GemmInputs, GemmOutput, GemmShape, GemmTuned, GemmTuning,
+};
 
 const USAGE: &str =
     "usage: cargo xtask bench [--cases LIST] [--no-compile] [--torch-out DIR] [--rerun-torch]

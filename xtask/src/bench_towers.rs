@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use std::path::Path;
 use std::sync::Arc;
 
-use gpu_core::{Device, GpuError, GraphStats};
+use gpu_core::{Device, DeviceTower, GpuError, GraphStats};
 use st_reader::{Checkpoint, Dtype};
 use tower_gemma::{GemmaBatch, GemmaCuda, GemmaImage, GemmaTower};
 use tower_glm5::{GlmBatch, GlmCuda, GlmImage, GlmTower};
@@ -35,20 +35,20 @@ impl BenchTower for GemmaCuda {
     type Image<'a> = GemmaImage<'a>;
     type Batch = GemmaBatch;
     fn prepare(&mut self, images: &[GemmaImage<'_>]) -> Result<GemmaBatch> {
-        Ok(GemmaCuda::prepare(self, images)?)
+        Ok(DeviceTower::prepare(self, images)?)
     }
     fn run(&mut self, batch: &GemmaBatch) -> Result<()> {
-        GemmaCuda::run(self, batch, false)?;
+        DeviceTower::run(self, batch, false)?;
         Ok(())
     }
     fn rows(&mut self, batch: &GemmaBatch) -> Result<Vec<f32>> {
-        Ok(GemmaCuda::rows(self, batch)?.concat())
+        Ok(DeviceTower::rows(self, batch)?.concat())
     }
     fn set_graphs(&mut self, on: bool) {
-        GemmaCuda::set_graphs(self, on)
+        DeviceTower::set_graphs(self, on)
     }
     fn graph_stats(&self) -> Option<GraphStats> {
-        Some(GemmaCuda::graph_stats(self))
+        Some(DeviceTower::graph_stats(self))
     }
 }
 
@@ -56,20 +56,20 @@ impl BenchTower for GlmCuda {
     type Image<'a> = GlmImage<'a>;
     type Batch = GlmBatch;
     fn prepare(&mut self, images: &[GlmImage<'_>]) -> Result<GlmBatch> {
-        Ok(GlmCuda::prepare(self, images)?)
+        Ok(DeviceTower::prepare(self, images)?)
     }
     fn run(&mut self, batch: &GlmBatch) -> Result<()> {
-        GlmCuda::run(self, batch, false)?;
+        DeviceTower::run(self, batch, false)?;
         Ok(())
     }
     fn rows(&mut self, batch: &GlmBatch) -> Result<Vec<f32>> {
-        Ok(GlmCuda::rows(self, batch)?.concat())
+        Ok(DeviceTower::rows(self, batch)?.concat())
     }
     fn set_graphs(&mut self, on: bool) {
-        GlmCuda::set_graphs(self, on)
+        DeviceTower::set_graphs(self, on)
     }
     fn graph_stats(&self) -> Option<GraphStats> {
-        Some(GlmCuda::graph_stats(self))
+        Some(DeviceTower::graph_stats(self))
     }
 }
 
@@ -77,23 +77,23 @@ impl BenchTower for StepCuda {
     type Image<'a> = StepImage<'a>;
     type Batch = StepBatch;
     fn prepare(&mut self, images: &[StepImage<'_>]) -> Result<StepBatch> {
-        Ok(StepCuda::prepare(self, images)?)
+        Ok(DeviceTower::prepare(self, images)?)
     }
     fn run(&mut self, batch: &StepBatch) -> Result<()> {
-        StepCuda::run(self, batch, false)?;
+        DeviceTower::run(self, batch, false)?;
         Ok(())
     }
     fn rows(&mut self, batch: &StepBatch) -> Result<Vec<f32>> {
-        Ok(StepCuda::rows(self, batch)?
+        Ok(DeviceTower::rows(self, batch)?
             .into_iter()
             .flat_map(|r| r.rows)
             .collect())
     }
     fn set_graphs(&mut self, on: bool) {
-        StepCuda::set_graphs(self, on)
+        DeviceTower::set_graphs(self, on)
     }
     fn graph_stats(&self) -> Option<GraphStats> {
-        Some(StepCuda::graph_stats(self))
+        Some(DeviceTower::graph_stats(self))
     }
 }
 

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use gpu_core::DeviceTower;
 use gpu_core::{
     bf16, AttnArgs, Clamp, Epilogue, Gate, GemmInputs, GemmOutput, GemmShape, Mat, QkvSpec,
     RopeLayout, RopeSpec,

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gpu_core::bf16;
+use gpu_core::DeviceTower;
 use rayon::prelude::*;
 use tower_glm5::cuda::{Device, GpuError};
 use tower_glm5::{Block, CudaPrecision, GlmConfig, GlmCuda, GlmImage, GlmWeights, Linear};

@@ -25,7 +25,7 @@
 //! runs on a machine without a GPU.
 
 use anyhow::{bail, ensure, Context, Result};
-use gpu_core::{bf16, Device};
+use gpu_core::{bf16, Device, DeviceTower};
 use rayon::prelude::*;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
@@ -530,12 +530,12 @@ fn graph_cases(o: &Opts, dev: &Device, cuda: &mut StepCuda) -> Result<Vec<GraphC
             .collect();
         let b = BenchTower::prepare(cuda, &images)?;
         BenchTower::run(cuda, &b)?;
-        let before = cuda.graph_stats().replays;
+        let before = DeviceTower::graph_stats(cuda).replays;
         let on = bt::time_runs(Some(dev), cuda, &b, o.warmup, o.iters)?;
-        let replays = cuda.graph_stats().replays - before;
-        cuda.set_graphs(false);
+        let replays = DeviceTower::graph_stats(cuda).replays - before;
+        DeviceTower::set_graphs(cuda, false);
         let off = bt::time_runs(Some(dev), cuda, &b, o.warmup, o.iters);
-        cuda.set_graphs(true);
+        DeviceTower::set_graphs(cuda, true);
         let off = off?;
         let g = GraphCase {
             label: format!("step3p7 {side} view b{batch}"),
@@ -607,12 +607,12 @@ fn tower_only(
     // as the timed stream did.
     let batches = groups
         .iter()
-        .map(|g| cuda.prepare(g))
+        .map(|g| DeviceTower::prepare(cuda, g))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let mut prints = vec![None; prepared.len()];
     for (p, b) in stats.passes.iter().zip(&batches) {
-        cuda.run(b, false)?;
-        for (k, r) in StepCuda::rows(cuda, b)?.into_iter().enumerate() {
+        DeviceTower::run(cuda, b, false)?;
+        for (k, r) in DeviceTower::rows(cuda, b)?.into_iter().enumerate() {
             prints[p.first + k] = Some(fingerprint(&r.rows));
         }
     }
@@ -621,7 +621,7 @@ fn tower_only(
     let t = dev.time_ms(0, 1, || {
         for b in &batches {
             if failed.is_none() {
-                if let Err(e) = cuda.run(b, false) {
+                if let Err(e) = DeviceTower::run(cuda, b, false) {
                     failed = Some(e.into());
                 }
             }
@@ -647,13 +647,13 @@ fn tower_only(
     for h in hosts {
         let staged = cuda.stage(h)?;
         if let Some(prev) = in_flight.take() {
-            StepCuda::rows(cuda, &prev)?;
+            DeviceTower::rows(cuda, &prev)?;
         }
-        cuda.run(&staged, false)?;
+        DeviceTower::run(cuda, &staged, false)?;
         in_flight = Some(staged);
     }
     if let Some(prev) = in_flight {
-        StepCuda::rows(cuda, &prev)?;
+        DeviceTower::rows(cuda, &prev)?;
     }
     Ok((tower_s, Some(t.elapsed().as_secs_f64()), prints))
 }

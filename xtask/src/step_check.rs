@@ -16,6 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use gpu_core::DeviceTower;
 use tower_step::cuda::{Device, GpuError};
 use tower_step::{CudaPrecision, StepConfig, StepCuda, StepImage, StepTower, StepView};
 

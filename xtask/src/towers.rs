@@ -3,6 +3,7 @@
 
 use crate::parity_case::{inputs_case, Case, CaseRunner, Outcome, Precision, Runner};
 use anyhow::{bail, Context, Result};
+use gpu_core::DeviceTower;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};

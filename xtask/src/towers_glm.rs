@@ -4,6 +4,7 @@
 
 use crate::parity_case::{inputs_case, Case, CaseRunner, Outcome, Precision, Runner};
 use anyhow::{bail, Context, Result};
+use gpu_core::DeviceTower;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;

@@ -57,7 +57,7 @@ pub use ops::{
     NormOut, QkvSpec, RopeLayout, RopeSpec, MAX_F32_ATTN_HEAD_DIM, MAX_NORM_WIDTH,
 };
 pub use rows_out::{OwnedRows, RowsDtype, RowsTarget, PER_THREAD_DEFAULT_STREAM};
-pub use runner::PassRunner;
+pub use runner::{split_rows, PassRunner};
 pub use staging::{
     recycled_bf16, DeviceInputs, HostGemm, HostInputs, InputBuffers, Uploader, UPLOAD_SLOTS,
 };

@@ -105,3 +105,39 @@ impl<W> PassRunner<W> {
         self.graphs = graphs;
     }
 }
+
+/// Splits `all`, the rows of a pass laid out image after image (`width` values a row), into one
+/// vector per image of `rows_per[i]` rows. Rows past the sum of `rows_per` are left out; a
+/// `rows_per` asking for more rows than `all` holds gets only the rows there are (never panics).
+pub fn split_rows<T: Clone>(all: &[T], rows_per: &[usize], width: usize) -> Vec<Vec<T>> {
+    let mut out = Vec::with_capacity(rows_per.len());
+    let mut start = 0;
+    for &n in rows_per {
+        let (a, b) = (
+            (start * width).min(all.len()),
+            ((start + n) * width).min(all.len()),
+        );
+        out.push(all[a..b].to_vec());
+        start += n;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_rows;
+
+    #[test]
+    fn split_rows_cuts_image_after_image() {
+        let all: Vec<u32> = (0..12).collect();
+        assert_eq!(
+            split_rows(&all, &[1, 0, 2], 3),
+            vec![vec![0, 1, 2], vec![], vec![3, 4, 5, 6, 7, 8]]
+        );
+        // Short input: no panic, only the rows there are.
+        assert_eq!(
+            split_rows(&all[..4], &[1, 1], 3),
+            vec![vec![0, 1, 2], vec![3]]
+        );
+    }
+}

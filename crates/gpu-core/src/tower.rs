@@ -4,7 +4,10 @@
 
 use std::sync::Arc;
 
-use crate::{CudaPrecision, Device, GpuError, GraphStats, GraphStatus, Ran, RowsTarget};
+use crate::{
+    CudaPrecision, Device, DeviceBuffer, DeviceInputs, GpuError, GraphKey, GraphStats, GraphStatus,
+    HostInputs, PassRunner, Ran, RowsTarget,
+};
 
 /// How the language model attends over the rows of an image, so an engine can refuse a serving
 /// path that cannot honour it. One law per family, stated by its tower crate from the model's
@@ -27,7 +30,15 @@ pub enum LmAttention {
 /// A family's tower on a CUDA device: a pass is prepared on the host ([`DeviceTower::prepare_host`],
 /// no device needed, so it can run on any thread), staged ([`DeviceTower::stage`]: an
 /// asynchronous upload) and run with its rows written into a target
-/// ([`DeviceTower::run_into`]).
+/// ([`DeviceTower::run_into`]) or into the tower's workspace ([`DeviceTower::run`], then
+/// [`DeviceTower::rows`]).
+///
+/// A family states only what is its own (the required items): its host-side planning and
+/// validation, how a batch is built around its uploaded inputs, how big its workspace must be
+/// for a batch ([`DeviceTower::grow`]), its op sequence and projection ([`DeviceTower::pass`]),
+/// and how its rows come back. The lifecycle around them (staging, the workspace taken out of
+/// the [`PassRunner`] for a pass and put back, the CUDA graphs of the encoder, downloading and
+/// splitting the rows) is written once here, as the provided methods.
 ///
 /// **Architecture Invariant:** a family's implementation holds only the family's own laws; the
 /// lifecycle around it is written once against this trait.
@@ -41,7 +52,13 @@ pub trait DeviceTower: Send {
     /// A batch whose inputs are on (or on their way to) the device.
     type Batch;
     /// The family's error; a device failure converts from [`GpuError`].
-    type Error: From<GpuError>;
+    type Error: From<GpuError> + std::fmt::Display;
+    /// The device buffers of a pass (the family's layout), kept in the tower's [`PassRunner`].
+    type Workspace;
+    /// The activations a pass downloads along the way when asked ([`DeviceTower::run`]).
+    type Stages;
+    /// One image's rows as [`DeviceTower::rows`] gives them back.
+    type Rows: Into<Vec<f32>>;
 
     /// Validates `images` for a tower of `config` in `precision` and lays their inputs out for
     /// one pass, without a device.
@@ -54,36 +71,206 @@ pub trait DeviceTower: Send {
     /// Rows the pass over `batch` gives each of its images, in order.
     fn rows_per_image(batch: &Self::HostBatch) -> Vec<usize>;
 
-    /// Validates `images` and uploads their inputs synchronously (the host half, then a plain
-    /// upload: no copy stream, no page-locked slots).
-    fn prepare(&self, images: &[Self::Image<'_>]) -> Result<Self::Batch, Self::Error>;
+    /// The device batch of `host`, its inputs put on the device by `upload` (a plain upload for
+    /// [`DeviceTower::prepare`], a staged one for [`DeviceTower::stage`]).
+    fn upload_with(
+        host: Self::HostBatch,
+        upload: impl FnOnce(&HostInputs) -> Result<DeviceInputs, GpuError>,
+    ) -> Result<Self::Batch, Self::Error>;
 
-    /// Queues the upload of a host batch (asynchronous; valid until two more are staged).
-    fn stage(&mut self, host: Self::HostBatch) -> Result<Self::Batch, Self::Error>;
+    /// Rows (in the LM width) the pass over `batch` gives, all images together.
+    fn batch_rows(batch: &Self::Batch) -> usize;
 
-    /// Runs the pass and writes its rows, image after image in the LM width, into `out`, which
-    /// must hold exactly that many elements. Queued on the device's stream.
-    fn run_into(&mut self, batch: &Self::Batch, out: RowsTarget<'_>) -> Result<Ran, Self::Error>;
+    /// Makes the workspace big enough for `batch` (with the buffers stages need when `keep`),
+    /// and whatever else the family keeps per batch layout; through [`PassRunner::regrow`].
+    fn grow(&mut self, batch: &Self::Batch, keep: bool) -> Result<(), Self::Error>;
 
-    /// Runs the pass into the tower's workspace (queued, through its graphs where they are on);
-    /// its rows come from [`DeviceTower::pass_rows`].
-    fn run_pass(&mut self, batch: &Self::Batch) -> Result<(), Self::Error>;
+    /// The family's pass on `ws` (taken out of the runner, grown for `batch`): inputs loaded,
+    /// the encoder (through [`DeviceTower::encoder`]), then the projection into `out` (the
+    /// workspace's rows when `None`); with `keep` the stages come back too.
+    fn pass(
+        &mut self,
+        ws: &mut Self::Workspace,
+        batch: &Self::Batch,
+        keep: bool,
+        out: Option<RowsTarget<'_>>,
+    ) -> Result<(Option<Self::Stages>, Ran), Self::Error>;
 
-    /// The rows of the last pass over `batch`, per image in the LM width, on the host (waits).
-    fn pass_rows(&self, batch: &Self::Batch) -> Result<Vec<Vec<f32>>, Self::Error>;
+    /// Downloads the rows of the last pass over `batch` from the workspace, per image (waits).
+    fn rows(&self, batch: &Self::Batch) -> Result<Vec<Self::Rows>, Self::Error>;
 
-    /// Turns CUDA graph replay on or off for the passes that follow.
-    fn set_graphs(&mut self, on: bool);
+    /// The family's error for a call the tower cannot serve (a wrong target, no workspace yet).
+    fn unsupported(what: String) -> Self::Error;
 
-    /// Whether graphs replay and, if a capture failed, why not.
-    fn graph_status(&self) -> &GraphStatus;
+    /// Dimensions and laws.
+    fn config(&self) -> &Self::Config;
 
-    /// What the graph cache did so far.
-    fn graph_stats(&self) -> GraphStats;
+    /// The precision the weights were uploaded in.
+    fn precision(&self) -> CudaPrecision;
 
     /// The LM width of the rows.
     fn width(&self) -> usize;
 
     /// The device it runs on.
     fn device(&self) -> &Arc<Device>;
+
+    /// Graphs, uploader and workspace of the tower.
+    fn passes(&self) -> &PassRunner<Self::Workspace>;
+
+    /// Graphs, uploader and workspace of the tower, to change.
+    fn passes_mut(&mut self) -> &mut PassRunner<Self::Workspace>;
+
+    /// Validates `images` and uploads their inputs synchronously (the host half, then a plain
+    /// upload: no copy stream, no page-locked slots).
+    fn prepare(&self, images: &[Self::Image<'_>]) -> Result<Self::Batch, Self::Error> {
+        let host = Self::prepare_host(self.config(), self.precision(), images)?;
+        Self::upload_with(host, |inputs| self.device().upload_inputs(inputs))
+    }
+
+    /// Queues the upload of a host batch from page-locked memory on a copy stream of its own and
+    /// returns at once: the copy overlaps whatever the device is running. The batch stays valid
+    /// until two more are staged ([`crate::UPLOAD_SLOTS`]).
+    fn stage(&mut self, host: Self::HostBatch) -> Result<Self::Batch, Self::Error> {
+        let (dev, precision) = (self.device().clone(), self.precision());
+        Self::upload_with(host, |inputs| {
+            self.passes_mut().stage(&dev, precision, inputs)
+        })
+    }
+
+    /// Runs the whole forward on `batch`; the rows stay on the device ([`DeviceTower::rows`]).
+    /// With `keep_stages` the stage activations are downloaded as they are produced.
+    ///
+    /// The inputs are first copied into fixed device buffers (a staged batch's after its upload
+    /// finished, on the device); then in bf16 mode without stages the encoder goes through the
+    /// CUDA graph cache ([`crate::Graphs`]: eager the first time a layout is seen, captured the
+    /// second, replayed after), else it runs eagerly ([`DeviceTower::encoder`]).
+    fn run(
+        &mut self,
+        batch: &Self::Batch,
+        keep_stages: bool,
+    ) -> Result<Option<Self::Stages>, Self::Error> {
+        self.run_graphed(batch, keep_stages).map(|(s, _)| s)
+    }
+
+    /// [`DeviceTower::run`], also saying how the encoder ran.
+    fn run_graphed(
+        &mut self,
+        batch: &Self::Batch,
+        keep_stages: bool,
+    ) -> Result<(Option<Self::Stages>, Ran), Self::Error> {
+        self.with_workspace(batch, keep_stages, |t, ws| {
+            t.pass(ws, batch, keep_stages, None)
+        })
+    }
+
+    /// Runs the pass and writes its rows, image after image in the LM width, into `out`, which
+    /// must hold exactly that many elements: the projection writes there directly, after the
+    /// (graphed) encoder. Queued on the device's stream; returns how the encoder ran.
+    fn run_into(&mut self, batch: &Self::Batch, out: RowsTarget<'_>) -> Result<Ran, Self::Error> {
+        let rows = Self::batch_rows(batch);
+        if out.len() != rows * self.width() {
+            return Err(Self::unsupported(format!(
+                "a rows target of {} elements for {} rows of {}",
+                out.len(),
+                rows,
+                self.width()
+            )));
+        }
+        self.with_workspace(batch, false, |t, ws| t.pass(ws, batch, false, Some(out)))
+            .map(|(_, ran)| ran)
+    }
+
+    /// Runs the pass into the tower's workspace (queued, through its graphs where they are on);
+    /// its rows come from [`DeviceTower::pass_rows`].
+    fn run_pass(&mut self, batch: &Self::Batch) -> Result<(), Self::Error> {
+        self.run(batch, false).map(|_| ())
+    }
+
+    /// The rows of the last pass over `batch`, per image in the LM width, on the host (waits).
+    fn pass_rows(&self, batch: &Self::Batch) -> Result<Vec<Vec<f32>>, Self::Error> {
+        Ok(self.rows(batch)?.into_iter().map(Into::into).collect())
+    }
+
+    /// [`DeviceTower::prepare`], [`DeviceTower::run`] and [`DeviceTower::rows`] in one call.
+    #[allow(clippy::type_complexity)]
+    fn encode(
+        &mut self,
+        images: &[Self::Image<'_>],
+        keep_stages: bool,
+    ) -> Result<(Vec<Self::Rows>, Option<Self::Stages>), Self::Error> {
+        let batch = self.prepare(images)?;
+        let stages = self.run(&batch, keep_stages)?;
+        Ok((self.rows(&batch)?, stages))
+    }
+
+    /// Turns CUDA graphs of the bf16 encoder on (the default) or off (every forward eager).
+    fn set_graphs(&mut self, on: bool) {
+        self.passes_mut().set_graphs(on);
+    }
+
+    /// Whether CUDA graphs are used and, if a capture failed, why not.
+    fn graph_status(&self) -> &GraphStatus {
+        self.passes().graph_status()
+    }
+
+    /// What the graph cache did so far (captures, replays, eager forwards).
+    fn graph_stats(&self) -> GraphStats {
+        self.passes().graph_stats()
+    }
+
+    /// Calls `f` with the workspace, grown for `batch` first ([`DeviceTower::grow`]) and taken
+    /// out of the runner for the call (so `f` may borrow the whole tower), then put back.
+    fn with_workspace<R>(
+        &mut self,
+        batch: &Self::Batch,
+        keep: bool,
+        f: impl FnOnce(&mut Self, &mut Self::Workspace) -> Result<R, Self::Error>,
+    ) -> Result<R, Self::Error> {
+        self.grow(batch, keep)?;
+        let mut ws = self
+            .passes_mut()
+            .take_workspace()
+            .ok_or_else(|| Self::unsupported("workspace missing after allocation".into()))?;
+        let r = f(self, &mut ws);
+        self.passes_mut().put_workspace(ws);
+        r
+    }
+
+    /// The encoder of a pass on `ws`, with the batch's inputs already loaded: `forward(tower,
+    /// ws, keep)` eagerly when `keep` (stages are downloaded along the way) or in f32 mode, else
+    /// through the CUDA graph cache under `key` (without stages). Returns the stages and how it
+    /// ran.
+    fn encoder<S>(
+        &mut self,
+        ws: &mut Self::Workspace,
+        key: &GraphKey,
+        keep: bool,
+        mut forward: impl FnMut(&Self, &mut Self::Workspace, bool) -> Result<Option<S>, Self::Error>,
+    ) -> Result<(Option<S>, Ran), Self::Error> {
+        if keep || self.precision() != CudaPrecision::Bf16 {
+            return Ok((forward(self, ws, keep)?, Ran::Eager));
+        }
+        let mut graphs = self.passes_mut().take_graphs();
+        let dev = self.device().clone();
+        let this: &Self = self;
+        let r = graphs.run(&*dev, key, || forward(this, ws, false).map(|_| ()));
+        self.passes_mut().put_graphs(graphs);
+        Ok((None, r?))
+    }
+
+    /// Downloads the first `rows` rows (in the LM width) of the workspace's buffer `buf` (waits);
+    /// an error before any pass allocated a workspace.
+    fn download_rows(
+        &self,
+        rows: usize,
+        buf: impl FnOnce(&Self::Workspace) -> &DeviceBuffer<f32>,
+    ) -> Result<Vec<f32>, Self::Error> {
+        let ws = self
+            .passes()
+            .workspace()
+            .ok_or_else(|| Self::unsupported("rows() before run()".into()))?;
+        Ok(self
+            .device()
+            .download_prefix(buf(ws), rows * self.width())?)
+    }
 }

@@ -146,6 +146,13 @@ pub struct StepRows {
     pub newline_mask: Vec<bool>,
 }
 
+/// The rows alone, in the LM width (the mask and the crop split dropped).
+impl From<StepRows> for Vec<f32> {
+    fn from(r: StepRows) -> Vec<f32> {
+        r.rows
+    }
+}
+
 /// Activations of one kind of view (the global views, or the crop tiles), views concatenated
 /// in batch order, every tensor token-major in raster order.
 #[derive(Debug, Clone, Default)]

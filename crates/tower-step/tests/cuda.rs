@@ -5,6 +5,7 @@
 //! `--ignored` (`VT_FIXTURES` points at the fixtures when the compile-time path is absent).
 
 use gpu_core::host::rel_l2;
+use gpu_core::DeviceTower;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tower_step::cuda::{Device, GpuError};

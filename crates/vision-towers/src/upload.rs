@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 // gpu-core's CUDA context; the facade's public `Device` is where a tower runs (Auto/Cpu/Cuda(N)).
 use gpu_core::Device as CudaDevice;
-use gpu_core::GpuError;
+use gpu_core::{DeviceTower, GpuError};
 use tower_gemma::{GemmaCuda, GemmaTower, GgufActivation};
 use tower_glm5::{GlmCuda, GlmTower};
 use tower_step::{StepCuda, StepTower};

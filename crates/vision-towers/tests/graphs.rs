@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use vision_towers::gpu_core::{self, GraphStats, GraphStatus, Ran};
+use vision_towers::gpu_core::{self, DeviceTower, GraphStats, GraphStatus, Ran};
 use vision_towers::tower_gemma::{GemmaCuda, GemmaImage, GemmaTower};
 use vision_towers::tower_glm5::{GlmCuda, GlmImage, GlmTower};
 use vision_towers::tower_step::{CudaPrecision, StepCuda, StepImage, StepTower, StepView};

@@ -2,8 +2,8 @@
 //! gpu-core's kernels and cuBLASLt GEMMs, for many images of different sizes in one padding-free
 //! pass (one attention segment per image).
 //!
-//! **Architecture Invariant:** nothing is copied to the host inside [`GemmaCuda::run`]; only the
-//! stages (when asked) and the final rows ([`GemmaCuda::rows`]) come back.
+//! **Architecture Invariant:** nothing is copied to the host inside [`DeviceTower::run`]; only the
+//! stages (when asked) and the final rows ([`DeviceTower::rows`]) come back.
 //!
 //! Layout on the device:
 //! - linear weights in bf16 ([`CudaPrecision::Bf16`], the product mode) or f32
@@ -24,9 +24,9 @@
 use std::sync::Arc;
 
 use gpu_core::{
-    head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp,
-    DeviceBuffer, DeviceInputs, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs, GemmOutput,
-    GemmShape, GraphKey, GraphStats, GraphStatus, HostGemm, HostInputs, HostTensor, InputBuffers,
+    head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, split_rows, ActElem, Activation,
+    AttnArgs, Clamp, DeviceBuffer, DeviceInputs, DeviceTower, Epilogue, Gate, GemmBias, GemmBuffer,
+    GemmInputs, GemmOutput, GemmShape, GraphKey, HostGemm, HostInputs, HostTensor, InputBuffers,
     Mat, PassRunner, QkvSpec, Ran, RopeLayout, RopeSpec, RowsTarget, Stager, TensorStore,
 };
 
@@ -85,9 +85,10 @@ struct DevLayer {
     down_out: Clamp,
 }
 
-/// Buffers sized for up to `cap` tokens and `cap_p` pooled rows.
+/// The device buffers of a pass, sized for up to `cap` tokens and `cap_p` pooled rows (opaque:
+/// kept in the tower's [`PassRunner`] between calls).
 #[derive(Debug)]
-struct Workspace {
+pub struct Workspace {
     /// The fixed input buffers every forward reads (patch rows, positions, segments).
     inp: InputBuffers,
     cap: usize,
@@ -119,8 +120,8 @@ struct BatchMeta {
     key: GraphKey,
 }
 
-/// A batch of validated images prepared on the host ([`GemmaCuda::prepare_host`]), ready for
-/// [`GemmaCuda::stage`]; building one needs no device.
+/// A batch of validated images prepared on the host ([`DeviceTower::prepare_host`]), ready for
+/// [`DeviceTower::stage`]; building one needs no device.
 #[derive(Debug, Clone)]
 pub struct GemmaHostBatch {
     meta: BatchMeta,
@@ -411,28 +412,79 @@ impl GemmaCuda {
         &self.dev
     }
 
-    /// The precision the weights were uploaded in.
-    pub fn precision(&self) -> CudaPrecision {
-        self.precision
+    fn ensure_workspace(&mut self, n: usize, np: usize) -> CudaResult<()> {
+        if let Some(ws) = self.passes.workspace() {
+            if ws.cap >= n && ws.cap_p >= np {
+                return Ok(());
+            }
+        }
+        let (cap, cap_p) = match self.passes.workspace() {
+            Some(ws) => (ws.cap.max(n), ws.cap_p.max(np)),
+            None => (n, np),
+        };
+        let c = &self.cfg;
+        let (h, wp, mi) = (c.hidden, c.heads * self.kd, c.intermediate);
+        let d = &*self.dev;
+        let p = self.precision;
+        self.passes.regrow(|| -> CudaResult<Workspace> {
+            Ok(Workspace {
+                inp: InputBuffers::alloc(d, p, cap * c.patch_dim(), 2 * cap, cap + 1)?,
+                cap,
+                cap_p,
+                x: d.alloc(cap * h)?,
+                hn: GemmBuffer::alloc(d, p, cap * h)?,
+                qkv: GemmBuffer::alloc(d, p, cap * 3 * wp)?,
+                attn: GemmBuffer::alloc(d, p, cap * wp)?,
+                y: d.alloc(cap * h)?,
+                gu: GemmBuffer::alloc(d, p, cap * 2 * mi)?,
+                act: GemmBuffer::alloc(d, p, cap * mi)?,
+                pooled: d.alloc(cap_p * h)?,
+                std: d.alloc(cap_p * h)?,
+                normed: GemmBuffer::alloc(d, p, cap_p * h)?,
+                rows: d.alloc(cap_p * c.text_hidden)?,
+            })
+        })?;
+        Ok(())
     }
 
-    /// Dimensions and laws.
-    pub fn config(&self) -> &GemmaConfig {
-        &self.cfg
+    /// Gemma4MultimodalEmbedder's projection of the normed soft tokens to the LM width, into
+    /// `out` or the workspace's rows.
+    fn project(
+        &self,
+        ws: &mut Workspace,
+        batch: &BatchMeta,
+        out: Option<RowsTarget<'_>>,
+    ) -> CudaResult<()> {
+        let c = &self.cfg;
+        let y = match out {
+            Some(t) => GemmOutput::Rows(t),
+            None => GemmOutput::F32(&mut ws.rows),
+        };
+        self.dev.gemm(
+            GemmBuffer::inputs(&ws.normed, &self.proj)?,
+            None,
+            y,
+            GemmShape::dense(batch.pooled_rows, c.text_hidden, c.hidden),
+            Epilogue::None,
+        )?;
+        Ok(())
     }
+}
 
-    /// Validates `images` (dropping padding rows) and uploads pixels, positions and segments.
-    pub fn prepare(&self, images: &[GemmaImage<'_>]) -> CudaResult<GemmaBatch> {
-        let host = GemmaCuda::prepare_host(&self.cfg, self.precision, images)?;
-        Ok(GemmaBatch {
-            inputs: self.dev.upload_inputs(&host.inputs)?,
-            meta: host.meta,
-        })
-    }
+impl DeviceTower for GemmaCuda {
+    type Config = GemmaConfig;
+    type Image<'a> = GemmaImage<'a>;
+    type HostBatch = GemmaHostBatch;
+    type Batch = GemmaBatch;
+    type Error = CudaError;
+    type Workspace = Workspace;
+    type Stages = GemmaStages;
+    /// `[n_i, text_hidden]` per image.
+    type Rows = Vec<f32>;
 
-    /// The host half of [`GemmaCuda::prepare`] for a tower of `cfg` in `precision`: validation,
-    /// patch rows in the GEMM precision, positions and segments, with no device involved.
-    pub fn prepare_host(
+    /// Validation (dropping padding rows), patch rows in the GEMM precision, positions and
+    /// segments, with no device involved.
+    fn prepare_host(
         cfg: &GemmaConfig,
         precision: CudaPrecision,
         images: &[GemmaImage<'_>],
@@ -486,128 +538,31 @@ impl GemmaCuda {
         })
     }
 
-    /// Queues the upload of a host-prepared batch from page-locked memory on a copy stream of
-    /// its own and returns at once: the copy overlaps whatever the device is running. The batch
-    /// stays valid until two more are staged ([`gpu_core::UPLOAD_SLOTS`]).
-    pub fn stage(&mut self, host: GemmaHostBatch) -> CudaResult<GemmaBatch> {
+    fn rows_per_image(batch: &GemmaHostBatch) -> Vec<usize> {
+        batch.meta.rows_per.clone()
+    }
+
+    fn upload_with(
+        host: GemmaHostBatch,
+        upload: impl FnOnce(&HostInputs) -> Result<DeviceInputs, GpuError>,
+    ) -> CudaResult<GemmaBatch> {
         Ok(GemmaBatch {
-            inputs: self.passes.stage(&self.dev, self.precision, &host.inputs)?,
+            inputs: upload(&host.inputs)?,
             meta: host.meta,
         })
     }
 
-    /// Turns CUDA graphs of the bf16 forward on (the default) or off (every forward eager).
-    pub fn set_graphs(&mut self, on: bool) {
-        self.passes.set_graphs(on);
+    fn batch_rows(batch: &GemmaBatch) -> usize {
+        batch.meta.pooled_rows
     }
 
-    /// Whether CUDA graphs are used and, if a capture failed, why not.
-    pub fn graph_status(&self) -> &GraphStatus {
-        self.passes.graph_status()
+    fn grow(&mut self, batch: &GemmaBatch, _keep: bool) -> CudaResult<()> {
+        self.ensure_workspace(batch.meta.n, batch.meta.pooled_rows)
     }
 
-    /// What the graph cache did so far (captures, replays, eager forwards).
-    pub fn graph_stats(&self) -> GraphStats {
-        self.passes.graph_stats()
-    }
-
-    fn ensure_workspace(&mut self, n: usize, np: usize) -> CudaResult<()> {
-        if let Some(ws) = self.passes.workspace() {
-            if ws.cap >= n && ws.cap_p >= np {
-                return Ok(());
-            }
-        }
-        let (cap, cap_p) = match self.passes.workspace() {
-            Some(ws) => (ws.cap.max(n), ws.cap_p.max(np)),
-            None => (n, np),
-        };
-        let c = &self.cfg;
-        let (h, wp, mi) = (c.hidden, c.heads * self.kd, c.intermediate);
-        let d = &*self.dev;
-        let p = self.precision;
-        self.passes.regrow(|| -> CudaResult<Workspace> {
-            Ok(Workspace {
-                inp: InputBuffers::alloc(d, p, cap * c.patch_dim(), 2 * cap, cap + 1)?,
-                cap,
-                cap_p,
-                x: d.alloc(cap * h)?,
-                hn: GemmBuffer::alloc(d, p, cap * h)?,
-                qkv: GemmBuffer::alloc(d, p, cap * 3 * wp)?,
-                attn: GemmBuffer::alloc(d, p, cap * wp)?,
-                y: d.alloc(cap * h)?,
-                gu: GemmBuffer::alloc(d, p, cap * 2 * mi)?,
-                act: GemmBuffer::alloc(d, p, cap * mi)?,
-                pooled: d.alloc(cap_p * h)?,
-                std: d.alloc(cap_p * h)?,
-                normed: GemmBuffer::alloc(d, p, cap_p * h)?,
-                rows: d.alloc(cap_p * c.text_hidden)?,
-            })
-        })?;
-        Ok(())
-    }
-
-    /// Runs the whole forward on `batch` on the device; the rows stay there ([`GemmaCuda::rows`]).
-    /// With `keep_stages` the stage activations are downloaded as they are produced.
-    ///
-    /// The inputs are first copied into fixed device buffers (a staged batch's after its upload
-    /// finished, on the device); then in bf16 mode without stages the forward goes through the
-    /// CUDA graph cache ([`gpu_core::Graphs`]: eager the first time a layout is seen, captured
-    /// the second, replayed after), else it runs eagerly.
-    pub fn run(
-        &mut self,
-        batch: &GemmaBatch,
-        keep_stages: bool,
-    ) -> CudaResult<Option<GemmaStages>> {
-        self.run_graphed(batch, keep_stages).map(|(s, _)| s)
-    }
-
-    /// [`GemmaCuda::run`], also saying how the forward ran.
-    pub fn run_graphed(
-        &mut self,
-        batch: &GemmaBatch,
-        keep_stages: bool,
-    ) -> CudaResult<(Option<GemmaStages>, Ran)> {
-        self.with_workspace(batch, |t, ws| t.run_ws(ws, batch, keep_stages, None))
-    }
-
-    /// Runs the forward on `batch` and writes its rows, `[pooled_rows, text_hidden]` image after
-    /// image, into `out` (a caller's or library-owned buffer, f32 or bf16) instead of the
-    /// workspace: the projection to the LM width writes there directly, after the (graphed)
-    /// encoder. Queued on the device's stream; returns how the encoder ran.
-    pub fn run_into(&mut self, batch: &GemmaBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
-        let need = batch.meta.pooled_rows * self.cfg.text_hidden;
-        if out.len() != need {
-            return Err(CudaError::Unsupported(format!(
-                "a rows target of {} elements for {} rows of {}",
-                out.len(),
-                batch.meta.pooled_rows,
-                self.cfg.text_hidden
-            )));
-        }
-        self.with_workspace(batch, |t, ws| t.run_ws(ws, batch, false, Some(out)))
-            .map(|(_, ran)| ran)
-    }
-
-    /// Calls `f` with the workspace, grown for `batch` first.
-    fn with_workspace<R>(
-        &mut self,
-        batch: &GemmaBatch,
-        f: impl FnOnce(&mut Self, &mut Workspace) -> CudaResult<R>,
-    ) -> CudaResult<R> {
-        self.ensure_workspace(batch.meta.n, batch.meta.pooled_rows)?;
-        let mut ws = self
-            .passes
-            .take_workspace()
-            .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
-        let r = f(self, &mut ws);
-        self.passes.put_workspace(ws);
-        r
-    }
-
-    /// The forward on `ws`: the encoder (graphed in bf16 without stages), then the projection
-    /// into `out` (the workspace's rows when `None`), outside any graph since `out` changes from
-    /// call to call.
-    fn run_ws(
+    /// The encoder (graphed in bf16 without stages), then the projection into `out` (the
+    /// workspace's rows when `None`), outside any graph since `out` changes from call to call.
+    fn pass(
         &mut self,
         ws: &mut Workspace,
         batch: &GemmaBatch,
@@ -616,17 +571,9 @@ impl GemmaCuda {
     ) -> CudaResult<(Option<GemmaStages>, Ran)> {
         self.passes
             .load_inputs(&self.dev, &batch.inputs, &mut ws.inp)?;
-        let (mut stages, ran) = if keep || self.precision != CudaPrecision::Bf16 {
-            (self.run_in(ws, &batch.meta, keep)?, Ran::Eager)
-        } else {
-            let mut graphs = self.passes.take_graphs();
-            let dev = self.dev.clone();
-            let r = graphs.run(&*dev, &batch.meta.key, || {
-                self.run_in(ws, &batch.meta, false).map(|_| ())
-            });
-            self.passes.put_graphs(graphs);
-            (None, r?)
-        };
+        let (mut stages, ran) = self.encoder(ws, &batch.meta.key, keep, |t, ws, keep| {
+            t.run_in(ws, &batch.meta, keep)
+        })?;
         self.project(ws, &batch.meta, out)?;
         if let Some(s) = stages.as_mut() {
             s.rows = self
@@ -636,109 +583,22 @@ impl GemmaCuda {
         Ok((stages, ran))
     }
 
-    /// Gemma4MultimodalEmbedder's projection of the normed soft tokens to the LM width, into
-    /// `out` or the workspace's rows.
-    fn project(
-        &self,
-        ws: &mut Workspace,
-        batch: &BatchMeta,
-        out: Option<RowsTarget<'_>>,
-    ) -> CudaResult<()> {
-        let c = &self.cfg;
-        let y = match out {
-            Some(t) => GemmOutput::Rows(t),
-            None => GemmOutput::F32(&mut ws.rows),
-        };
-        self.dev.gemm(
-            GemmBuffer::inputs(&ws.normed, &self.proj)?,
-            None,
-            y,
-            GemmShape::dense(batch.pooled_rows, c.text_hidden, c.hidden),
-            Epilogue::None,
-        )?;
-        Ok(())
+    /// One `[n_i, text_hidden]` per image.
+    fn rows(&self, batch: &GemmaBatch) -> CudaResult<Vec<Vec<f32>>> {
+        let all = self.download_rows(batch.meta.pooled_rows, |ws| &ws.rows)?;
+        Ok(split_rows(&all, &batch.meta.rows_per, self.cfg.text_hidden))
     }
 
-    /// Downloads the rows of the last [`GemmaCuda::run`] on `batch`, one `[n_i, text_hidden]` per image.
-    pub fn rows(&self, batch: &GemmaBatch) -> CudaResult<Vec<Vec<f32>>> {
-        let ws = self
-            .passes
-            .workspace()
-            .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
-        let t = self.cfg.text_hidden;
-        let all = self
-            .dev
-            .download_prefix(&ws.rows, batch.meta.pooled_rows * t)?;
-        let mut out = Vec::with_capacity(batch.meta.rows_per.len());
-        let mut start = 0;
-        for &np in &batch.meta.rows_per {
-            out.push(all[start * t..(start + np) * t].to_vec());
-            start += np;
-        }
-        Ok(out)
+    fn unsupported(what: String) -> CudaError {
+        CudaError::Unsupported(what)
     }
 
-    /// [`GemmaCuda::prepare`], [`GemmaCuda::run`] and [`GemmaCuda::rows`] in one call.
-    pub fn encode(
-        &mut self,
-        images: &[GemmaImage<'_>],
-        keep_stages: bool,
-    ) -> CudaResult<(Vec<Vec<f32>>, Option<GemmaStages>)> {
-        let batch = self.prepare(images)?;
-        let stages = self.run(&batch, keep_stages)?;
-        Ok((self.rows(&batch)?, stages))
-    }
-}
-
-impl gpu_core::DeviceTower for GemmaCuda {
-    type Config = GemmaConfig;
-    type Image<'a> = GemmaImage<'a>;
-    type HostBatch = GemmaHostBatch;
-    type Batch = GemmaBatch;
-    type Error = CudaError;
-
-    fn prepare_host(
-        config: &GemmaConfig,
-        precision: CudaPrecision,
-        images: &[GemmaImage<'_>],
-    ) -> CudaResult<GemmaHostBatch> {
-        GemmaCuda::prepare_host(config, precision, images)
+    fn config(&self) -> &GemmaConfig {
+        &self.cfg
     }
 
-    fn rows_per_image(batch: &GemmaHostBatch) -> Vec<usize> {
-        batch.meta.rows_per.clone()
-    }
-
-    fn prepare(&self, images: &[GemmaImage<'_>]) -> CudaResult<GemmaBatch> {
-        GemmaCuda::prepare(self, images)
-    }
-
-    fn stage(&mut self, host: GemmaHostBatch) -> CudaResult<GemmaBatch> {
-        GemmaCuda::stage(self, host)
-    }
-
-    fn run_pass(&mut self, batch: &GemmaBatch) -> CudaResult<()> {
-        GemmaCuda::run(self, batch, false).map(|_| ())
-    }
-
-    fn pass_rows(&self, batch: &GemmaBatch) -> CudaResult<Vec<Vec<f32>>> {
-        GemmaCuda::rows(self, batch)
-    }
-
-    fn set_graphs(&mut self, on: bool) {
-        GemmaCuda::set_graphs(self, on)
-    }
-
-    fn graph_status(&self) -> &GraphStatus {
-        GemmaCuda::graph_status(self)
-    }
-
-    fn graph_stats(&self) -> GraphStats {
-        GemmaCuda::graph_stats(self)
-    }
-
-    fn run_into(&mut self, batch: &GemmaBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
-        GemmaCuda::run_into(self, batch, out)
+    fn precision(&self) -> CudaPrecision {
+        self.precision
     }
 
     fn width(&self) -> usize {
@@ -747,6 +607,14 @@ impl gpu_core::DeviceTower for GemmaCuda {
 
     fn device(&self) -> &Arc<Device> {
         &self.dev
+    }
+
+    fn passes(&self) -> &PassRunner<Workspace> {
+        &self.passes
+    }
+
+    fn passes_mut(&mut self) -> &mut PassRunner<Workspace> {
+        &mut self.passes
     }
 }
 

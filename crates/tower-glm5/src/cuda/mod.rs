@@ -2,8 +2,8 @@
 //! [`crate::forward_host`], on gpu-core's kernels and cuBLASLt GEMMs, for many images (and video
 //! frame pairs) of different sizes in one padding-free pass (one attention segment per frame).
 //!
-//! **Architecture Invariant:** nothing is copied to the host inside [`GlmCuda::run`]; only the
-//! stages (when asked) and the final rows ([`GlmCuda::rows`]) come back.
+//! **Architecture Invariant:** nothing is copied to the host inside [`DeviceTower::run`]; only the
+//! stages (when asked) and the final rows ([`DeviceTower::rows`]) come back.
 //!
 //! Layout on the device:
 //! - linear weights in bf16 ([`CudaPrecision::Bf16`], the product mode) or f32
@@ -26,9 +26,9 @@
 use std::sync::Arc;
 
 use gpu_core::{
-    bf16, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, ActElem, Activation, AttnArgs,
-    Clamp, DeviceBuffer, DeviceInputs, Epilogue, Gate, GemmBias, GemmBuffer, GemmInputs,
-    GemmOutput, GemmShape, GraphKey, GraphStats, GraphStatus, HostGemm, HostInputs, HostTensor,
+    bf16, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, split_rows, ActElem,
+    Activation, AttnArgs, Clamp, DeviceBuffer, DeviceInputs, DeviceTower, Epilogue, Gate, GemmBias,
+    GemmBuffer, GemmInputs, GemmOutput, GemmShape, GraphKey, HostGemm, HostInputs, HostTensor,
     InputBuffers, Mat, PassRunner, QkvSpec, Ran, RopeLayout, RopeSpec, RowsTarget, Stager,
     TensorStore,
 };
@@ -90,9 +90,10 @@ struct DevBlock {
     down_b: Option<DeviceBuffer<f32>>,
 }
 
-/// Buffers sized for up to `cap` tokens and `cap_p` merged rows.
+/// The device buffers of a pass, sized for up to `cap` tokens and `cap_p` merged rows (opaque:
+/// kept in the tower's [`PassRunner`] between calls).
 #[derive(Debug)]
-struct Workspace {
+pub struct Workspace {
     /// The fixed input buffers every forward reads (patch rows, positions, segments).
     inp: InputBuffers,
     cap: usize,
@@ -134,8 +135,8 @@ impl BatchMeta {
     }
 }
 
-/// A batch of validated images prepared on the host ([`GlmCuda::prepare_host`]), ready for
-/// [`GlmCuda::stage`]; building one needs no device.
+/// A batch of validated images prepared on the host ([`DeviceTower::prepare_host`]), ready for
+/// [`DeviceTower::stage`]; building one needs no device.
 #[derive(Debug, Clone)]
 pub struct GlmHostBatch {
     meta: BatchMeta,
@@ -415,91 +416,6 @@ impl GlmCuda {
         &self.dev
     }
 
-    /// The precision the weights were uploaded in.
-    pub fn precision(&self) -> CudaPrecision {
-        self.precision
-    }
-
-    /// Dimensions and laws.
-    pub fn config(&self) -> &GlmConfig {
-        &self.cfg
-    }
-
-    /// Validates `images` (the host path's checks) and uploads pixels, rope positions
-    /// (`vision_positions`) and the attention segments (`vision_cu_seqlens`, one per frame pair).
-    pub fn prepare(&self, images: &[GlmImage<'_>]) -> CudaResult<GlmBatch> {
-        let host = GlmCuda::prepare_host(&self.cfg, self.precision, images)?;
-        Ok(GlmBatch {
-            inputs: self.dev.upload_inputs(&host.inputs)?,
-            meta: host.meta,
-        })
-    }
-
-    /// The host half of [`GlmCuda::prepare`] for a tower of `cfg` in `precision`: validation,
-    /// patch rows in the GEMM precision, positions and segments, with no device involved.
-    pub fn prepare_host(
-        cfg: &GlmConfig,
-        precision: CudaPrecision,
-        images: &[GlmImage<'_>],
-    ) -> CudaResult<GlmHostBatch> {
-        if images.is_empty() {
-            return Err(GlmError::Input("no images".into()).into());
-        }
-        let rows = images
-            .iter()
-            .enumerate()
-            .map(|(i, img)| validate(cfg, img, i))
-            .collect::<Result<Vec<_>, GlmError>>()?;
-        let grids: Vec<[usize; 3]> = images.iter().map(|i| i.grid_thw).collect();
-        let cu = vision_cu_seqlens(&grids)?;
-        let mut pos = Vec::new();
-        for img in images {
-            pos.extend(vision_positions(img.grid_thw, cfg.merge));
-        }
-        let parts: Vec<&[f32]> = images.iter().map(|i| i.patches).collect();
-        let unit = cfg.merge_unit();
-        let mut layout: Vec<usize> = cu.iter().map(|&c| c as usize).collect();
-        layout.extend(grids.iter().flatten());
-        Ok(GlmHostBatch {
-            meta: BatchMeta {
-                n: pos.len() / 2,
-                cu: cu.clone(),
-                rows_per: rows.iter().map(|r| r / unit).collect(),
-                key: GraphKey { precision, layout },
-            },
-            inputs: HostInputs {
-                rows: HostGemm::from_f32_parts(precision, &parts),
-                pos,
-                cu,
-            },
-        })
-    }
-
-    /// Queues the upload of a host-prepared batch from page-locked memory on a copy stream of
-    /// its own and returns at once: the copy overlaps whatever the device is running. The batch
-    /// stays valid until two more are staged ([`gpu_core::UPLOAD_SLOTS`]).
-    pub fn stage(&mut self, host: GlmHostBatch) -> CudaResult<GlmBatch> {
-        Ok(GlmBatch {
-            inputs: self.passes.stage(&self.dev, self.precision, &host.inputs)?,
-            meta: host.meta,
-        })
-    }
-
-    /// Turns CUDA graphs of the bf16 forward on (the default) or off (every forward eager).
-    pub fn set_graphs(&mut self, on: bool) {
-        self.passes.set_graphs(on);
-    }
-
-    /// Whether CUDA graphs are used and, if a capture failed, why not.
-    pub fn graph_status(&self) -> &GraphStatus {
-        self.passes.graph_status()
-    }
-
-    /// What the graph cache did so far (captures, replays, eager forwards).
-    pub fn graph_stats(&self) -> GraphStats {
-        self.passes.graph_stats()
-    }
-
     fn ensure_workspace(&mut self, n: usize, np: usize, keep: bool) -> CudaResult<()> {
         if let Some(ws) = self.passes.workspace() {
             if ws.cap >= n && ws.cap_p >= np && (!keep || ws.stage.is_some()) {
@@ -551,95 +467,6 @@ impl GlmCuda {
         Ok(())
     }
 
-    /// Runs the whole forward on `batch` on the device; the rows stay there ([`GlmCuda::rows`]).
-    /// With `keep_stages` the stage activations are downloaded as they are produced.
-    ///
-    /// The inputs are first copied into fixed device buffers (a staged batch's after its upload
-    /// finished, on the device); then in bf16 mode without stages the forward goes through the
-    /// CUDA graph cache ([`gpu_core::Graphs`]: eager the first time a layout is seen, captured
-    /// the second, replayed after), else it runs eagerly.
-    pub fn run(&mut self, batch: &GlmBatch, keep_stages: bool) -> CudaResult<Option<GlmStages>> {
-        self.run_graphed(batch, keep_stages).map(|(s, _)| s)
-    }
-
-    /// [`GlmCuda::run`], also saying how the forward ran.
-    pub fn run_graphed(
-        &mut self,
-        batch: &GlmBatch,
-        keep_stages: bool,
-    ) -> CudaResult<(Option<GlmStages>, Ran)> {
-        self.with_workspace(batch, keep_stages, |t, ws| {
-            t.run_ws(ws, batch, keep_stages, None)
-        })
-    }
-
-    /// Runs the forward on `batch` and writes its rows, `[merged_rows, text_hidden]` image after
-    /// image, into `out` (a caller's or library-owned buffer, f32 or bf16) instead of the
-    /// workspace: the merger's last GEMM writes there directly, after the (graphed) rest of the
-    /// tower. Queued on the device's stream; returns how the tower ran.
-    pub fn run_into(&mut self, batch: &GlmBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
-        let need = batch.merged_rows() * self.cfg.text_hidden;
-        if out.len() != need {
-            return Err(CudaError::Unsupported(format!(
-                "a rows target of {} elements for {} rows of {}",
-                out.len(),
-                batch.merged_rows(),
-                self.cfg.text_hidden
-            )));
-        }
-        self.with_workspace(batch, false, |t, ws| t.run_ws(ws, batch, false, Some(out)))
-            .map(|(_, ran)| ran)
-    }
-
-    /// Calls `f` with the workspace, grown for `batch` first.
-    fn with_workspace<R>(
-        &mut self,
-        batch: &GlmBatch,
-        keep: bool,
-        f: impl FnOnce(&mut Self, &mut Workspace) -> CudaResult<R>,
-    ) -> CudaResult<R> {
-        self.ensure_workspace(batch.meta.n, batch.merged_rows(), keep)?;
-        let mut ws = self
-            .passes
-            .take_workspace()
-            .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
-        let r = f(self, &mut ws);
-        self.passes.put_workspace(ws);
-        r
-    }
-
-    /// The forward on `ws`: everything up to the merger's down projection (graphed in bf16
-    /// without stages), then that projection into `out` (the workspace's rows when `None`),
-    /// outside any graph since `out` changes from call to call.
-    fn run_ws(
-        &mut self,
-        ws: &mut Workspace,
-        batch: &GlmBatch,
-        keep: bool,
-        out: Option<RowsTarget<'_>>,
-    ) -> CudaResult<(Option<GlmStages>, Ran)> {
-        self.passes
-            .load_inputs(&self.dev, &batch.inputs, &mut ws.inp)?;
-        let (mut stages, ran) = if keep || self.precision != CudaPrecision::Bf16 {
-            (self.run_in(ws, &batch.meta, keep)?, Ran::Eager)
-        } else {
-            let mut graphs = self.passes.take_graphs();
-            let dev = self.dev.clone();
-            let r = graphs.run(&*dev, &batch.meta.key, || {
-                self.run_in(ws, &batch.meta, false).map(|_| ())
-            });
-            self.passes.put_graphs(graphs);
-            (None, r?)
-        };
-        self.project(ws, &batch.meta, out)?;
-        if let Some(s) = stages.as_mut() {
-            s.rows = self
-                .dev
-                .download_prefix(&ws.rows, batch.meta.merged_rows() * self.cfg.text_hidden)?;
-        }
-        Ok((stages, ran))
-    }
-
     /// The merger's down projection (SwiGLU output → LM width), into `out` or the workspace's
     /// rows.
     fn project(
@@ -662,87 +489,122 @@ impl GlmCuda {
         )?;
         Ok(())
     }
-
-    /// Downloads the rows of the last [`GlmCuda::run`] on `batch`, one `[n_i/m², text_hidden]` per image.
-    pub fn rows(&self, batch: &GlmBatch) -> CudaResult<Vec<Vec<f32>>> {
-        let ws = self
-            .passes
-            .workspace()
-            .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
-        let o = self.cfg.text_hidden;
-        let all = self
-            .dev
-            .download_prefix(&ws.rows, batch.merged_rows() * o)?;
-        let mut out = Vec::with_capacity(batch.meta.rows_per.len());
-        let mut start = 0;
-        for &r in &batch.meta.rows_per {
-            out.push(all[start * o..(start + r) * o].to_vec());
-            start += r;
-        }
-        Ok(out)
-    }
-
-    /// [`GlmCuda::prepare`], [`GlmCuda::run`] and [`GlmCuda::rows`] in one call.
-    pub fn encode(
-        &mut self,
-        images: &[GlmImage<'_>],
-        keep_stages: bool,
-    ) -> CudaResult<(Vec<Vec<f32>>, Option<GlmStages>)> {
-        let batch = self.prepare(images)?;
-        let stages = self.run(&batch, keep_stages)?;
-        Ok((self.rows(&batch)?, stages))
-    }
 }
 
-impl gpu_core::DeviceTower for GlmCuda {
+impl DeviceTower for GlmCuda {
     type Config = GlmConfig;
     type Image<'a> = GlmImage<'a>;
     type HostBatch = GlmHostBatch;
     type Batch = GlmBatch;
     type Error = CudaError;
+    type Workspace = Workspace;
+    type Stages = GlmStages;
+    /// `[n_i/m², text_hidden]` per image.
+    type Rows = Vec<f32>;
 
+    /// Validation (the host path's checks), patch rows in the GEMM precision, rope positions
+    /// (`vision_positions`) and the attention segments (`vision_cu_seqlens`, one per frame
+    /// pair), with no device involved.
     fn prepare_host(
-        config: &GlmConfig,
+        cfg: &GlmConfig,
         precision: CudaPrecision,
         images: &[GlmImage<'_>],
     ) -> CudaResult<GlmHostBatch> {
-        GlmCuda::prepare_host(config, precision, images)
+        if images.is_empty() {
+            return Err(GlmError::Input("no images".into()).into());
+        }
+        let rows = images
+            .iter()
+            .enumerate()
+            .map(|(i, img)| validate(cfg, img, i))
+            .collect::<Result<Vec<_>, GlmError>>()?;
+        let grids: Vec<[usize; 3]> = images.iter().map(|i| i.grid_thw).collect();
+        let cu = vision_cu_seqlens(&grids)?;
+        let mut pos = Vec::new();
+        for img in images {
+            pos.extend(vision_positions(img.grid_thw, cfg.merge));
+        }
+        let parts: Vec<&[f32]> = images.iter().map(|i| i.patches).collect();
+        let unit = cfg.merge_unit();
+        let mut layout: Vec<usize> = cu.iter().map(|&c| c as usize).collect();
+        layout.extend(grids.iter().flatten());
+        Ok(GlmHostBatch {
+            meta: BatchMeta {
+                n: pos.len() / 2,
+                cu: cu.clone(),
+                rows_per: rows.iter().map(|r| r / unit).collect(),
+                key: GraphKey { precision, layout },
+            },
+            inputs: HostInputs {
+                rows: HostGemm::from_f32_parts(precision, &parts),
+                pos,
+                cu,
+            },
+        })
     }
 
     fn rows_per_image(batch: &GlmHostBatch) -> Vec<usize> {
         batch.meta.rows_per.clone()
     }
 
-    fn prepare(&self, images: &[GlmImage<'_>]) -> CudaResult<GlmBatch> {
-        GlmCuda::prepare(self, images)
+    fn upload_with(
+        host: GlmHostBatch,
+        upload: impl FnOnce(&HostInputs) -> Result<DeviceInputs, GpuError>,
+    ) -> CudaResult<GlmBatch> {
+        Ok(GlmBatch {
+            inputs: upload(&host.inputs)?,
+            meta: host.meta,
+        })
     }
 
-    fn stage(&mut self, host: GlmHostBatch) -> CudaResult<GlmBatch> {
-        GlmCuda::stage(self, host)
+    fn batch_rows(batch: &GlmBatch) -> usize {
+        batch.merged_rows()
     }
 
-    fn run_pass(&mut self, batch: &GlmBatch) -> CudaResult<()> {
-        GlmCuda::run(self, batch, false).map(|_| ())
+    fn grow(&mut self, batch: &GlmBatch, keep: bool) -> CudaResult<()> {
+        self.ensure_workspace(batch.meta.n, batch.merged_rows(), keep)
     }
 
-    fn pass_rows(&self, batch: &GlmBatch) -> CudaResult<Vec<Vec<f32>>> {
-        GlmCuda::rows(self, batch)
+    /// Everything up to the merger's down projection (graphed in bf16 without stages), then
+    /// that projection into `out` (the workspace's rows when `None`), outside any graph since
+    /// `out` changes from call to call.
+    fn pass(
+        &mut self,
+        ws: &mut Workspace,
+        batch: &GlmBatch,
+        keep: bool,
+        out: Option<RowsTarget<'_>>,
+    ) -> CudaResult<(Option<GlmStages>, Ran)> {
+        self.passes
+            .load_inputs(&self.dev, &batch.inputs, &mut ws.inp)?;
+        let (mut stages, ran) = self.encoder(ws, &batch.meta.key, keep, |t, ws, keep| {
+            t.run_in(ws, &batch.meta, keep)
+        })?;
+        self.project(ws, &batch.meta, out)?;
+        if let Some(s) = stages.as_mut() {
+            s.rows = self
+                .dev
+                .download_prefix(&ws.rows, batch.meta.merged_rows() * self.cfg.text_hidden)?;
+        }
+        Ok((stages, ran))
     }
 
-    fn set_graphs(&mut self, on: bool) {
-        GlmCuda::set_graphs(self, on)
+    /// One `[n_i/m², text_hidden]` per image.
+    fn rows(&self, batch: &GlmBatch) -> CudaResult<Vec<Vec<f32>>> {
+        let all = self.download_rows(batch.merged_rows(), |ws| &ws.rows)?;
+        Ok(split_rows(&all, &batch.meta.rows_per, self.cfg.text_hidden))
     }
 
-    fn graph_status(&self) -> &GraphStatus {
-        GlmCuda::graph_status(self)
+    fn unsupported(what: String) -> CudaError {
+        CudaError::Unsupported(what)
     }
 
-    fn graph_stats(&self) -> GraphStats {
-        GlmCuda::graph_stats(self)
+    fn config(&self) -> &GlmConfig {
+        &self.cfg
     }
 
-    fn run_into(&mut self, batch: &GlmBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
-        GlmCuda::run_into(self, batch, out)
+    fn precision(&self) -> CudaPrecision {
+        self.precision
     }
 
     fn width(&self) -> usize {
@@ -751,6 +613,14 @@ impl gpu_core::DeviceTower for GlmCuda {
 
     fn device(&self) -> &Arc<Device> {
         &self.dev
+    }
+
+    fn passes(&self) -> &PassRunner<Workspace> {
+        &self.passes
+    }
+
+    fn passes_mut(&mut self) -> &mut PassRunner<Workspace> {
+        &mut self.passes
     }
 }
 

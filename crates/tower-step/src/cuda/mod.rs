@@ -2,8 +2,8 @@
 //! gpu-core's kernels and cuBLASLt GEMMs, for every view (crop tiles and global views) of many
 //! images in one padding-free pass (one attention segment per view).
 //!
-//! **Architecture Invariant:** nothing is copied to the host inside [`StepCuda::run`]; only the
-//! stages (when asked) and the final rows ([`StepCuda::rows`]) come back.
+//! **Architecture Invariant:** nothing is copied to the host inside [`DeviceTower::run`]; only the
+//! stages (when asked) and the final rows ([`DeviceTower::rows`]) come back.
 //!
 //! Layout on the device:
 //! - linear weights in bf16 ([`CudaPrecision::Bf16`], the product mode) or f32
@@ -23,7 +23,7 @@
 //!   3×3 stride-2 convolutions then run once per grid size over all its views, as im2col + GEMM.
 //!   bf16: gpu-core's `im2col_3x3s2` (columns (c, ky, kx), the checkpoint's weight as is); f32:
 //!   strided copies with the weight's columns permuted to (ky, kx, c) at upload (gpu-core's
-//!   im2col is bf16 only). Rows come back in upstream order ([`StepCuda::rows`]);
+//!   im2col is bf16 only). Rows come back in upstream order ([`DeviceTower::rows`]);
 //! - bf16 mode: head dims the tensor-core attention kernels lack (they exist for 64, 72, 96; the
 //!   fixtures' mini towers have 16) are zero-padded to the next one: zero q/k/v weight rows and
 //!   biases, zero out_proj columns, so the padded lanes contribute exact zeros.
@@ -31,9 +31,9 @@ use std::sync::Arc;
 
 use gpu_core::{
     bf16, conv3x3s2_out, head_groups, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp,
-    DeviceBuffer, DeviceInputs, Epilogue, GemmBias, GemmBuffer, GemmOutput, GemmShape, GraphKey,
-    GraphStats, GraphStatus, HostGemm, HostInputs, InputBuffers, Mat, PassRunner, QkvSpec, Ran,
-    RopeLayout, RopeSpec, RowsTarget, Stager, TensorStore,
+    DeviceBuffer, DeviceInputs, DeviceTower, Epilogue, GemmBias, GemmBuffer, GemmOutput, GemmShape,
+    GraphKey, HostGemm, HostInputs, InputBuffers, Mat, PassRunner, QkvSpec, Ran, RopeLayout,
+    RopeSpec, RowsTarget, Stager, TensorStore,
 };
 
 use crate::config::StepConfig;
@@ -96,8 +96,8 @@ struct DevLayer {
     fc2_b: DeviceBuffer<f32>,
 }
 
-/// A batch of validated views prepared on the host ([`StepCuda::prepare_host`]): patch rows in
-/// the GEMM precision, rope positions and attention segments, ready for [`StepCuda::stage`].
+/// A batch of validated views prepared on the host ([`DeviceTower::prepare_host`]): patch rows in
+/// the GEMM precision, rope positions and attention segments, ready for [`DeviceTower::stage`].
 /// Building one needs no device, so it can run on another thread while the device works.
 #[derive(Debug, Clone)]
 pub struct StepHostBatch {
@@ -151,9 +151,10 @@ impl StepBatch {
     }
 }
 
-/// Buffers sized for up to `cap` tokens, `cap1`/`cap2` downsampler rows.
+/// The device buffers of a pass, sized for up to `cap` tokens, `cap1`/`cap2` downsampler rows
+/// (opaque: kept in the tower's [`PassRunner`] between calls).
 #[derive(Debug)]
-struct Workspace {
+pub struct Workspace {
     /// The fixed input buffers every forward reads (patch rows, positions, segments).
     inp: InputBuffers,
     cap: usize,
@@ -358,107 +359,6 @@ impl StepCuda {
         &self.dev
     }
 
-    /// The precision the weights were uploaded in.
-    pub fn precision(&self) -> CudaPrecision {
-        self.precision
-    }
-
-    /// Dimensions and laws.
-    pub fn config(&self) -> &StepConfig {
-        &self.cfg
-    }
-
-    /// Validates `images` (the host path's checks) and uploads every view's patch rows, rope
-    /// positions and attention segment, views grouped by grid size (see the module docs).
-    pub fn prepare(&self, images: &[StepImage<'_>]) -> CudaResult<StepBatch> {
-        let host = StepCuda::prepare_host(&self.cfg, self.precision, images)?;
-        Ok(StepBatch {
-            inputs: self.dev.upload_inputs(&host.inputs)?,
-            meta: host.meta,
-        })
-    }
-
-    /// The host half of [`StepCuda::prepare`] for a tower of `cfg` in `precision`: validation,
-    /// patch rows (in the GEMM precision), positions and segments, with no device involved.
-    pub fn prepare_host(
-        cfg: &StepConfig,
-        precision: CudaPrecision,
-        images: &[StepImage<'_>],
-    ) -> CudaResult<StepHostBatch> {
-        let grids = validate_images(cfg, images)?;
-        if grids.is_empty() {
-            return Err(StepError::Input("no images".into()).into());
-        }
-        let plan = ViewPlan::new(&grids)?;
-        let mut pos = Vec::new();
-        for &i in &plan.order {
-            pos.extend(grid_positions(grids[i].gh, grids[i].gw));
-        }
-        let k = cfg.patch_dim().next_multiple_of(8);
-        let rows = match precision {
-            // bf16 into a kept conversion buffer (no fresh memory per encode: docs/PERF.md v0.7)
-            CudaPrecision::Bf16 => HostGemm::Bf16(patch_rows(
-                &grids,
-                &plan.order,
-                cfg.patch,
-                k,
-                bf16::from_f32,
-                gpu_core::recycled_bf16,
-            )),
-            CudaPrecision::F32 => HostGemm::F32(patch_rows(
-                &grids,
-                &plan.order,
-                cfg.patch,
-                k,
-                |x| x,
-                |n| vec![0.0; n],
-            )),
-        };
-        let cu = plan.cu_seqlens();
-        let key = GraphKey {
-            precision,
-            layout: plan.views.iter().flat_map(|v| [v.gh, v.gw]).collect(),
-        };
-        Ok(StepHostBatch {
-            inputs: HostInputs {
-                rows,
-                pos,
-                cu: cu.clone(),
-            },
-            meta: BatchMeta {
-                cu,
-                plan,
-                masks: images.iter().map(|i| i.newline_mask.clone()).collect(),
-                key,
-            },
-        })
-    }
-
-    /// Queues the upload of a host-prepared batch from page-locked memory on a copy stream of
-    /// its own and returns at once: the copy overlaps whatever the device is running. The batch
-    /// stays valid until two more are staged ([`gpu_core::UPLOAD_SLOTS`]).
-    pub fn stage(&mut self, host: StepHostBatch) -> CudaResult<StepBatch> {
-        Ok(StepBatch {
-            inputs: self.passes.stage(&self.dev, self.precision, &host.inputs)?,
-            meta: host.meta,
-        })
-    }
-
-    /// Turns CUDA graphs of the bf16 forward on (the default) or off (every forward eager).
-    pub fn set_graphs(&mut self, on: bool) {
-        self.passes.set_graphs(on);
-    }
-
-    /// Whether CUDA graphs are used and, if a capture failed, why not.
-    pub fn graph_status(&self) -> &GraphStatus {
-        self.passes.graph_status()
-    }
-
-    /// What the graph cache did so far (captures, replays, eager forwards).
-    pub fn graph_stats(&self) -> GraphStats {
-        self.passes.graph_stats()
-    }
-
     /// Resizes the position table to every grid of `batch` not seen before (once per size).
     fn ensure_tables(&mut self, batch: &StepBatch) -> CudaResult<()> {
         let (t, h) = (self.cfg.pos_side, self.cfg.hidden);
@@ -539,96 +439,6 @@ impl StepCuda {
         Ok(())
     }
 
-    /// Runs the whole forward on `batch` on the device; the rows stay there ([`StepCuda::rows`]).
-    /// With `keep_stages` the stage activations are downloaded as they are produced.
-    ///
-    /// The inputs are first copied into fixed device buffers (a staged batch's after its upload
-    /// finished, on the device); then in bf16 mode without stages the forward goes through the
-    /// CUDA graph cache ([`gpu_core::Graphs`]: eager the first time a layout is seen, captured
-    /// the second, replayed after), else it runs eagerly.
-    pub fn run(&mut self, batch: &StepBatch, keep_stages: bool) -> CudaResult<Option<StepStages>> {
-        self.run_graphed(batch, keep_stages).map(|(s, _)| s)
-    }
-
-    /// [`StepCuda::run`], also saying how the forward ran.
-    pub fn run_graphed(
-        &mut self,
-        batch: &StepBatch,
-        keep_stages: bool,
-    ) -> CudaResult<(Option<StepStages>, Ran)> {
-        self.with_workspace(batch, |t, ws| t.run_ws(ws, batch, keep_stages, None))
-    }
-
-    /// Runs the forward on `batch` and writes its rows, `[n2, text_hidden]` image after image
-    /// (each image's crops, then its global view: upstream order), into `out` (a caller's or
-    /// library-owned buffer, f32 or bf16) instead of the workspace: the projector writes there
-    /// directly, after the (graphed) rest of the tower. Queued on the device's stream; returns
-    /// how the tower ran.
-    pub fn run_into(&mut self, batch: &StepBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
-        let need = batch.meta.plan.n2 * self.cfg.text_hidden;
-        if out.len() != need {
-            return Err(CudaError::Unsupported(format!(
-                "a rows target of {} elements for {} rows of {}",
-                out.len(),
-                batch.meta.plan.n2,
-                self.cfg.text_hidden
-            )));
-        }
-        self.with_workspace(batch, |t, ws| t.run_ws(ws, batch, false, Some(out)))
-            .map(|(_, ran)| ran)
-    }
-
-    /// Calls `f` with the position tables and the workspace grown for `batch` first.
-    fn with_workspace<R>(
-        &mut self,
-        batch: &StepBatch,
-        f: impl FnOnce(&mut Self, &mut Workspace) -> CudaResult<R>,
-    ) -> CudaResult<R> {
-        self.ensure_tables(batch)?;
-        self.ensure_workspace(&batch.meta.plan)?;
-        let mut ws = self
-            .passes
-            .take_workspace()
-            .ok_or_else(|| CudaError::Unsupported("workspace missing after allocation".into()))?;
-        let r = f(self, &mut ws);
-        self.passes.put_workspace(ws);
-        r
-    }
-
-    /// The forward on `ws`: everything up to the projector (graphed in bf16 without stages),
-    /// then the projector into `out` (the workspace's rows when `None`), outside any graph since
-    /// `out` changes from call to call.
-    fn run_ws(
-        &mut self,
-        ws: &mut Workspace,
-        batch: &StepBatch,
-        keep: bool,
-        out: Option<RowsTarget<'_>>,
-    ) -> CudaResult<(Option<StepStages>, Ran)> {
-        self.passes
-            .load_inputs(&self.dev, &batch.inputs, &mut ws.inp)?;
-        let (host, ran) = if keep || self.precision != CudaPrecision::Bf16 {
-            (self.run_in(ws, batch, keep)?, Ran::Eager)
-        } else {
-            let mut graphs = self.passes.take_graphs();
-            let dev = self.dev.clone();
-            let r = graphs.run(&*dev, &batch.meta.key, || {
-                self.run_in(ws, batch, false).map(|_| ())
-            });
-            self.passes.put_graphs(graphs);
-            (None, r?)
-        };
-        self.project(ws, &batch.meta.plan, out)?;
-        let Some(s) = host else {
-            return Ok((None, ran));
-        };
-        let rows = self
-            .dev
-            .download_prefix(&ws.rows, batch.meta.plan.n2 * self.cfg.text_hidden)?;
-        let h = self.cfg.hidden;
-        Ok((Some(s.assemble(&batch.meta.plan, h, rows)), ran))
-    }
-
     /// The projector (modeling_step3p7.py:958-960) from the device-order downsampler rows to
     /// the LM width, written in upstream order (per image: crops, then global) into `out` or
     /// the workspace's rows: one GEMM per piece of views contiguous on both sides.
@@ -659,80 +469,145 @@ impl StepCuda {
         }
         Ok(())
     }
-
-    /// Downloads the rows of the last [`StepCuda::run`] on `batch`: per image its crops' rows in
-    /// crop order, then the global view's (upstream order), with the newline mask.
-    pub fn rows(&self, batch: &StepBatch) -> CudaResult<Vec<StepRows>> {
-        let ws = self
-            .passes
-            .workspace()
-            .ok_or_else(|| CudaError::Unsupported("rows() before run()".into()))?;
-        let t = self.cfg.text_hidden;
-        let all = self.dev.download_prefix(&ws.rows, batch.meta.plan.n2 * t)?;
-        Ok(batch.meta.plan.split_rows(&all, t, &batch.meta.masks))
-    }
-
-    /// [`StepCuda::prepare`], [`StepCuda::run`] and [`StepCuda::rows`] in one call.
-    pub fn encode(
-        &mut self,
-        images: &[StepImage<'_>],
-        keep_stages: bool,
-    ) -> CudaResult<(Vec<StepRows>, Option<StepStages>)> {
-        let batch = self.prepare(images)?;
-        let stages = self.run(&batch, keep_stages)?;
-        Ok((self.rows(&batch)?, stages))
-    }
 }
 
-impl gpu_core::DeviceTower for StepCuda {
+impl DeviceTower for StepCuda {
     type Config = StepConfig;
     type Image<'a> = StepImage<'a>;
     type HostBatch = StepHostBatch;
     type Batch = StepBatch;
     type Error = CudaError;
+    type Workspace = Workspace;
+    type Stages = StepStages;
+    /// Per image its crops' rows in crop order, then the global view's (upstream order), with
+    /// the newline mask.
+    type Rows = StepRows;
 
+    /// Validation (the host path's checks), every view's patch rows (in the GEMM precision),
+    /// rope positions and attention segment, views grouped by grid size (see the module docs),
+    /// with no device involved.
     fn prepare_host(
-        config: &StepConfig,
+        cfg: &StepConfig,
         precision: CudaPrecision,
         images: &[StepImage<'_>],
     ) -> CudaResult<StepHostBatch> {
-        StepCuda::prepare_host(config, precision, images)
+        let grids = validate_images(cfg, images)?;
+        if grids.is_empty() {
+            return Err(StepError::Input("no images".into()).into());
+        }
+        let plan = ViewPlan::new(&grids)?;
+        let mut pos = Vec::new();
+        for &i in &plan.order {
+            pos.extend(grid_positions(grids[i].gh, grids[i].gw));
+        }
+        let k = cfg.patch_dim().next_multiple_of(8);
+        let rows = match precision {
+            // bf16 into a kept conversion buffer (no fresh memory per encode: docs/PERF.md v0.7)
+            CudaPrecision::Bf16 => HostGemm::Bf16(patch_rows(
+                &grids,
+                &plan.order,
+                cfg.patch,
+                k,
+                bf16::from_f32,
+                gpu_core::recycled_bf16,
+            )),
+            CudaPrecision::F32 => HostGemm::F32(patch_rows(
+                &grids,
+                &plan.order,
+                cfg.patch,
+                k,
+                |x| x,
+                |n| vec![0.0; n],
+            )),
+        };
+        let cu = plan.cu_seqlens();
+        let key = GraphKey {
+            precision,
+            layout: plan.views.iter().flat_map(|v| [v.gh, v.gw]).collect(),
+        };
+        Ok(StepHostBatch {
+            inputs: HostInputs {
+                rows,
+                pos,
+                cu: cu.clone(),
+            },
+            meta: BatchMeta {
+                cu,
+                plan,
+                masks: images.iter().map(|i| i.newline_mask.clone()).collect(),
+                key,
+            },
+        })
     }
 
     fn rows_per_image(batch: &StepHostBatch) -> Vec<usize> {
         batch.meta.plan.rows_per_image(batch.meta.masks.len())
     }
 
-    fn prepare(&self, images: &[StepImage<'_>]) -> CudaResult<StepBatch> {
-        StepCuda::prepare(self, images)
+    fn upload_with(
+        host: StepHostBatch,
+        upload: impl FnOnce(&HostInputs) -> Result<DeviceInputs, GpuError>,
+    ) -> CudaResult<StepBatch> {
+        Ok(StepBatch {
+            inputs: upload(&host.inputs)?,
+            meta: host.meta,
+        })
     }
 
-    fn stage(&mut self, host: StepHostBatch) -> CudaResult<StepBatch> {
-        StepCuda::stage(self, host)
+    fn batch_rows(batch: &StepBatch) -> usize {
+        batch.meta.plan.n2
     }
 
-    fn run_pass(&mut self, batch: &StepBatch) -> CudaResult<()> {
-        StepCuda::run(self, batch, false).map(|_| ())
+    /// The position tables of the batch's grids, then the workspace.
+    fn grow(&mut self, batch: &StepBatch, _keep: bool) -> CudaResult<()> {
+        self.ensure_tables(batch)?;
+        self.ensure_workspace(&batch.meta.plan)
     }
 
-    fn pass_rows(&self, batch: &StepBatch) -> CudaResult<Vec<Vec<f32>>> {
-        StepCuda::rows(self, batch).map(|rows| rows.into_iter().map(|r| r.rows).collect())
+    /// Everything up to the projector (graphed in bf16 without stages), then the projector into
+    /// `out` (the workspace's rows when `None`), outside any graph since `out` changes from call
+    /// to call.
+    fn pass(
+        &mut self,
+        ws: &mut Workspace,
+        batch: &StepBatch,
+        keep: bool,
+        out: Option<RowsTarget<'_>>,
+    ) -> CudaResult<(Option<StepStages>, Ran)> {
+        self.passes
+            .load_inputs(&self.dev, &batch.inputs, &mut ws.inp)?;
+        let (host, ran) = self.encoder(ws, &batch.meta.key, keep, |t, ws, keep| {
+            t.run_in(ws, batch, keep)
+        })?;
+        self.project(ws, &batch.meta.plan, out)?;
+        let Some(s) = host else {
+            return Ok((None, ran));
+        };
+        let rows = self
+            .dev
+            .download_prefix(&ws.rows, batch.meta.plan.n2 * self.cfg.text_hidden)?;
+        let h = self.cfg.hidden;
+        Ok((Some(s.assemble(&batch.meta.plan, h, rows)), ran))
     }
 
-    fn set_graphs(&mut self, on: bool) {
-        StepCuda::set_graphs(self, on)
+    /// Per image its crops' rows in crop order, then the global view's (upstream order), with
+    /// the newline mask.
+    fn rows(&self, batch: &StepBatch) -> CudaResult<Vec<StepRows>> {
+        let t = self.cfg.text_hidden;
+        let all = self.download_rows(batch.meta.plan.n2, |ws| &ws.rows)?;
+        Ok(batch.meta.plan.split_rows(&all, t, &batch.meta.masks))
     }
 
-    fn graph_status(&self) -> &GraphStatus {
-        StepCuda::graph_status(self)
+    fn unsupported(what: String) -> CudaError {
+        CudaError::Unsupported(what)
     }
 
-    fn graph_stats(&self) -> GraphStats {
-        StepCuda::graph_stats(self)
+    fn config(&self) -> &StepConfig {
+        &self.cfg
     }
 
-    fn run_into(&mut self, batch: &StepBatch, out: RowsTarget<'_>) -> CudaResult<Ran> {
-        StepCuda::run_into(self, batch, out)
+    fn precision(&self) -> CudaPrecision {
+        self.precision
     }
 
     fn width(&self) -> usize {
@@ -741,6 +616,14 @@ impl gpu_core::DeviceTower for StepCuda {
 
     fn device(&self) -> &Arc<Device> {
         &self.dev
+    }
+
+    fn passes(&self) -> &PassRunner<Workspace> {
+        &self.passes
+    }
+
+    fn passes_mut(&mut self) -> &mut PassRunner<Workspace> {
+        &mut self.passes
     }
 }
 
