@@ -114,7 +114,11 @@ impl Tower {
             Family::Step3p7 => Images::Step3p7(
                 prepared
                     .iter()
-                    .map(|p| p.step3p7().map(step_image).ok_or_else(|| missing("step3p7")))
+                    .map(|p| {
+                        p.step3p7()
+                            .map(step_image)
+                            .ok_or_else(|| missing("step3p7"))
+                    })
                     .collect::<Result<Vec<_>, _>>()?,
             ),
         })
