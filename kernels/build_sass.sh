@@ -28,8 +28,13 @@ for ptx in $(ls *.ptx | sort); do
     archs=("${ARCHS[@]}")
     case "$name" in *_sm90a) archs=("${ARCHS_90A[@]}") ;; esac
     images=()
+    # ptxas writes each `.file`'s timestamp and size into the cubin's line table, and where the
+    # PTX gives none it stats the named source on this machine: its mtime (any checkout's time)
+    # would make every build differ. Assemble a copy whose `.file` lines say 0, 0 (the paths and
+    # the line info stay).
+    sed -E 's/^([[:space:]]*\.file[[:space:]]+[0-9]+[[:space:]]+"[^"]*")[[:space:]]*$/\1, 1, 0/' "$ptx" > "$TMP/$ptx"
     for a in "${archs[@]}"; do
-        "$PTXAS" "${PTXAS_FLAGS[@]}" -arch="sm_$a" "$ptx" -o "$TMP/$name.sm_$a.cubin"
+        "$PTXAS" "${PTXAS_FLAGS[@]}" -arch="sm_$a" "$TMP/$ptx" -o "$TMP/$name.sm_$a.cubin"
         # A relative name: fatbinary records each image's file name, and a temporary directory's
         # random path in it would make every build differ from the committed fatbins.
         images+=("--image3=kind=elf,sm=$a,file=$name.sm_$a.cubin")
