@@ -219,6 +219,16 @@ def gguf_llama_converter(family, weights, out, variants, llama):
     with tempfile.TemporaryDirectory() as d:
         for f in os.listdir(weights):
             os.symlink(os.path.abspath(os.path.join(weights, f)), os.path.join(d, f))
+        if family == "step3p7":
+            # Release config.json files carry the vendor key `understand_projector_stride` (2), and
+            # the pinned converter asserts it; transformers' Step3p7Config does not write it (its
+            # downsamplers' stride is fixed at 2), so save_pretrained's config lacks it.
+            with open(os.path.join(weights, "config.json")) as f:
+                cfg = json.load(f)
+            cfg.setdefault("understand_projector_stride", 2)
+            os.remove(os.path.join(d, "config.json"))
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(cfg, f, indent=1)
         if not os.path.exists(os.path.join(d, "preprocessor_config.json")):
             py_e2e.processor_for(family, False).save_pretrained(d)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
