@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Does an FP8 mode earn its place (issue 21)? Two measurements on the bench's own weights and inputs,
-before any FP8 kernel is written:
+"""Precision study on the bench's own weights and inputs: does an FP8 mode earn its place (issue 21),
+and where does a bf16 forward's distance from f32 come from (issue 22: llama.cpp's F16 files keep 3 more
+mantissa bits than our bf16)? Three measurements, before any kernel is written:
 
 1. Fidelity. Every `nn.Linear` of the tower and its projector computes as an e4m3 GEMM would:
    the input quantized per token (row absmax / 448), the weight per output channel, both rounded
@@ -18,10 +19,18 @@ before any FP8 kernel is written:
    ours − Σ bf16 GEMM + Σ FP8 GEMM (+ one activation-quantization pass per GEMM input at the copy
    bandwidth, when it is not fused into the kernel before it). The goal: ≥ 1.4× our bf16 at b8.
 
+3. Ablation (b1 cases, `--ablate`): the f32 model with one part rounded as a kernel would round it —
+     gemm-bf16   every linear's input and output rounded to bf16 (the weights are bf16 already);
+     attn-bf16   q, k, v and the softmax probabilities rounded to bf16 (as our attention kernel
+                 feeds its tensor cores), the rest of the attention in f32;
+     attn-f16    the same in f16 (llama.cpp's FlashAttention: K and V cast to F16);
+     gemm-bf16+attn-f16, gemm-bf16+attn-bf16 (≈ our bf16 forward);
+   each as rel-L2 against the f32 rows: which rounding dominates, and what f16 attention would buy.
+
 Nothing here is timed against ours directly: our GEMMs are cuBLASLt's, so torch's bf16 GEMM on the
 same shape is the stand-in (the bench showed ours within 2 % of cuBLASLt's best algorithm).
 
-usage: python3 fp8_study.py --anchor /tmp/vt-bench [--cases all] [--out fp8.json] [--tiny]
+usage: python3 precision_study.py --anchor /tmp/vt-bench [--cases all] [--out precision.json] [--tiny] [--ablate]
 (--anchor: a directory `cargo xtask bench` / torch_anchor.py filled, with rows_f32 and ours.json;
  --tiny: CPU plumbing test against `torch_anchor.py --tiny` output, fidelity only)
 """
@@ -52,6 +61,18 @@ def fake_quant(x, dim):
 RECORD = None
 
 
+def make_bf16io_forward(lin):
+    """Replaces `lin.forward` (an f32 module) with inputs and outputs rounded to bf16, f32 arithmetic."""
+    w = lin.weight.detach().to(torch.bfloat16).float()
+    bias = None if lin.bias is None else lin.bias.detach().float()
+
+    def forward(x):
+        y = torch.nn.functional.linear(x.to(torch.bfloat16).float(), w, bias)
+        return y.to(torch.bfloat16).to(x.dtype)
+
+    lin.forward = forward
+
+
 def make_fp8_forward(lin):
     """Replaces `lin.forward` with the e4m3 GEMM's arithmetic (weights quantized once)."""
     qw, sw = fake_quant(lin.weight.detach(), dim=1)  # [n, k], per output channel
@@ -75,14 +96,41 @@ def make_fp8_forward(lin):
     lin.forward = forward
 
 
-def fp8_linears(mods):
+def replace_linears(mods, make=make_fp8_forward):
     n = 0
     for m in mods:
         for _, sub in m.named_modules():
             if isinstance(sub, torch.nn.Linear):
-                make_fp8_forward(sub)
+                make(sub)
                 n += 1
     return n
+
+
+# SDPA with q, k, v and the probabilities rounded to ATTN_ROUND (None: torch's own SDPA, untouched)
+ATTN_ROUND = None
+_SDPA = None
+
+
+def rounded_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, scale=None, is_causal=False, **kw):
+    if ATTN_ROUND is None:
+        return _SDPA(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, is_causal=is_causal, **kw)
+    dt, odt = ATTN_ROUND, q.dtype
+    if k.shape[1] != q.shape[1]:  # grouped keys: repeat them per query head
+        r = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(r, 1), v.repeat_interleave(r, 1)
+    q, k, v = (t.to(dt).float() for t in (q, k, v))
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), device=q.device, dtype=torch.float32)
+    for h in range(q.shape[1]):  # one head at a time: the score matrix of 12288 tokens is 600 MB
+        sc = q[:, h] @ k[:, h].transpose(-1, -2) * scale
+        if attn_mask is not None:
+            m = attn_mask[:, h if attn_mask.shape[1] > 1 else 0]
+            sc = sc.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else sc + m.float()
+        if is_causal:
+            sc = sc.masked_fill(torch.ones_like(sc, dtype=torch.bool).triu(1), float("-inf"))
+        p = torch.softmax(sc, dim=-1).to(dt).float()
+        out[:, h] = p @ v[:, h]
+    return out.to(odt)
 
 
 def rel_l2(a, b):
@@ -134,18 +182,71 @@ def ours_ms(anchor, case):
     return walk(o)
 
 
+ABLATIONS = {  # name -> (linears rounded to bf16, attention rounding dtype or None)
+    "gemm-bf16": (True, None),
+    "attn-bf16": (False, "bfloat16"),
+    "attn-f16": (False, "float16"),
+    "gemm-bf16+attn-bf16": (True, "bfloat16"),
+    "gemm-bf16+attn-f16": (True, "float16"),
+}
+
+
+def load_case(anchor, fam, name, dev):
+    d = os.path.join(anchor, fam)
+    inp = {k: v.to(dev) for k, v in load_file(os.path.join(d, f"{name}.inputs.safetensors")).items()}
+    ref = load_file(os.path.join(d, f"{name}.rows_f32.safetensors"))["rows"].to(dev)
+    bf = load_file(os.path.join(d, f"{name}.rows_bf16.safetensors"))["rows"].to(dev)
+    return inp, ref, bf
+
+
+def ablate(f, fam, names, anchor, dev, res):
+    """The ABLATIONS on the family's b1 cases (fresh f32 copies of the untouched bf16 model)."""
+    global ATTN_ROUND
+    for name in names:
+        if ta.CASES[name][2] != 1:
+            continue
+        try:
+            inp, ref, _ = load_case(anchor, fam, name, dev)
+        except Exception as e:  # noqa: BLE001 - recorded
+            log(f"{name}: anchor files missing ({e!r})")
+            continue
+        out = res.setdefault("ablation", {}).setdefault(name, {})
+        for ab, (gemm, attn) in ABLATIONS.items():
+            m = f.f32_models()
+            if gemm:
+                replace_linears(m, make_bf16io_forward)
+            ATTN_ROUND = getattr(torch, attn) if attn else None
+            try:
+                with torch.no_grad():
+                    y = f.runner(inp, m)().reshape(-1, f.width)
+                out[ab] = rel_l2(y, ref)
+                del y
+            except Exception as e:  # noqa: BLE001 - recorded
+                out[ab] = repr(e)
+            finally:
+                ATTN_ROUND = None
+                del m
+                if dev == "cuda":
+                    torch.cuda.empty_cache()
+        log(f"{name:16s} ablation rel-L2 vs f32: " + ", ".join(
+            f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v[:60]}" for k, v in out.items()))
+
+
 def main():
-    global RECORD
+    global RECORD, _SDPA
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--anchor", required=True, help="directory torch_anchor.py / xtask bench filled")
     ap.add_argument("--cases", default="all", help="comma list of case names or families")
-    ap.add_argument("--out", default=None, help="JSON results (default <anchor>/fp8.json)")
+    ap.add_argument("--out", default=None, help="JSON results (default <anchor>/precision.json)")
     ap.add_argument("--tiny", action="store_true", help="tiny configs on the CPU (plumbing test)")
     ap.add_argument("--no-speed", action="store_true", help="fidelity only")
+    ap.add_argument("--ablate", action="store_true", help="also the rounding ablations on the b1 cases")
     args = ap.parse_args()
     dev = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     names = ta.select_cases(args.cases)
-    out_path = args.out or os.path.join(args.anchor, "fp8.json")
+    out_path = args.out or os.path.join(args.anchor, "precision.json")
+    _SDPA = torch.nn.functional.scaled_dot_product_attention
+    torch.nn.functional.scaled_dot_product_attention = rounded_sdpa
     res = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__,
            "cases": {}}
     copy_gbs = None
@@ -164,19 +265,18 @@ def main():
         torch.manual_seed(0)
         f = ta.BUILDERS[fam](args.tiny, dev)  # the bench's seeds: the same weights it saved
         f.randomize(torch.Generator(device=dev).manual_seed(1 + ta.FAMILIES.index(fam)))
+        if args.ablate:
+            ablate(f, fam, fam_cases, args.anchor, dev, res)
         m32 = f.f32_models()
-        nlin = fp8_linears(m32)
-        fp8_linears(f.modules())  # the bf16 model, in place (the bench's bf16 rows are on disk)
+        nlin = replace_linears(m32)
+        replace_linears(f.modules())  # the bf16 model, in place (the bench's bf16 rows are on disk)
         log(f"{fam}: built in {time.time() - t:.1f} s; {nlin} linears")
         for name in fam_cases:
             _, geom, b, tgeom = ta.CASES[name]
             geom = tgeom if args.tiny else geom
             r = {}
-            d = os.path.join(args.anchor, fam)
             try:
-                inp = {k: v.to(dev) for k, v in load_file(os.path.join(d, f"{name}.inputs.safetensors")).items()}
-                ref = load_file(os.path.join(d, f"{name}.rows_f32.safetensors"))["rows"].to(dev)
-                bf = load_file(os.path.join(d, f"{name}.rows_bf16.safetensors"))["rows"].to(dev)
+                inp, ref, bf = load_case(args.anchor, fam, name, dev)
             except Exception as e:  # noqa: BLE001 - recorded
                 log(f"{name}: anchor files missing ({e!r})")
                 res["cases"][name] = {"error": repr(e)}
@@ -235,6 +335,15 @@ def main():
         gm = (f"{r['gemm_bf16_ms']:.2f} | {r['gemm_fp8_ms']:.2f} | {r['ours_ms'] or '—'}"
               if r.get("gemm_fp8_ms") is not None else "— | — | —")
         print(f"| {name} | {r['upstream_bf16']:.2e} | {r['fp8_f32']:.2e} | {r['fp8_bf16']:.2e} | {gate} | {gm} | {sp} |")
+    if res.get("ablation"):
+        print()
+        print("| case | " + " | ".join(ABLATIONS) + " |")
+        print("|---|" + "---|" * len(ABLATIONS))
+        for name, out in res["ablation"].items():
+            print(f"| {name} | " + " | ".join(f"{out[a]:.2e}" if isinstance(out.get(a), float) else "—"
+                                              for a in ABLATIONS) + " |")
+    with open(out_path, "w") as fh:
+        json.dump(res, fh, indent=1)
     log(f"done: {out_path}")
 
 
