@@ -433,7 +433,7 @@ WHAT = {"bf16": "as llama.cpp's converter writes it (BF16 matrices; gemma4: gelu
         "f16": "F16 matrices (cuBLAS accumulates in f16)",
         "bf16-gelu": "BF16 + clip.use_gelu: upstream's tanh GELU instead of gelu_quick",
         "f32-gelu": "F32 matrices + tanh GELU: llama.cpp's graph with the least rounding",
-        "f16+acc32": "F16 matrices, GGML_CUDA_CUBLAS_COMPUTE_TYPE=f32"}
+        "f16+acc32": "F16 matrices, GGML_CUDA_CUBLAS_COMPUTE_TYPE=f32 (ggml widens them: cuBLAS SGEMM)"}
 
 
 def cmd_run(a):
