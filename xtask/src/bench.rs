@@ -34,7 +34,7 @@ use gpu_core::{
 const USAGE: &str =
     "usage: cargo xtask bench [--cases LIST] [--no-compile] [--torch-out DIR] [--rerun-torch]
                          [--report PATH] [--iters N] [--warmup N] [--deadline SECONDS]
-                         [--python PYTHON] [--tiny] [--host]
+                         [--python PYTHON] [--tiny] [--host] [--profile]
 
   --cases LIST       comma list of case names or families (gemma4, glm5_next, step3p7); default all
   --no-compile       skip the torch.compile timings (the slow part of the PyTorch side)
@@ -52,6 +52,8 @@ const USAGE: &str =
   --host             our side on the host f32 reference instead of CUDA (with --tiny only)
   --gemm-tuning M    heuristic (cuBLASLt's first answer) or measured (the fastest of its answers, timed
                      once per shape; the default)
+  --profile          after timing, one more eager pass per case with every launch and GEMM timed
+                     (CUDA events): where the pass's time goes, per kernel and GEMM shape (CUDA only)
 
 cases: gemma4_b1 gemma4_b8 glm5_72_b1 glm5_96x128_b1 glm5_72_b8 step_728_b1 step_504_b6 step_728_b8
 ";
@@ -707,6 +709,8 @@ struct Opts {
     host: bool,
     /// How the device picks GEMM algorithms (`--gemm-tuning heuristic|measured`).
     tuning: GemmTuning,
+    /// One profiled eager pass per case after the timing (`--profile`).
+    profile: bool,
 }
 
 fn parse(args: &[String]) -> Result<Opts> {
@@ -725,6 +729,7 @@ fn parse(args: &[String]) -> Result<Opts> {
         tiny: false,
         host: false,
         tuning: GemmTuning::default(),
+        profile: false,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -748,6 +753,7 @@ fn parse(args: &[String]) -> Result<Opts> {
             "--python" => o.python = val("an interpreter")?,
             "--tiny" => o.tiny = true,
             "--host" => o.host = true,
+            "--profile" => o.profile = true,
             "--gemm-tuning" => {
                 o.tuning = match val("heuristic or measured")?.as_str() {
                     "heuristic" => GemmTuning::Heuristic,
@@ -1013,6 +1019,54 @@ fn read_rows(anchor: &Value, dir: &Path, case: &str, key: &str) -> Result<Option
     Ok(Some(bt::f32_tensor(&ck, "rows")?.data))
 }
 
+/// One eager pass (graphs off) with every launch and GEMM bracketed by CUDA events; prints where
+/// the time went (largest first) and returns it as JSON for `ours.json`.
+fn profile_pass<T: BenchTower>(
+    d: &Device,
+    tower: &mut T,
+    batch: &T::Batch,
+    name: &str,
+) -> Result<Value> {
+    tower.set_graphs(false);
+    d.profile_begin();
+    let run = tower.run(batch);
+    let ops = d.profile_end();
+    tower.set_graphs(true);
+    run?;
+    let ops = ops?;
+    let total: f64 = ops.iter().map(|o| o.ms).sum();
+    say!(
+        "ours {name:16} profile: one eager pass, {total:.2} ms in {} kinds of operation",
+        ops.len()
+    );
+    let mut out = Vec::with_capacity(ops.len());
+    for op in &ops {
+        let tflops = gemm_flops(&op.label).map(|f| f * op.calls as f64 / op.ms / 1e9);
+        if op.ms >= 0.005 * total {
+            say!(
+                "  {:9.3} ms {:5.1} % {:5}× {}{}",
+                op.ms,
+                100.0 * op.ms / total,
+                op.calls,
+                op.label,
+                tflops.map_or(String::new(), |t| format!("  ({t:.0} TFLOP/s)"))
+            );
+        }
+        out.push(json!({"label": op.label, "calls": op.calls, "ms": op.ms, "tflops": tflops}));
+    }
+    Ok(Value::Array(out))
+}
+
+/// 2·m·n·k of a profile label `gemm m×n×k…` (None for other labels).
+fn gemm_flops(label: &str) -> Option<f64> {
+    let dims = label.strip_prefix("gemm ")?.split(' ').next()?;
+    let v: Vec<f64> = dims
+        .split('×')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    (v.len() == 3).then(|| 2.0 * v[0] * v[1] * v[2])
+}
+
 /// Runs `cases` of one family on `tower`: rows checked against torch's, then timed.
 #[allow(clippy::too_many_arguments)]
 fn run_cases<T: BenchTower>(
@@ -1090,6 +1144,10 @@ fn run_cases<T: BenchTower>(
                     replays.unwrap_or(0)
                 );
             }
+            let profile = match (o.profile, dev) {
+                (true, Some(d)) => profile_pass(d, tower, &batch, c.name)?,
+                _ => Value::Null,
+            };
             say!(
                 "ours {:16} {med:9.2} ms (min {:.2}, max {:.2})  {:.0} TFLOP/s  rel-L2 vs f32 {}",
                 c.name,
@@ -1102,7 +1160,7 @@ fn run_cases<T: BenchTower>(
                 "ms": med, "times": times, "flops": l.flops,
                 "eager_ms": l.ours_eager_ms, "eager_times": eager, "graph_replays": replays,
                 "rel_torch_bf16": l.rel_torch_bf16, "rel_f32": l.rel_f32,
-                "torch_rel_f32": l.torch_rel_f32,
+                "torch_rel_f32": l.torch_rel_f32, "profile": profile,
             }))
         })();
         match r {
@@ -1358,6 +1416,19 @@ pub fn run(args: &[String]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gemm_flops_reads_profile_labels() {
+        assert_eq!(gemm_flops("gemm 2×3×4"), Some(48.0));
+        assert_eq!(
+            gemm_flops("gemm 41472×8192×1024 +C"),
+            Some(2.0 * 41472.0 * 8192.0 * 1024.0)
+        );
+        assert_eq!(gemm_flops("gemm 2×3×4 f32"), Some(48.0));
+        assert_eq!(gemm_flops("rms_norm_bf16 grid 2×1×1 block 256×1"), None);
+        assert_eq!(gemm_flops("gemm 2×3"), None);
+        assert_eq!(gemm_flops("gemm a×3×4"), None);
+    }
 
     /// Our FLOP count at the anchors' full-size configs reproduces the anchors' published TFLOP/s
     /// from their published ms (both rounded: ms to 0.1, TFLOP/s to 1), SDPA and compile alike.

@@ -79,6 +79,8 @@ pub struct Device {
     pub(crate) smem_optin: usize,
     /// Streaming multiprocessors, read once (the attention launcher's wave model asks per launch).
     sms: usize,
+    /// Per-operation events while a profile is recorded ([`Device::profile_begin`]).
+    pub(crate) prof: std::sync::Mutex<crate::profile::Recorder>,
 }
 
 impl std::fmt::Debug for Device {
@@ -269,6 +271,7 @@ impl Device {
             smem_optin: smem_optin.max(0) as usize,
             sms,
             lt,
+            prof: crate::profile::Recorder::off(),
         })
     }
 
@@ -438,6 +441,18 @@ impl Device {
             module: k.module().name(),
             what: format!("{} is not loaded on this device (needs sm_90a)", k.name()),
         })?;
+        let open = self.prof_open(|| {
+            let (g, b) = (cfg.grid_dim, cfg.block_dim);
+            format!(
+                "{} grid {}×{}×{} block {}×{}",
+                k.name(),
+                g.0,
+                g.1,
+                g.2,
+                b.0,
+                b.1
+            )
+        })?;
         let mut b = self.stream.launch_builder(f);
         push(&mut b);
         // SAFETY: every caller checks the buffer lengths, strides and offsets against the shapes the
@@ -449,7 +464,7 @@ impl Device {
             kernel: k.name(),
             source,
         })?;
-        Ok(())
+        self.prof_close(open)
     }
 }
 

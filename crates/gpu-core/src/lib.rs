@@ -24,6 +24,7 @@ pub mod host;
 pub mod kernels;
 mod mixed;
 mod ops;
+mod profile;
 mod rows_out;
 mod runner;
 mod staging;
@@ -56,6 +57,7 @@ pub use ops::{
     conv3x3s2_out, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp, FlashVariant, Gate, Mat,
     NormOut, QkvSpec, RopeLayout, RopeSpec, MAX_F32_ATTN_HEAD_DIM, MAX_NORM_WIDTH,
 };
+pub use profile::OpTime;
 pub use rows_out::{OwnedRows, RowsDtype, RowsTarget, PER_THREAD_DEFAULT_STREAM};
 pub use runner::{split_rows, PassRunner};
 pub use staging::{

@@ -191,10 +191,15 @@ impl Device {
         let Some(plan) = cache.plans.get(&key) else {
             return Err(GpuError::shape(OP, "plan cache lost a plan"));
         };
+        let open = self.prof_open(|| {
+            let acc = if s.accumulate { " +C" } else { "" };
+            let f32 = if in_f32 { " f32" } else { "" };
+            format!("gemm {}×{}×{}{acc}{f32}", s.m, s.n, s.k)
+        })?;
         // SAFETY: every matrix extent was checked against its buffer above and the plan's layouts
         // describe exactly those extents.
         unsafe { self.matmul(plan, &plan.algo, s.accumulate, bias_f32.is_some(), ptrs) }?;
-        Ok(())
+        self.prof_close(open)
     }
 }
 
