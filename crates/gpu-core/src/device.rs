@@ -80,7 +80,7 @@ pub struct Device {
     /// Streaming multiprocessors, read once (the attention launcher's wave model asks per launch).
     sms: usize,
     /// Per-operation events while a profile is recorded ([`Device::profile_begin`]).
-    pub(crate) prof: std::sync::Mutex<crate::profile::Recorder>,
+    pub(crate) prof: crate::profile::Recorder,
 }
 
 impl std::fmt::Debug for Device {
@@ -271,7 +271,7 @@ impl Device {
             smem_optin: smem_optin.max(0) as usize,
             sms,
             lt,
-            prof: crate::profile::Recorder::off(),
+            prof: crate::profile::Recorder::default(),
         })
     }
 

@@ -3,6 +3,7 @@
 //! elapsed times per operation label (kernel name and grid, or GEMM shape). What a tower's pass
 //! spends where, for the speed work (issue 21). Launches made while the stream captures a CUDA
 //! graph are not recorded (a captured event has no time), so profile with graphs off.
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use cudarc::driver::sys::{CUevent_flags, CUstreamCaptureStatus};
@@ -29,38 +30,37 @@ pub(crate) struct Open {
 }
 
 /// The events recorded since [`Device::profile_begin`]: (label, start, stop), in launch order.
+/// `on` is read by every launch; the list is locked only while a profile is recorded.
 #[derive(Default)]
 pub(crate) struct Recorder {
-    spans: Option<Vec<(String, CudaEvent, CudaEvent)>>,
+    on: AtomicBool,
+    spans: Mutex<Option<Vec<(String, CudaEvent, CudaEvent)>>>,
 }
 
 impl Recorder {
-    /// A recorder that is off.
-    pub(crate) fn off() -> Mutex<Recorder> {
-        Mutex::new(Recorder::default())
+    fn spans(&self) -> MutexGuard<'_, Option<Vec<(String, CudaEvent, CudaEvent)>>> {
+        // a panic elsewhere while the lock was held leaves at worst a half-filled list
+        self.spans.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 impl Device {
-    fn recorder(&self) -> MutexGuard<'_, Recorder> {
-        // a panic elsewhere while the lock was held leaves at worst a half-filled list
-        self.prof.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Starts recording every launch and GEMM of this device (forgets an earlier unfinished span).
     pub fn profile_begin(&self) {
-        self.recorder().spans = Some(Vec::new());
+        *self.prof.spans() = Some(Vec::new());
+        self.prof.on.store(true, Ordering::Release);
     }
 
     /// Whether a profile is being recorded.
     pub fn profiling(&self) -> bool {
-        self.recorder().spans.is_some()
+        self.prof.on.load(Ordering::Acquire)
     }
 
     /// Stops recording, waits for the stream and returns the time per operation label, largest
     /// first. Empty when nothing was recorded (or [`Device::profile_begin`] was not called).
     pub fn profile_end(&self) -> Result<Vec<OpTime>> {
-        let Some(spans) = self.recorder().spans.take() else {
+        self.prof.on.store(false, Ordering::Release);
+        let Some(spans) = self.prof.spans().take() else {
             return Ok(Vec::new());
         };
         self.stream.synchronize()?;
@@ -86,7 +86,7 @@ impl Device {
     /// Records the start of an operation when profiling is on and the stream is not capturing;
     /// `label` is only evaluated then.
     pub(crate) fn prof_open(&self, label: impl FnOnce() -> String) -> Result<Option<Open>> {
-        if self.recorder().spans.is_none() {
+        if !self.prof.on.load(Ordering::Relaxed) {
             return Ok(None);
         }
         if self.stream.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
@@ -107,7 +107,7 @@ impl Device {
         };
         let stop = self.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         stop.record(&self.stream)?;
-        if let Some(spans) = self.recorder().spans.as_mut() {
+        if let Some(spans) = self.prof.spans().as_mut() {
             spans.push((label, start, stop));
         }
         Ok(())
