@@ -53,7 +53,8 @@ const USAGE: &str =
   --gemm-tuning M    heuristic (cuBLASLt's first answer) or measured (the fastest of its answers, timed
                      once per shape; the default)
   --profile          after timing, one more eager pass per case with every launch and GEMM timed
-                     (CUDA events): where the pass's time goes, per kernel and GEMM shape (CUDA only)
+                     (CUDA events): where the pass's time goes, per kernel and GEMM shape, printed, in
+                     ours.json and as a table in the report (CUDA only)
 
 cases: gemma4_b1 gemma4_b8 glm5_72_b1 glm5_96x128_b1 glm5_72_b8 step_728_b1 step_504_b6 step_728_b8
 ";
@@ -465,6 +466,8 @@ pub struct Line {
     pub ours_eager_ms: Option<f64>,
     /// Graph replays during the timed runs with graphs on (0: the layout was never replayed).
     pub graph_replays: Option<u64>,
+    /// `--profile`: one eager pass, operation by operation (largest first).
+    pub profile: Vec<gpu_core::OpTime>,
 }
 
 fn ms(v: Option<f64>, note: &str) -> String {
@@ -1020,13 +1023,13 @@ fn read_rows(anchor: &Value, dir: &Path, case: &str, key: &str) -> Result<Option
 }
 
 /// One eager pass (graphs off) with every launch and GEMM bracketed by CUDA events; prints where
-/// the time went (largest first) and returns it as JSON for `ours.json`.
+/// the time went (largest first) and returns it.
 fn profile_pass<T: BenchTower>(
     d: &Device,
     tower: &mut T,
     batch: &T::Batch,
     name: &str,
-) -> Result<Value> {
+) -> Result<Vec<gpu_core::OpTime>> {
     tower.set_graphs(false);
     d.profile_begin();
     let run = tower.run(batch);
@@ -1039,22 +1042,77 @@ fn profile_pass<T: BenchTower>(
         "ours {name:16} profile: one eager pass, {total:.2} ms in {} kinds of operation",
         ops.len()
     );
-    let mut out = Vec::with_capacity(ops.len());
-    for op in &ops {
+    for op in ops.iter().filter(|op| op.ms >= 0.005 * total) {
         let tflops = gemm_flops(&op.label).map(|f| f * op.calls as f64 / op.ms / 1e9);
-        if op.ms >= 0.005 * total {
-            say!(
-                "  {:9.3} ms {:5.1} % {:5}× {}{}",
-                op.ms,
-                100.0 * op.ms / total,
-                op.calls,
-                op.label,
-                tflops.map_or(String::new(), |t| format!("  ({t:.0} TFLOP/s)"))
-            );
-        }
-        out.push(json!({"label": op.label, "calls": op.calls, "ms": op.ms, "tflops": tflops}));
+        say!(
+            "  {:9.3} ms {:5.1} % {:5}× {}{}",
+            op.ms,
+            100.0 * op.ms / total,
+            op.calls,
+            op.label,
+            tflops.map_or(String::new(), |t| format!("  ({t:.0} TFLOP/s)"))
+        );
     }
-    Ok(Value::Array(out))
+    Ok(ops)
+}
+
+/// `--profile` as JSON for `ours.json` (GEMM rows with their TFLOP/s).
+fn profile_json(ops: &[gpu_core::OpTime]) -> Value {
+    Value::Array(
+        ops.iter()
+            .map(|op| {
+                let tflops = gemm_flops(&op.label).map(|f| f * op.calls as f64 / op.ms / 1e9);
+                json!({"label": op.label, "calls": op.calls, "ms": op.ms, "tflops": tflops})
+            })
+            .collect(),
+    )
+}
+
+/// The `--profile` table (markdown): each case's profiled eager pass split into GEMMs, attention
+/// and the other (memory-bound) kernels, with the three largest of those by kernel name.
+pub fn profile_table(lines: &[Line]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| case | profiled ms | GEMMs | attention | other kernels | largest other kernels (ms) |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    for l in lines.iter().filter(|l| !l.profile.is_empty()) {
+        let total: f64 = l.profile.iter().map(|o| o.ms).sum();
+        let (mut gemm, mut attn) = (0.0, 0.0);
+        let mut other: Vec<(&str, f64)> = Vec::new();
+        for op in &l.profile {
+            let kernel = op.label.split(' ').next().unwrap_or("");
+            if kernel == "gemm" {
+                gemm += op.ms;
+            } else if kernel.starts_with("flash_attn") {
+                attn += op.ms;
+            } else {
+                match other.iter_mut().find(|(k, _)| *k == kernel) {
+                    Some((_, ms)) => *ms += op.ms,
+                    None => other.push((kernel, op.ms)),
+                }
+            }
+        }
+        other.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let rest: f64 = other.iter().map(|(_, ms)| ms).sum();
+        let share = |v: f64| format!("{v:.2} ({:.0} %)", 100.0 * v / total);
+        let top: Vec<String> = other
+            .iter()
+            .take(3)
+            .map(|(k, ms)| format!("{k} {ms:.2}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "| {} | {total:.2} | {} | {} | {} | {} |",
+            l.label,
+            share(gemm),
+            share(attn),
+            share(rest),
+            top.join(", ")
+        );
+    }
+    s
 }
 
 /// 2·m·n·k of a profile label `gemm m×n×k…` (None for other labels).
@@ -1144,10 +1202,9 @@ fn run_cases<T: BenchTower>(
                     replays.unwrap_or(0)
                 );
             }
-            let profile = match (o.profile, dev) {
-                (true, Some(d)) => profile_pass(d, tower, &batch, c.name)?,
-                _ => Value::Null,
-            };
+            if let (true, Some(d)) = (o.profile, dev) {
+                l.profile = profile_pass(d, tower, &batch, c.name)?;
+            }
             say!(
                 "ours {:16} {med:9.2} ms (min {:.2}, max {:.2})  {:.0} TFLOP/s  rel-L2 vs f32 {}",
                 c.name,
@@ -1160,7 +1217,7 @@ fn run_cases<T: BenchTower>(
                 "ms": med, "times": times, "flops": l.flops,
                 "eager_ms": l.ours_eager_ms, "eager_times": eager, "graph_replays": replays,
                 "rel_torch_bf16": l.rel_torch_bf16, "rel_f32": l.rel_f32,
-                "torch_rel_f32": l.torch_rel_f32, "profile": profile,
+                "torch_rel_f32": l.torch_rel_f32, "profile": profile_json(&l.profile),
             }))
         })();
         match r {
@@ -1352,6 +1409,11 @@ pub fn run(args: &[String]) -> Result<()> {
     md.push('\n');
     md.push_str(&graph_table(&lines));
     md.push('\n');
+    if lines.iter().any(|l| !l.profile.is_empty()) {
+        md.push_str("One eager pass per case with every launch and GEMM between CUDA events (`--profile`; the events' own cost shows where operations are short):\n\n");
+        md.push_str(&profile_table(&lines));
+        md.push('\n');
+    }
     md.push_str(&accuracy_table(&lines));
     if anchor["tiny"].as_bool() != Some(true) {
         md.push('\n');
@@ -1531,6 +1593,33 @@ mod tests {
         assert_eq!(
             row,
             "| x | 10.00 | 40.00 | 12.50 | 4.00× | 1.25× | 800.0 | 400 | 50% | 5.00 |"
+        );
+    }
+
+    #[test]
+    fn profile_table_splits_gemm_attention_and_the_rest() {
+        let op = |label: &str, ms: f64| gpu_core::OpTime {
+            label: label.into(),
+            calls: 1,
+            ms,
+        };
+        let l = Line {
+            label: "p".into(),
+            profile: vec![
+                op("gemm 8×8×8", 5.0),
+                op("flash_attn_ws_hd64_c3 grid 1×1×1 block 512×1", 3.0),
+                op("gated_act_bf16 grid 4×1×1 block 256×1", 1.0),
+                op("gemm 8×8×16 +C", 0.5),
+                op("rms_norm_bf16 grid 2×1×1 block 64×1", 0.25),
+                op("gated_act_bf16 grid 8×1×1 block 256×1", 0.25),
+            ],
+            ..Line::default()
+        };
+        let t = profile_table(&[l, Line::default()]);
+        assert_eq!(t.lines().count(), 3, "{t}");
+        assert_eq!(
+            t.lines().nth(2).unwrap(),
+            "| p | 10.00 | 5.50 (55 %) | 3.00 (30 %) | 1.50 (15 %) | gated_act_bf16 1.25, rms_norm_bf16 0.25 |"
         );
     }
 
