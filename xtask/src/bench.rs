@@ -774,6 +774,9 @@ fn parse(args: &[String]) -> Result<Opts> {
     if o.iters == 0 {
         bail!("--iters must be at least 1");
     }
+    if o.profile && o.host {
+        bail!("--profile times CUDA launches: not with --host");
+    }
     if o.host && !o.tiny {
         bail!(
             "--host runs our f32 host reference: only with --tiny (full size takes hours on a CPU)"
