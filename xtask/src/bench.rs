@@ -1046,7 +1046,7 @@ fn profile_pass<T: BenchTower>(
         ops.len()
     );
     for op in ops.iter().filter(|op| op.ms >= 0.005 * total) {
-        let tflops = gemm_flops(&op.label).map(|f| f * op.calls as f64 / op.ms / 1e9);
+        let tflops = gemm_tflops(op);
         say!(
             "  {:9.3} ms {:5.1} % {:5}× {}{}",
             op.ms,
@@ -1064,7 +1064,7 @@ fn profile_json(ops: &[gpu_core::OpTime]) -> Value {
     Value::Array(
         ops.iter()
             .map(|op| {
-                let tflops = gemm_flops(&op.label).map(|f| f * op.calls as f64 / op.ms / 1e9);
+                let tflops = gemm_tflops(op);
                 json!({"label": op.label, "calls": op.calls, "ms": op.ms, "tflops": tflops})
             })
             .collect(),
@@ -1116,6 +1116,11 @@ pub fn profile_table(lines: &[Line]) -> String {
         );
     }
     s
+}
+
+/// The rate a profiled GEMM ran at, in TFLOP/s (None for kernels).
+fn gemm_tflops(op: &gpu_core::OpTime) -> Option<f64> {
+    gemm_flops(&op.label).map(|f| f * op.calls as f64 / op.ms / 1e9)
 }
 
 /// 2·m·n·k of a profile label `gemm m×n×k…` (None for other labels).
