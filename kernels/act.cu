@@ -1,26 +1,7 @@
 // Activations, gated and plain, on GEMM outputs (f32 or bf16, in = out dtype); math in f32.
 // Entry points: gated_act_{f32,bf16}, act_{f32,bf16}, cast_f32_bf16. Mode numbers match gpu_core::Activation.
 #include "common.cuh"
-
-#define ACT_GELU_TANH 0
-#define ACT_QUICK_GELU 1
-#define ACT_GELU_ERF 2
-#define ACT_SILU 3
-#define ACT_IDENTITY 4
-
-__device__ __forceinline__ float act_apply(int mode, float x) {
-    switch (mode) {
-        case ACT_GELU_TANH: {
-            // 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))), torch gelu(approximate='tanh')
-            float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-            return 0.5f * x * (1.0f + tanhf(u));
-        }
-        case ACT_QUICK_GELU: return x / (1.0f + expf(-1.702f * x));
-        case ACT_GELU_ERF: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
-        case ACT_SILU: return x / (1.0f + expf(-x));
-        default: return x;
-    }
-}
+#include "act_math.cuh"
 
 // Vector path (host-chosen: columns, strides and offsets multiples of 16 bytes / sizeof(T), aligned
 // bases, fewer than 2^31 chunks): each thread handles ACT_UNROLL 16-byte chunks (8 bf16 or 4 f32 columns

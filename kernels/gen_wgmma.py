@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Writes wgmma_ops.cuh: inline-PTX wrappers for the warpgroup MMAs the sm_90a attention kernel uses.
+"""Writes wgmma_ops.cuh: inline-PTX wrappers for the warpgroup MMAs of the sm_90a kernels (attention, GEMM).
 
 The accumulator lists of wgmma are N/2 registers long and must be spelled out in the asm operand list,
 so they are generated. Run: python3 kernels/gen_wgmma.py > kernels/wgmma_ops.cuh
 """
 
-SS_N = [64, 96, 128, 192]   # S = Q·Kᵀ: A (Q) and B (K) from shared memory, N = key tile
+SS_N = [64, 96, 128, 192, 256]  # A and B from shared memory: S = Q·Kᵀ (N = key tile), the GEMM (N = tile width)
 RS_N = [64, 72, 96]       # O += P·V: A (P) from registers, B (V) from shared memory N-major, N = head dim
 
 
