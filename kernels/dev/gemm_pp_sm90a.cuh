@@ -100,43 +100,10 @@ __device__ __forceinline__ void gemm_pp(const TmaDesc* mx, const TmaDesc* mw, bf
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(empty + 8 * (int)((base + KB - 1) % ST));
 
-        // epilogue: bias, clamps, activation (and gate), one rounding to bf16, stores straight from the
-        // accumulator layout (thread: rows warp·16 + lane/4 (+8) and columns j·8 + 2·(lane%4) (+1) of each
-        // 64-row slice)
-        const int q = lane & 3;
+        // epilogue (the cooperative kernel's, per 64-row slice; accurate activations)
 #pragma unroll
-        for (int mi = 0; mi < MI; mi++) {
-            const int r0 = m0 + mi * 64 + warp * 16 + (lane >> 2);
-#pragma unroll
-            for (int j = 0; j < BN / 8; j += (GATED ? 2 : 1)) {
-                const int c = n0 + j * 8 + 2 * q;  // W row of acc[.. j·4 ..]
-                const bool cin = c < N;             // N ≡ 0 (mod 8, gated 16): the group is in or out whole
-                float b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                if (cin) {
-                    load_bias2(bias, bias_bf16, c, b[0], b[1]);
-                    if (GATED) load_bias2(bias, bias_bf16, c + 8, b[2], b[3]);
-                }
-#pragma unroll
-                for (int hr = 0; hr < 2; hr++) {
-                    const int r = r0 + 8 * hr;
-                    float v[2];
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float a = acc[mi][j * 4 + 2 * hr + e] + b[e];
-                        if (!GATED) {
-                            v[e] = clampf(act_apply(ACT, clampf(a, ep.g_lo, ep.g_hi)), ep.o_lo, ep.o_hi);
-                        } else {
-                            const float u = clampf(acc[mi][(j + 1) * 4 + 2 * hr + e] + b[2 + e], ep.u_lo, ep.u_hi);
-                            const float g = clampf(fminf(a, ep.glim), ep.g_lo, ep.g_hi);
-                            v[e] = clampf(act_apply(ACT, g) * u, ep.o_lo, ep.o_hi);
-                        }
-                    }
-                    // gated: W rows 16g..16g+7 are gates 8g..8g+7, rows 16g+8..16g+15 their ups
-                    const int oc = GATED ? (n0 >> 1) + (j >> 1) * 8 + 2 * q : c;
-                    if (cin && r < M) *reinterpret_cast<uint32_t*>(y + (long long)r * ldy + oc) = pack_bf16(v[0], v[1]);
-                }
-            }
-        }
+        for (int mi = 0; mi < MI; mi++)
+            epilogue<BN, ACT, GATED, false>(acc[mi], m0 + mi * 64, n0, warp, lane, y, ldy, bias, bias_bf16, M, N, ep);
     }
 }
 
