@@ -96,6 +96,10 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], int m0, int
     }
 }
 
+// ACT value of a timing-only instantiation of gemm_coop: the mainloop without the epilogue (the harness
+// attributes a tile's time to products and epilogue with it).
+#define GEMM_NO_EPILOGUE (-1)
+
 // Shared-memory bytes of the cooperative configuration: ST stages of x [128 rows] + W [256 rows] k-blocks.
 template <int ST>
 struct CoopSmem {
@@ -201,7 +205,15 @@ __device__ __forceinline__ void gemm_coop(const TmaDesc* mx, const TmaDesc* mw, 
         }
         wgmma_wait<0>();
         release(p - 1);
-        epilogue<BN, ACT, GATED, FAST>(acc, m0 + cw * 64, n0, warp, lane, y, ldy, bias, bias_bf16, M, N, ep);
+        if constexpr (ACT == GEMM_NO_EPILOGUE) {
+            // timing only: the products without the epilogue (a sum the compiler cannot drop, almost never stored)
+            float sum = 0.0f;
+#pragma unroll
+            for (int e = 0; e < BN / 2; e++) sum += acc[e];
+            if (sum == 1234.5f) y[0] = __float2bfloat16_rn(sum);
+        } else {
+            epilogue<BN, ACT, GATED, FAST>(acc, m0 + cw * 64, n0, warp, lane, y, ldy, bias, bias_bf16, M, N, ep);
+        }
     }
 }
 }  // namespace gemm_ws

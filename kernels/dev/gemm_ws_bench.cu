@@ -238,14 +238,18 @@ int main(int argc, char** argv) {
         {"odd tails gated 777x272x136", 777, 272, 136, ACT_SILU, true},
     };
     // pp: ping-pong (bm, bn); co: cooperative 128×256 (cl = cluster size, fast = approximate activation)
+    // (noepi: the cooperative mainloop alone, timed but not checked: its share of "co-s4"'s time)
     struct Cfg2 {
         const char* name;
         bool coop;
         int bm, bn, st, cl;
         bool fast;
+        bool noepi = false;
     };
     const Cfg2 cfgs[] = {{"pp128s5", false, 128, 128, 5, 1, false},
                          {"co-s4", true, 128, 256, 4, 1, false},
+                         {"co-s4-noepi", true, 128, 256, 4, 1, false, true},
+                         {"co-s4-f", true, 128, 256, 4, 1, true},
                          {"co-s4-cl2", true, 128, 256, 4, 2, false},
                          {"co-s4-cl2-f", true, 128, 256, 4, 2, true}};
     // launcher per config x act x gated
@@ -255,6 +259,12 @@ int main(int argc, char** argv) {
         if (c.coop) {
             const int mg = ((M + 127) / 128 + c.cl - 1) / c.cl, ctiles = mg * ((N + 255) / 256);
             const int bytes = gemm_ws::CoopSmem<4>::BYTES;
+            if (c.noepi) {
+                auto k = gco<4, 1, GEMM_NO_EPILOGUE, false, false>;
+                CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+                k<<<std::min(ctiles, sms), 384, bytes>>>(mx, mw, y, ldy, bias, M, N, K, ep);
+                return;
+            }
 #define GCO_CASE(CL, ACT, G, F)                                                                   \
     if (c.cl == CL && act == ACT && gated == G && c.fast == F) {                                  \
         auto k = CL == 1 ? gco<4, 1, ACT, G, F> : gco2<4, ACT, G, F>;                              \
@@ -277,6 +287,7 @@ int main(int argc, char** argv) {
     GCO_CASE(CL, ACT_QUICK_GELU, false, F) GCO_CASE(CL, ACT_IDENTITY, false, F)                    \
     GCO_CASE(CL, ACT_GELU_TANH, true, F) GCO_CASE(CL, ACT_SILU, true, F)
             GCO_ACTS(1, false)
+            GCO_ACTS(1, true)
             GCO_ACTS(2, false)
             GCO_ACTS(2, true)
             printf("no coop kernel for %s\n", c.name);
@@ -394,10 +405,11 @@ int main(int argc, char** argv) {
             const float ms = timer([&]() { launch(c, cs.act, cs.gated, ax, aw, y1, cols, bi, M, N, K); }, iters);
             // pass: finite, within 2e-3 of the f32 reference (one bf16 rounding ≈ 2e-3 / sqrt(3)), no worse
             // than the baseline's two roundings by more than 10 %
-            const bool ok = std::isfinite(rl) && rl < 3e-3 && rl <= rl_lt * 1.1 + 1e-5;
+            const bool ok = c.noepi || (std::isfinite(rl) && rl < 3e-3 && rl <= rl_lt * 1.1 + 1e-5);
             if (!ok) fails++;
             printf("%-28s %-11s %9.4f %9.4f %9.4f %9.4f %6.3fx %7.0f %9.2e %9.2e %s\n", cs.name, c.name, lt_ms, act_ms,
-                   lt_ms + act_ms, ms, (lt_ms + act_ms) / ms, flop / ms / 1e9, rl_lt, rl, ok ? "PASS" : "FAIL");
+                   lt_ms + act_ms, ms, (lt_ms + act_ms) / ms, flop / ms / 1e9, rl_lt, rl,
+                   c.noepi ? "(timing only)" : ok ? "PASS" : "FAIL");
         }
         CK(cudaFree(x));
         CK(cudaFree(w));
