@@ -249,6 +249,7 @@ int main(int argc, char** argv) {
     const Cfg2 cfgs[] = {{"pp128s5", false, 128, 128, 5, 1, false},
                          {"co-s4", true, 128, 256, 4, 1, false},
                          {"co-s4-noepi", true, 128, 256, 4, 1, false, true},
+                         {"co-s3", true, 128, 256, 3, 1, false},
                          {"co-s4-f", true, 128, 256, 4, 1, true},
                          {"co-s4-cl2", true, 128, 256, 4, 2, false},
                          {"co-s4-cl2-f", true, 128, 256, 4, 2, true}};
@@ -259,6 +260,20 @@ int main(int argc, char** argv) {
         if (c.coop) {
             const int mg = ((M + 127) / 128 + c.cl - 1) / c.cl, ctiles = mg * ((N + 255) / 256);
             const int bytes = gemm_ws::CoopSmem<4>::BYTES;
+            if (c.st == 3) {  // pipeline-depth sensitivity: one stage fewer
+                const int b3 = gemm_ws::CoopSmem<3>::BYTES;
+#define GCO3_CASE(ACT, G)                                                                     \
+    if (act == ACT && gated == G) {                                                           \
+        auto k = gco<3, 1, ACT, G, false>;                                                    \
+        CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, b3));        \
+        k<<<std::min(ctiles, sms), 384, b3>>>(mx, mw, y, ldy, bias, M, N, K, ep);             \
+        return;                                                                               \
+    }
+                GCO3_CASE(ACT_QUICK_GELU, false)
+                GCO3_CASE(ACT_IDENTITY, false)
+                GCO3_CASE(ACT_GELU_TANH, true)
+                GCO3_CASE(ACT_SILU, true)
+            }
             if (c.noepi) {
                 auto k = gco<4, 1, GEMM_NO_EPILOGUE, false, false>;
                 CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
