@@ -6,7 +6,7 @@ use cudarc::driver::DeviceRepr;
 use crate::Result;
 
 /// A CUDA tensor map: 128 opaque bytes made by the driver, passed to a kernel by value
-/// (`const __grid_constant__ TmaDesc` in `kernels/flash_attn_sm90a.cu`).
+/// (`const __grid_constant__ TmaDesc`, declared in `kernels/sm90a.cuh`).
 #[derive(Clone, Copy)]
 #[repr(C, align(128))]
 pub(crate) struct TensorMap([u64; 16]);
