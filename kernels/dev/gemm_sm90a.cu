@@ -216,4 +216,164 @@ __device__ __forceinline__ void gemm_coop(const TmaDesc* mx, const TmaDesc* mw, 
         }
     }
 }
+
+// Shared-memory bytes of the epilogue-warpgroup variant: ST ring stages, the 128×256 bf16 staging tile,
+// barriers (ring full/empty, staging full/empty).
+template <int ST>
+struct EpiSmem {
+    static constexpr int STAGE = CoopSmem<ST>::STAGE;
+    static constexpr int STG = ST * STAGE;             // staging tile, 128 rows × 512 bytes
+    static constexpr int BAR = STG + 128 * 512;
+    static constexpr int BYTES = BAR + 16 * ST + 16 + 1024;
+};
+
+// Staging-tile byte offset of 16-byte chunk `c` (8 columns) of row `r`: chunks XOR-swizzled by r mod 8, so
+// the consumers' 4-byte writes (8 rows × 4 column pairs per warp instruction) and the epilogue warps'
+// 16-byte reads (one row per warp) both spread over the banks.
+__device__ __forceinline__ uint32_t stg_off(int r, int c) { return (uint32_t)(r * 512 + ((c ^ (r & 7)) << 4)); }
+
+// Cooperative mainloop as gemm_coop (no cluster), with the epilogue moved off the tensor cores' path: the
+// consumers add the bias to their accumulators, round to bf16 (as cuBLASLt's bias epilogue does) into a
+// shared staging tile and go on to the next tile's products at once; three epilogue warps apply the clamps
+// and the activation (or the gate) from the staging tile and write y with 16-byte coalesced stores (y's row
+// stride and column offset multiples of 8). The
+// numerics are the unfused path's (GEMM + bias rounded to bf16, then the activation on bf16 values). The
+// ring has 3 stages (the staging tile takes the fourth's shared memory). 384 threads: warp 0 of warpgroup 0 is
+// the producer, its warps 1..3 the epilogue (a fourth warpgroup would cap every thread at 128 registers, and
+// m64n256k16 needs its 128 accumulators plus operands).
+template <int ST, int ACT, bool GATED, bool FAST>
+__device__ __forceinline__ void gemm_epi(const TmaDesc* mx, const TmaDesc* mw, bf16* __restrict__ y, long long ldy,
+                                         const void* __restrict__ bias, int bias_bf16, int M, int N, int K,
+                                         const GemmClamps ep) {
+    using L = EpiSmem<ST>;
+    constexpr int BM = 128, BN = 256;
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+    const uint32_t s0 = smem_u32(smem), stg = s0 + L::STG;
+    const uint32_t full = s0 + L::BAR, empty = full + 8 * ST, sfull = empty + 8 * ST, sempty = sfull + 8;
+    const int mt = (M + BM - 1) / BM, nt = (N + BN - 1) / BN;
+    const int tiles = mt * nt, KB = (K + 63) / 64;
+    const int tid = threadIdx.x, wg = tid >> 7;
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 8);
+        }
+        mbar_init(sfull, 8);   // the consumers' 8 warps have written the staging tile
+        mbar_init(sempty, 3);  // the epilogue's 3 warps have read it
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    const int warp = (tid >> 5) & 3, lane = tid & 31;
+    if (wg == 0) reg_dealloc<56>();
+    if (tid == 0) {  // producer
+        tma_prefetch_desc(mx);
+        tma_prefetch_desc(mw);
+        long long p = 0;
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+            const int m0 = (t / nt) * BM, n0 = (t % nt) * BN;
+            for (int kb = 0; kb < KB; kb++, p++) {
+                const int s = (int)(p % ST);
+                const uint32_t a = s0 + s * L::STAGE;
+                mbar_wait(empty + 8 * s, (uint32_t)(((p / ST) & 1) ^ 1));
+                mbar_expect_tx(full + 8 * s, L::STAGE);
+                tma_load_2d(a, mx, kb * 64, m0, full + 8 * s);
+                tma_load_2d(a + CoopSmem<ST>::AB, mw, kb * 64, n0, full + 8 * s);
+            }
+        }
+        return;
+    }
+    if (wg == 0 && warp == 0) return;  // the producer warp's other lanes
+    if (wg == 0) {  // epilogue warps 1..3: one row of the staging tile per warp at a time
+        auto act = [](float x) { return FAST ? act_apply_fast(ACT, x) : act_apply(ACT, x); };
+        int i = 0;
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x, i++) {
+            const int m0 = (t / nt) * BM, n0 = (t % nt) * BN;
+            mbar_wait(sfull, (uint32_t)(i & 1));
+            for (int r = warp - 1; r < BM; r += 3) {
+                const int row = m0 + r;
+                // plain: lane = chunk (8 columns); gated: lanes 0..15 = output chunks (gate chunk 2c, up 2c + 1)
+                const int c = GATED ? 2 * lane : lane;
+                float o[8];
+                bool live = row < M && (!GATED || lane < 16) && n0 + c * 8 < N;
+                if (live) {
+                    float g[8], u[8];
+                    const uint4 gv = *reinterpret_cast<const uint4*>(smem + (stg - s0) + stg_off(r, c));
+                    const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        g[2 * e] = bf16_lo_f32(gw[e]);
+                        g[2 * e + 1] = bf16_hi_f32(gw[e]);
+                    }
+                    if (GATED) {
+                        const uint4 uv = *reinterpret_cast<const uint4*>(smem + (stg - s0) + stg_off(r, c + 1));
+                        const uint32_t uw[4] = {uv.x, uv.y, uv.z, uv.w};
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            u[2 * e] = bf16_lo_f32(uw[e]);
+                            u[2 * e + 1] = bf16_hi_f32(uw[e]);
+                        }
+                    }
+#pragma unroll
+                    for (int e = 0; e < 8; e++) {
+                        if (!GATED) {
+                            o[e] = clampf(act(clampf(g[e], ep.g_lo, ep.g_hi)), ep.o_lo, ep.o_hi);
+                        } else {
+                            const float gg = clampf(fminf(g[e], ep.glim), ep.g_lo, ep.g_hi);
+                            o[e] = clampf(act(gg) * clampf(u[e], ep.u_lo, ep.u_hi), ep.o_lo, ep.o_hi);
+                        }
+                    }
+                    const int oc = GATED ? (n0 >> 1) + lane * 8 : n0 + c * 8;
+                    store_vec16(y + (long long)row * ldy + oc, o);
+                }
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(sempty);
+        }
+        return;
+    }
+
+    reg_alloc<224>();
+    const int cw = wg - 1;
+    float acc[BN / 2];
+    long long p = 0;
+    int i = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, i++) {
+        const int n0 = (t % nt) * BN;  // the rows are the epilogue warps' business (staging rows are tile rows)
+#pragma unroll
+        for (int e = 0; e < BN / 2; e++) acc[e] = 0.0f;
+        for (int kb = 0; kb < KB; kb++, p++) {
+            const int s = (int)(p % ST);
+            const uint32_t a = s0 + s * L::STAGE + cw * 64 * 128, b = s0 + s * L::STAGE + CoopSmem<ST>::AB;
+            mbar_wait(full + 8 * s, (uint32_t)((p / ST) & 1));
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                Mma<BN>::run(acc, desc_sw128(a + kk * 32, 16, 1024), desc_sw128(b + kk * 32, 16, 1024));
+            wgmma_commit();
+            wgmma_wait<1>();
+            if (kb > 0 && lane == 0) mbar_arrive(empty + 8 * (int)((p - 1) % ST));
+        }
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(empty + 8 * (int)((p - 1) % ST));
+        // the epilogue warps must have read the previous tile out of the staging tile
+        mbar_wait(sempty, (uint32_t)((i & 1) ^ 1));
+        const int q = lane & 3, rl = cw * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            const int c = n0 + j * 8 + 2 * q;
+            float b0 = 0.0f, b1 = 0.0f;
+            if (c < N) load_bias2(bias, bias_bf16, c, b0, b1);
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int r = rl + 8 * hr;
+                const uint32_t v = pack_bf16(acc[j * 4 + 2 * hr] + b0, acc[j * 4 + 2 * hr + 1] + b1);
+                *reinterpret_cast<uint32_t*>(smem + (stg - s0) + stg_off(r, j) + 4 * q) = v;
+            }
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(sfull);
+    }
+}
 }  // namespace gemm_ws

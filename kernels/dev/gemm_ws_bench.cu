@@ -59,6 +59,13 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)
     gemm_ws::gemm_coop<ST, 2, ACT, GATED, FAST>(&mx, &mw, y, ldy, bias, 1, M, N, K, ep);
 }
 
+template <int ACT, bool GATED, bool FAST>
+__global__ void __launch_bounds__(384, 1) gep(const __grid_constant__ TmaDesc mx, const __grid_constant__ TmaDesc mw,
+                                              bf16* y, long long ldy, const bf16* bias, int M, int N, int K,
+                                              const gemm_ws::GemmClamps ep) {
+    gemm_ws::gemm_epi<3, ACT, GATED, FAST>(&mx, &mw, y, ldy, bias, 1, M, N, K, ep);
+}
+
 static TmaDesc make_map(const bf16* base, int k, int rows, long long ld, int box_rows) {
     TmaDesc m;
     cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
@@ -245,11 +252,14 @@ int main(int argc, char** argv) {
         int bm, bn, st, cl;
         bool fast;
         bool noepi = false;
+        bool epiwg = false;  // the epilogue-warps variant (3 stages)
     };
     const Cfg2 cfgs[] = {{"pp128s5", false, 128, 128, 5, 1, false},
                          {"co-s4", true, 128, 256, 4, 1, false},
                          {"co-s4-noepi", true, 128, 256, 4, 1, false, true},
                          {"co-s3", true, 128, 256, 3, 1, false},
+                         {"co-epi", true, 128, 256, 3, 1, false, false, true},
+                         {"co-epi-f", true, 128, 256, 3, 1, true, false, true},
                          {"co-s4-f", true, 128, 256, 4, 1, true},
                          {"co-s4-cl2", true, 128, 256, 4, 2, false},
                          {"co-s4-cl2-f", true, 128, 256, 4, 2, true}};
@@ -260,6 +270,21 @@ int main(int argc, char** argv) {
         if (c.coop) {
             const int mg = ((M + 127) / 128 + c.cl - 1) / c.cl, ctiles = mg * ((N + 255) / 256);
             const int bytes = gemm_ws::CoopSmem<4>::BYTES;
+            if (c.epiwg) {
+                const int be = gemm_ws::EpiSmem<3>::BYTES;
+#define GEP_CASE(ACT, G, F)                                                                   \
+    if (act == ACT && gated == G && c.fast == F) {                                            \
+        auto k = gep<ACT, G, F>;                                                              \
+        CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, be));        \
+        k<<<std::min(ctiles, sms), 384, be>>>(mx, mw, y, ldy, bias, M, N, K, ep);             \
+        return;                                                                               \
+    }
+#define GEP_ACTS(F)                                                                           \
+    GEP_CASE(ACT_QUICK_GELU, false, F) GEP_CASE(ACT_IDENTITY, false, F)                       \
+    GEP_CASE(ACT_GELU_TANH, true, F) GEP_CASE(ACT_SILU, true, F)
+                GEP_ACTS(false)
+                GEP_ACTS(true)
+            }
             if (c.st == 3) {  // pipeline-depth sensitivity: one stage fewer
                 const int b3 = gemm_ws::CoopSmem<3>::BYTES;
 #define GCO3_CASE(ACT, G)                                                                     \
