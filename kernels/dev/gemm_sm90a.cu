@@ -109,6 +109,73 @@ struct CoopSmem {
     static constexpr int BYTES = BAR + 16 * ST + 1024;
 };
 
+// The cooperative kernels' producer (one thread): every tile group's k-blocks into the ST-stage ring at s0
+// (CoopSmem layout; with CL > 1 W's k-block split over the cluster and multicast), then it stays until every
+// stage's last use is released by every block's consumers (their arrivals land on this block's barriers,
+// which must outlive them).
+template <int ST, int CL>
+__device__ __forceinline__ void coop_produce(const TmaDesc* mx, const TmaDesc* mw, uint32_t s0, uint32_t full,
+                                             uint32_t empty, uint32_t rank, int cid, int ncl, int ctiles, int nt,
+                                             int KB) {
+    using L = CoopSmem<ST>;
+    constexpr int BM = 128, BN = 256;
+    tma_prefetch_desc(mx);
+    tma_prefetch_desc(mw);
+    long long p = 0;
+    for (int ct = cid; ct < ctiles; ct += ncl) {
+        const int m0 = ((ct / nt) * CL + (int)rank) * BM, n0 = (ct % nt) * BN;
+        for (int kb = 0; kb < KB; kb++, p++) {
+            const int s = (int)(p % ST);
+            const uint32_t ph = (uint32_t)((p / ST) & 1);
+            const uint32_t a = s0 + s * L::STAGE, b = a + L::AB;
+            mbar_wait(empty + 8 * s, ph ^ 1);
+            mbar_expect_tx(full + 8 * s, L::STAGE);
+            tma_load_2d(a, mx, kb * 64, m0, full + 8 * s);
+            if (CL == 1) {
+                tma_load_2d(b, mw, kb * 64, n0, full + 8 * s);
+            } else {
+                constexpr int part = BN / CL;  // W rows this block loads for the cluster
+                tma_load_2d_multicast(b + rank * part * 128, mw, kb * 64, n0 + (int)rank * part, full + 8 * s,
+                                      (uint16_t)((1u << CL) - 1));
+            }
+        }
+    }
+    for (int i = 0; i < ST; i++, p++) mbar_wait(empty + 8 * (int)(p % ST), (uint32_t)(((p / ST) & 1) ^ 1));
+}
+
+// One consumer warpgroup's products for one tile: its 64 rows (cw) × 256 columns into `acc`, k-blocks from
+// ring position p on (p advances by KB), each stage released on every block of the cluster once read.
+template <int ST, int CL>
+__device__ __forceinline__ void coop_products(float (&acc)[128], uint32_t s0, uint32_t full, uint32_t empty,
+                                              long long& p, int KB, int cw, int lane) {
+    using L = CoopSmem<ST>;
+    auto release = [&](long long q) {
+        if (lane == 0) {
+            const uint32_t e = empty + 8 * (int)(q % ST);
+            if (CL == 1) mbar_arrive(e);
+            else
+#pragma unroll
+                for (int r = 0; r < CL; r++) mbar_arrive_cluster(map_to_rank(e, r));
+        }
+    };
+#pragma unroll
+    for (int e = 0; e < 128; e++) acc[e] = 0.0f;
+    for (int kb = 0; kb < KB; kb++, p++) {
+        const int s = (int)(p % ST);
+        const uint32_t a = s0 + s * L::STAGE + cw * 64 * 128, b = s0 + s * L::STAGE + L::AB;
+        mbar_wait(full + 8 * s, (uint32_t)((p / ST) & 1));
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            Mma<256>::run(acc, desc_sw128(a + kk * 32, 16, 1024), desc_sw128(b + kk * 32, 16, 1024));
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kb > 0) release(p - 1);
+    }
+    wgmma_wait<0>();
+    release(p - 1);
+}
+
 // Cooperative variant: one 128×256 tile per block at a time, each consumer warpgroup 64 rows × 256 columns
 // (m64n256k16), so a block loads 48 KB per k-block for 4.2 MFLOP (twice the ping-pong tile's reuse). With
 // CL = 2 the two blocks of a cluster take vertically adjacent tiles of the same W columns and each loads
@@ -144,32 +211,7 @@ __device__ __forceinline__ void gemm_coop(const TmaDesc* mx, const TmaDesc* mw, 
 
     if (wg == 0) {  // producer
         reg_dealloc<24>();
-        if (tid == 0) {
-            tma_prefetch_desc(mx);
-            tma_prefetch_desc(mw);
-            long long p = 0;
-            for (int ct = cid; ct < ctiles; ct += ncl) {
-                const int m0 = ((ct / nt) * CL + (int)rank) * BM, n0 = (ct % nt) * BN;
-                for (int kb = 0; kb < KB; kb++, p++) {
-                    const int s = (int)(p % ST);
-                    const uint32_t ph = (uint32_t)((p / ST) & 1);
-                    const uint32_t a = s0 + s * L::STAGE, b = a + L::AB;
-                    mbar_wait(empty + 8 * s, ph ^ 1);
-                    mbar_expect_tx(full + 8 * s, L::STAGE);
-                    tma_load_2d(a, mx, kb * 64, m0, full + 8 * s);
-                    if (CL == 1) {
-                        tma_load_2d(b, mw, kb * 64, n0, full + 8 * s);
-                    } else {
-                        constexpr int part = BN / CL;  // W rows this block loads for the cluster
-                        tma_load_2d_multicast(b + rank * part * 128, mw, kb * 64, n0 + (int)rank * part, full + 8 * s,
-                                              (uint16_t)((1u << CL) - 1));
-                    }
-                }
-            }
-            // Stay until every stage's last use is released by every block's consumers: their arrivals
-            // land on this block's barriers, which must outlive them.
-            for (int i = 0; i < ST; i++, p++) mbar_wait(empty + 8 * (int)(p % ST), (uint32_t)(((p / ST) & 1) ^ 1));
-        }
+        if (tid == 0) coop_produce<ST, CL>(mx, mw, s0, full, empty, rank, cid, ncl, ctiles, nt, KB);
         return;
     }
 
@@ -177,34 +219,10 @@ __device__ __forceinline__ void gemm_coop(const TmaDesc* mx, const TmaDesc* mw, 
     const int cw = wg - 1;
     const int warp = (tid >> 5) & 3, lane = tid & 31;
     float acc[BN / 2];
-    auto release = [&](long long p) {
-        if (lane == 0) {
-            const uint32_t e = empty + 8 * (int)(p % ST);
-            if (CL == 1) mbar_arrive(e);
-            else
-#pragma unroll
-                for (int r = 0; r < CL; r++) mbar_arrive_cluster(map_to_rank(e, r));
-        }
-    };
     long long p = 0;
     for (int ct = cid; ct < ctiles; ct += ncl) {
         const int m0 = ((ct / nt) * CL + (int)rank) * BM, n0 = (ct % nt) * BN;
-#pragma unroll
-        for (int e = 0; e < BN / 2; e++) acc[e] = 0.0f;
-        for (int kb = 0; kb < KB; kb++, p++) {
-            const int s = (int)(p % ST);
-            const uint32_t a = s0 + s * L::STAGE + cw * 64 * 128, b = s0 + s * L::STAGE + L::AB;
-            mbar_wait(full + 8 * s, (uint32_t)((p / ST) & 1));
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                Mma<BN>::run(acc, desc_sw128(a + kk * 32, 16, 1024), desc_sw128(b + kk * 32, 16, 1024));
-            wgmma_commit();
-            wgmma_wait<1>();
-            if (kb > 0) release(p - 1);
-        }
-        wgmma_wait<0>();
-        release(p - 1);
+        coop_products<ST, CL>(acc, s0, full, empty, p, KB, cw, lane);
         if constexpr (ACT == GEMM_NO_EPILOGUE) {
             // timing only: the products without the epilogue (a sum the compiler cannot drop, almost never stored)
             float sum = 0.0f;
@@ -268,20 +286,7 @@ __device__ __forceinline__ void gemm_epi(const TmaDesc* mx, const TmaDesc* mw, b
     const int warp = (tid >> 5) & 3, lane = tid & 31;
     if (wg == 0) reg_dealloc<56>();
     if (tid == 0) {  // producer
-        tma_prefetch_desc(mx);
-        tma_prefetch_desc(mw);
-        long long p = 0;
-        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-            const int m0 = (t / nt) * BM, n0 = (t % nt) * BN;
-            for (int kb = 0; kb < KB; kb++, p++) {
-                const int s = (int)(p % ST);
-                const uint32_t a = s0 + s * L::STAGE;
-                mbar_wait(empty + 8 * s, (uint32_t)(((p / ST) & 1) ^ 1));
-                mbar_expect_tx(full + 8 * s, L::STAGE);
-                tma_load_2d(a, mx, kb * 64, m0, full + 8 * s);
-                tma_load_2d(a + CoopSmem<ST>::AB, mw, kb * 64, n0, full + 8 * s);
-            }
-        }
+        coop_produce<ST, 1>(mx, mw, s0, full, empty, 0, blockIdx.x, gridDim.x, tiles, nt, KB);
         return;
     }
     if (wg == 0 && warp == 0) return;  // the producer warp's other lanes
@@ -341,22 +346,7 @@ __device__ __forceinline__ void gemm_epi(const TmaDesc* mx, const TmaDesc* mw, b
     int i = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x, i++) {
         const int n0 = (t % nt) * BN;  // the rows are the epilogue warps' business (staging rows are tile rows)
-#pragma unroll
-        for (int e = 0; e < BN / 2; e++) acc[e] = 0.0f;
-        for (int kb = 0; kb < KB; kb++, p++) {
-            const int s = (int)(p % ST);
-            const uint32_t a = s0 + s * L::STAGE + cw * 64 * 128, b = s0 + s * L::STAGE + CoopSmem<ST>::AB;
-            mbar_wait(full + 8 * s, (uint32_t)((p / ST) & 1));
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                Mma<BN>::run(acc, desc_sw128(a + kk * 32, 16, 1024), desc_sw128(b + kk * 32, 16, 1024));
-            wgmma_commit();
-            wgmma_wait<1>();
-            if (kb > 0 && lane == 0) mbar_arrive(empty + 8 * (int)((p - 1) % ST));
-        }
-        wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(empty + 8 * (int)((p - 1) % ST));
+        coop_products<ST, 1>(acc, s0, full, empty, p, KB, cw, lane);
         // the epilogue warps must have read the previous tile out of the staging tile
         mbar_wait(sempty, (uint32_t)((i & 1) ^ 1));
         const int q = lane & 3, rl = cw * 64 + warp * 16 + (lane >> 2);
