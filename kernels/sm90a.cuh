@@ -103,4 +103,32 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t lbo, uint
            ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
 
+// ---- bulk tensor stores (shared → global through a tensor map) ----
+// One box of `map` from shared memory at `src` to {col, row}; rows and columns past the map's extent are
+// not written. Completion is tracked per thread in bulk groups (bulk_commit / bulk_wait*).
+__device__ __forceinline__ void tma_store_2d(const TmaDesc* map, uint32_t src, int col, int row) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(map)),
+                 "r"(src), "r"(col), "r"(row)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most N of this thread's committed store groups still read their shared source.
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Until at most N of this thread's committed store groups are still in flight (their global writes done).
+template <int N> __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
+// This thread's shared-memory writes become visible to the bulk copies (the async proxy).
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+// Arrive on an mbarrier of any CTA of the cluster (address from map_to_rank) with CTA-scope release, as
+// CUTLASS's ClusterBarrier does, where the readers of the guarded shared memory are wgmma (async proxy,
+// complete at wgmma_wait): no cluster-scope fence (mbar_arrive_cluster's costs a MEMBAR per arrival).
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t cluster_addr) {
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr) : "memory");
+}
+
 }  // namespace sm90

@@ -2,7 +2,8 @@
 # One GPU-machine call for the fused-GEMM work (kernels/dev/gemm_sm90a.cu): build the harness, check and time
 # every configuration on the towers' MLP shapes against cuBLASLt + act.cu's pass, then Nsight Compute on one
 # shape (the cooperative kernel with and without a cluster, and cuBLASLt) with the warp-stall breakdown.
-# Run from the repository root: OUT=$OUT bash kernels/dev/gemm_device.sh   (SHAPE=<case name part>, ITERS=<n>)
+# Run from the repository root: OUT=$OUT bash kernels/dev/gemm_device.sh   (SHAPE=<case name part>, ITERS=<n>,
+# KERNELS="<ncu kernel-name regexes, space-separated>")
 set -uo pipefail
 OUT=${OUT:-/tmp/gemm_out}
 SHAPE=${SHAPE:-glm gate|up 72 b8}
@@ -16,7 +17,7 @@ echo "build: $(( $(date +%s) - T0 )) s"
 timeout 60 /tmp/gws 5 odd > "$OUT/odd.log" 2>&1 || { echo "TAILS FAILED"; cut -c1-150 "$OUT/odd.log" | tail; exit 1; }
 timeout 240 /tmp/gws "${ITERS:-10}" > "$OUT/gws.log" 2>&1; echo "harness rc=$? after $(( $(date +%s) - T0 )) s"
 SEC=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --print-details all)
-for k in '^gco$' '^gco2$' 'nvjet|xmma|sm90_'; do
+for k in ${KERNELS:-^gco$ ^gemm_(act|gate)_[a-z_]*_sm90a$ nvjet|xmma|sm90_}; do
     GWS_NO_PEAK=1 timeout 90 ncu --clock-control none "${SEC[@]}" -k "regex:$k" --launch-count 1 /tmp/gws 1 "$SHAPE" \
         > "$OUT/ncu_$(echo "$k" | tr -cd 'a-z0-9').txt" 2>&1
 done

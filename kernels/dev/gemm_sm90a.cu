@@ -1,180 +1,35 @@
-// Development kernel (kernels/dev: built by gemm_ws_bench.cu only, not into gpu-core — it does not beat
-// cuBLASLt + the separate activation pass yet; docs/PERF.md v0.10; the gpu-core op and tower wiring that
-// use it are on branch perf/fused-gemm).
-// Warp-specialised persistent GEMM on Hopper (sm_90a: wgmma, TMA multicast in clusters of two blocks,
-// mbarrier, setmaxnreg) with the activation fused into its epilogue: y = act(x·Wᵀ + bias), bf16 operands,
-// f32 accumulation, one bf16 rounding at the end. Why: cuBLASLt has no quick_gelu, SwiGLU or GEGLU
-// epilogue, so a tower would otherwise write the GEMM output, read it back and write it again in a
-// separate activation pass (25–37 % of the GEMM's own time on the towers' shapes, H200).
-//
-// x [M, K] and W [N, K] are row-major (W = PyTorch `Linear.weight`), both K-major for wgmma; y [M, N or
-// N/2] row-major with stride ldy. Block = 1 producer warpgroup + 2 consumer warpgroups, one block per SM;
-// tiles of 128×256 outputs, a cluster of CL blocks taking CL vertically adjacent tiles of the same W
-// columns; the grid is persistent (clusters loop over tile groups).
-// - Producer (24 registers): one thread issues the bulk tensor copies of each tile's k-blocks (64 columns
-//   of x, and its 256/CL rows of W, multicast to the cluster) into an ST-stage ring; stage s has a "full"
-//   mbarrier (transaction bytes) and an "empty" one the consumer warps of every block of the cluster
-//   arrive on (a stage is refilled in all blocks at once).
-// - Consumers: warpgroup c computes rows 64c..64c+63 of the tile (m64n256k16), then the epilogue (bias,
-//   clamps, activation or gate with the approximate SFU functions, one rounding, stores straight from the
-//   accumulator registers) while the producer already loads the next tile's first stages.
-// - GATED: W's rows come in groups of 16, gates 8g..8g+7 then their ups (interleaved once, when the
-//   weights are uploaded), so a thread's accumulators j and j+1 hold the gate and the up of the same two
-//   output columns; y[:, i] = act(gate_i)·up_i (N/2 output columns).
-// Operands come through two 2-D tensor maps {K, rows} (box {64, 128}, 128-byte swizzle): rows past M or N
-// and columns past K read as zeros, so any M, N ≡ 0 (mod 8; gated: mod 16) and K ≡ 0 (mod 8) work.
-// kernels/dev/gemm_pp_sm90a.cuh has the first ("ping-pong") design and why it lost.
-#include "../common.cuh"
-#include "../act_math.cuh"
-#include "../sm90a.cuh"
-#include "../wgmma_ops.cuh"
+// Development variants of the fused-activation GEMM (kernels/gemm_sm90a.cu, the one gpu-core loads), built
+// by gemm_ws_bench.cu only, kept for their measurements (docs/PERF.md v0.10–v0.11):
+// - gemm_coop: the same cooperative mainloop with the epilogue stored straight from the accumulator registers
+//   (16-byte pieces of rows; 0.74–0.93× of cuBLASLt + the separate activation pass), optionally in clusters of
+//   two blocks sharing W by TMA multicast (slower on every shape), or without any epilogue (GEMM_NO_EPILOGUE:
+//   the mainloop's share of a tile's time);
+// - gemm_epi: the epilogue on three warps of the producer warpgroup fed through a shared staging tile
+//   (the activation math on three warps cannot keep up: 0.42–0.97×);
+// - gemm_pp_sm90a.cuh: the first ("ping-pong") design.
+// The production kernel's bulk-store epilogue beat all of them (1.07–1.40×).
+#include "../gemm_sm90a.cu"
 
 namespace gemm_ws {
 using namespace sm90;
 
-// The epilogue's clamps (±inf = none), gpu_core::Gate's: gated y = clamp_o(act(clamp_g(min(g, glim)))·clamp_u(u));
-// plain y = clamp_o(act(clamp_g(a))) (glim, u unused).
-struct GemmClamps {
-    float glim, g_lo, g_hi, u_lo, u_hi, o_lo, o_hi;
-};
-
-// bias[c], bias[c + 1] (f32 or bf16; null = none), c even.
-__device__ __forceinline__ void load_bias2(const void* bias, int bf, int c, float& b0, float& b1) {
-    if (bias == nullptr) return;
-    if (bf) {
-        const uint32_t u = *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(bias) + c);
-        b0 = bf16_lo_f32(u);
-        b1 = bf16_hi_f32(u);
-    } else {
-        const float2 f = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(bias) + c);
-        b0 = f.x;
-        b1 = f.y;
-    }
-}
-
-template <int N> struct Mma;
-template <> struct Mma<256> {
-    static __device__ __forceinline__ void run(float (&d)[128], uint64_t a, uint64_t b) { wgmma_ss_n256(d, a, b, 1); }
-};
-
-// The epilogue of one 64-row slice of output (BN columns held in `acc`, the wgmma m64nBNk16 layout), at
-// rows m0 + warp·16 + lane/4 (+8), W rows (columns) n0 + j·8 + 2·(lane%4) (+1).
+// The epilogue of one 64-row slice of output stored straight from the registers to y, at rows
+// m0 + warp·16 + lane/4 (+8).
 template <int BN, int ACT, bool GATED, bool FAST>
 __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], int m0, int n0, int warp, int lane, bf16* __restrict__ y,
                                          long long ldy, const void* __restrict__ bias, int bias_bf16, int M, int N,
                                          const GemmClamps& ep) {
-    const int q = lane & 3;
     const int r0 = m0 + warp * 16 + (lane >> 2);
-    auto act = [](float x) { return FAST ? act_apply_fast(ACT, x) : act_apply(ACT, x); };
-#pragma unroll
-    for (int j = 0; j < BN / 8; j += (GATED ? 2 : 1)) {
-        const int c = n0 + j * 8 + 2 * q;
-        const bool cin = c < N;
-        float b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (cin) {
-            load_bias2(bias, bias_bf16, c, b[0], b[1]);
-            if (GATED) load_bias2(bias, bias_bf16, c + 8, b[2], b[3]);
-        }
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const int r = r0 + 8 * hr;
-            float v[2];
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const float a = acc[j * 4 + 2 * hr + e] + b[e];
-                if (!GATED) {
-                    v[e] = clampf(act(clampf(a, ep.g_lo, ep.g_hi)), ep.o_lo, ep.o_hi);
-                } else {
-                    const float u = clampf(acc[(j + 1) * 4 + 2 * hr + e] + b[2 + e], ep.u_lo, ep.u_hi);
-                    const float g = clampf(fminf(a, ep.glim), ep.g_lo, ep.g_hi);
-                    v[e] = clampf(act(g) * u, ep.o_lo, ep.o_hi);
-                }
-            }
-            const int oc = GATED ? (n0 >> 1) + (j >> 1) * 8 + 2 * q : c;
-            if (cin && r < M) *reinterpret_cast<uint32_t*>(y + (long long)r * ldy + oc) = pack_bf16(v[0], v[1]);
-        }
-    }
+    bf16* yt = y + (GATED ? (n0 >> 1) : n0);
+    epilogue_values<BN, ACT, GATED, FAST>(acc, n0, lane, bias, bias_bf16, N, ep, [&](int hr, int oc, bool in, uint32_t v) {
+        const int r = r0 + 8 * hr;
+        if (in && r < M) *reinterpret_cast<uint32_t*>(yt + (long long)r * ldy + oc) = v;
+    });
 }
 
 // ACT value of a timing-only instantiation of gemm_coop: the mainloop without the epilogue (the harness
 // attributes a tile's time to products and epilogue with it).
 #define GEMM_NO_EPILOGUE (-1)
-
-// Shared-memory bytes of the cooperative configuration: ST stages of x [128 rows] + W [256 rows] k-blocks.
-template <int ST>
-struct CoopSmem {
-    static constexpr int AB = 128 * 128, BB = 256 * 128;
-    static constexpr int STAGE = AB + BB;
-    static constexpr int BAR = ST * STAGE;
-    static constexpr int BYTES = BAR + 16 * ST + 1024;
-};
-
-// The cooperative kernels' producer (one thread): every tile group's k-blocks into the ST-stage ring at s0
-// (CoopSmem layout; with CL > 1 W's k-block split over the cluster and multicast), then it stays until every
-// stage's last use is released by every block's consumers (their arrivals land on this block's barriers,
-// which must outlive them).
-template <int ST, int CL>
-__device__ __forceinline__ void coop_produce(const TmaDesc* mx, const TmaDesc* mw, uint32_t s0, uint32_t full,
-                                             uint32_t empty, uint32_t rank, int cid, int ncl, int ctiles, int nt,
-                                             int KB) {
-    using L = CoopSmem<ST>;
-    constexpr int BM = 128, BN = 256;
-    tma_prefetch_desc(mx);
-    tma_prefetch_desc(mw);
-    long long p = 0;
-    for (int ct = cid; ct < ctiles; ct += ncl) {
-        const int m0 = ((ct / nt) * CL + (int)rank) * BM, n0 = (ct % nt) * BN;
-        for (int kb = 0; kb < KB; kb++, p++) {
-            const int s = (int)(p % ST);
-            const uint32_t ph = (uint32_t)((p / ST) & 1);
-            const uint32_t a = s0 + s * L::STAGE, b = a + L::AB;
-            mbar_wait(empty + 8 * s, ph ^ 1);
-            mbar_expect_tx(full + 8 * s, L::STAGE);
-            tma_load_2d(a, mx, kb * 64, m0, full + 8 * s);
-            if (CL == 1) {
-                tma_load_2d(b, mw, kb * 64, n0, full + 8 * s);
-            } else {
-                constexpr int part = BN / CL;  // W rows this block loads for the cluster
-                tma_load_2d_multicast(b + rank * part * 128, mw, kb * 64, n0 + (int)rank * part, full + 8 * s,
-                                      (uint16_t)((1u << CL) - 1));
-            }
-        }
-    }
-    for (int i = 0; i < ST; i++, p++) mbar_wait(empty + 8 * (int)(p % ST), (uint32_t)(((p / ST) & 1) ^ 1));
-}
-
-// One consumer warpgroup's products for one tile: its 64 rows (cw) × 256 columns into `acc`, k-blocks from
-// ring position p on (p advances by KB), each stage released on every block of the cluster once read.
-template <int ST, int CL>
-__device__ __forceinline__ void coop_products(float (&acc)[128], uint32_t s0, uint32_t full, uint32_t empty,
-                                              long long& p, int KB, int cw, int lane) {
-    using L = CoopSmem<ST>;
-    auto release = [&](long long q) {
-        if (lane == 0) {
-            const uint32_t e = empty + 8 * (int)(q % ST);
-            if (CL == 1) mbar_arrive(e);
-            else
-#pragma unroll
-                for (int r = 0; r < CL; r++) mbar_arrive_cluster(map_to_rank(e, r));
-        }
-    };
-#pragma unroll
-    for (int e = 0; e < 128; e++) acc[e] = 0.0f;
-    for (int kb = 0; kb < KB; kb++, p++) {
-        const int s = (int)(p % ST);
-        const uint32_t a = s0 + s * L::STAGE + cw * 64 * 128, b = s0 + s * L::STAGE + L::AB;
-        mbar_wait(full + 8 * s, (uint32_t)((p / ST) & 1));
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-            Mma<256>::run(acc, desc_sw128(a + kk * 32, 16, 1024), desc_sw128(b + kk * 32, 16, 1024));
-        wgmma_commit();
-        wgmma_wait<1>();
-        if (kb > 0) release(p - 1);
-    }
-    wgmma_wait<0>();
-    release(p - 1);
-}
 
 // Cooperative variant: one 128×256 tile per block at a time, each consumer warpgroup 64 rows × 256 columns
 // (m64n256k16), so a block loads 48 KB per k-block for 4.2 MFLOP (twice the ping-pong tile's reuse). With
@@ -182,7 +37,8 @@ __device__ __forceinline__ void coop_products(float (&acc)[128], uint32_t s0, ui
 // half of the W k-block, multicast into both (a block reads 32 KB from L2 per k-block). A stage is free
 // for the producer once the consumers of every block that receives it have released it (the empty
 // barriers count 8 warps per block of the cluster; consumers arrive on every block's barrier).
-// Epilogue not overlapped with products (the tensor cores idle while a tile is written).
+// Epilogue not overlapped with products, stored straight from the registers (the tensor cores idle while a
+// tile is written).
 template <int ST, int CL, int ACT, bool GATED, bool FAST>
 __device__ __forceinline__ void gemm_coop(const TmaDesc* mx, const TmaDesc* mw, bf16* __restrict__ y, long long ldy,
                                           const void* __restrict__ bias, int bias_bf16, int M, int N, int K,

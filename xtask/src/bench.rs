@@ -1086,7 +1086,8 @@ pub fn profile_table(lines: &[Line]) -> String {
         let mut other: Vec<(&str, f64)> = Vec::new();
         for op in &l.profile {
             let kernel = op.label.split(' ').next().unwrap_or("");
-            if kernel == "gemm" {
+            // cuBLASLt's GEMMs and the fused-epilogue GEMM kernels (gemm_act_*_sm90a, gemm_gate_*_sm90a)
+            if kernel == "gemm" || kernel.starts_with("gemm_") {
                 gemm += op.ms;
             } else if kernel.starts_with("flash_attn") {
                 attn += op.ms;
@@ -1617,7 +1618,8 @@ mod tests {
                 op("gemm 8×8×8", 5.0),
                 op("flash_attn_ws_hd64_c3 grid 1×1×1 block 512×1", 3.0),
                 op("gated_act_bf16 grid 4×1×1 block 256×1", 1.0),
-                op("gemm 8×8×16 +C", 0.5),
+                op("gemm 8×8×16 +C", 0.25),
+                op("gemm_gate_silu_sm90a grid 132×1×1 block 384×1", 0.25),
                 op("rms_norm_bf16 grid 2×1×1 block 64×1", 0.25),
                 op("gated_act_bf16 grid 8×1×1 block 256×1", 0.25),
             ],

@@ -78,7 +78,7 @@ pub struct Device {
     /// Dynamic shared memory a block may use (the device's opt-in maximum, set on the large kernels).
     pub(crate) smem_optin: usize,
     /// Streaming multiprocessors, read once (the attention launcher's wave model asks per launch).
-    sms: usize,
+    pub(crate) sms: usize,
     /// Per-operation events while a profile is recorded ([`Device::profile_begin`]).
     pub(crate) prof: crate::profile::Recorder,
 }

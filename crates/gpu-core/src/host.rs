@@ -3,7 +3,7 @@
 //! (row-major, channels last); see `kernels/README.md`.
 use rayon::prelude::*;
 
-use crate::ops::{Activation, Clamp, Gate, RopeLayout};
+use crate::ops::{Activation, Clamp, FusedAct, Gate, RopeLayout, GATE_UP_GROUP};
 
 fn clamp(x: f32, c: Clamp) -> f32 {
     x.max(c.lo).min(c.hi)
@@ -94,6 +94,38 @@ pub fn act(x: &[f32], a: Activation, input: Clamp, output: Clamp) -> Vec<f32> {
     x.par_iter()
         .map(|&v| clamp(activation(a, clamp(v, input)), output))
         .collect()
+}
+
+/// [`crate::Device::gemm_act`]'s twin: `act(x·Wᵀ + b)` for `x [m, k]`, `W [n, k]`; gated, W's rows (and
+/// the bias) are in the [`crate::interleave_gate_up`] order and the result is `[m, n/2]`.
+pub fn gemm_act(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    m: usize,
+    n: usize,
+    k: usize,
+    fa: FusedAct,
+) -> Vec<f32> {
+    let y = gemm(x, w, bias, m, n, k);
+    match fa {
+        FusedAct::Plain {
+            act: a,
+            input,
+            output,
+        } => act(&y, a, input, output),
+        FusedAct::Gated(g) => {
+            let half = n / 2;
+            // output column i: gate at interleaved row 16·(i/8) + i%8, its up 8 rows further
+            let col = |i: usize| 2 * GATE_UP_GROUP * (i / GATE_UP_GROUP) + i % GATE_UP_GROUP;
+            let pick = |off: usize| -> Vec<f32> {
+                (0..m * half)
+                    .map(|e| y[(e / half) * n + col(e % half) + off])
+                    .collect()
+            };
+            gated_act(&pick(0), &pick(GATE_UP_GROUP), g)
+        }
+    }
 }
 
 /// RMSNorm of dense rows of width h.
@@ -403,6 +435,49 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fused twin on an interleaved weight is the two-step law on the stacked one, exactly.
+    #[test]
+    fn gemm_act_twin_is_gemm_then_activation() {
+        let (m, half, k) = (5usize, 16usize, 7usize);
+        let n = 2 * half;
+        let val = |i: usize, s: f32| ((i * 37 % 23) as f32 - 11.0) * s;
+        let x: Vec<f32> = (0..m * k).map(|i| val(i, 0.1)).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| val(i + 5, 0.07)).collect();
+        let b: Vec<f32> = (0..n).map(|i| val(i + 9, 0.02)).collect();
+        let g = Gate {
+            act: Activation::GeluTanh,
+            gate_limit: 0.5,
+            gate: Clamp::new(-1.0, 2.0),
+            up: Clamp::new(-0.3, 0.3),
+            out: Clamp::new(-0.2, 0.25),
+        };
+        let y = gemm(&x, &w, Some(&b), m, n, k);
+        let cols = |c0: usize| -> Vec<f32> {
+            (0..m * half)
+                .map(|e| y[(e / half) * n + c0 + e % half])
+                .collect()
+        };
+        let want = gated_act(&cols(0), &cols(half), g);
+        let wi = crate::interleave_gate_up(&w, half, k).unwrap();
+        let bi = crate::interleave_gate_up(&b, half, 1).unwrap();
+        assert_eq!(
+            gemm_act(&x, &wi, Some(&bi), m, n, k, FusedAct::Gated(g)),
+            want
+        );
+        let plain = FusedAct::Plain {
+            act: Activation::QuickGelu,
+            input: Clamp::new(-1.0, 1.0),
+            output: Clamp::NONE,
+        };
+        let want = act(
+            &y,
+            Activation::QuickGelu,
+            Clamp::new(-1.0, 1.0),
+            Clamp::NONE,
+        );
+        assert_eq!(gemm_act(&x, &w, Some(&b), m, n, k, plain), want);
+    }
 
     #[test]
     fn erf_matches_known_values() {

@@ -22,6 +22,8 @@ pub enum Module {
     FlashAttn,
     /// `kernels/flash_attn_sm90a.cu` (wgmma, TMA, warp specialisation; loaded only on compute capability 9.0)
     FlashAttnSm90a,
+    /// `kernels/gemm_sm90a.cu` (the GEMM with the activation in its epilogue; compute capability 9.0 only)
+    GemmSm90a,
     /// `kernels/layout.cu`
     Layout,
     /// `kernels/norm.cu`
@@ -32,10 +34,11 @@ pub enum Module {
 
 impl Module {
     /// Every module.
-    pub const ALL: [Module; 6] = [
+    pub const ALL: [Module; 7] = [
         Module::Act,
         Module::FlashAttn,
         Module::FlashAttnSm90a,
+        Module::GemmSm90a,
         Module::Layout,
         Module::Norm,
         Module::Rope,
@@ -47,6 +50,7 @@ impl Module {
             Module::Act => "act",
             Module::FlashAttn => "flash_attn",
             Module::FlashAttnSm90a => "flash_attn_sm90a",
+            Module::GemmSm90a => "gemm_sm90a",
             Module::Layout => "layout",
             Module::Norm => "norm",
             Module::Rope => "rope",
@@ -56,12 +60,15 @@ impl Module {
     /// Whether the module's PTX targets `sm_90a` (Hopper-only instructions): such a module loads only on
     /// a compute capability 9.0 device, and the ops fall back to portable kernels elsewhere.
     pub fn needs_sm90a(self) -> bool {
-        matches!(self, Module::FlashAttnSm90a)
+        matches!(self, Module::FlashAttnSm90a | Module::GemmSm90a)
     }
 
     /// Whether the module's kernels use more than 48 KB of dynamic shared memory (raised at load).
     pub(crate) fn large_shared_memory(self) -> bool {
-        matches!(self, Module::FlashAttn | Module::FlashAttnSm90a)
+        matches!(
+            self,
+            Module::FlashAttn | Module::FlashAttnSm90a | Module::GemmSm90a
+        )
     }
 
     /// The compiled SASS embedded at build time: a compressed fatbin with code for sm_90, sm_100
@@ -73,6 +80,7 @@ impl Module {
             Module::FlashAttnSm90a => {
                 include_bytes!("../../../kernels/sass/flash_attn_sm90a.fatbin")
             }
+            Module::GemmSm90a => include_bytes!("../../../kernels/sass/gemm_sm90a.fatbin"),
             Module::Layout => include_bytes!("../../../kernels/sass/layout.fatbin"),
             Module::Norm => include_bytes!("../../../kernels/sass/norm.fatbin"),
             Module::Rope => include_bytes!("../../../kernels/sass/rope.fatbin"),
@@ -85,6 +93,7 @@ impl Module {
             Module::Act => include_str!("../../../kernels/ptx/act.ptx"),
             Module::FlashAttn => include_str!("../../../kernels/ptx/flash_attn.ptx"),
             Module::FlashAttnSm90a => include_str!("../../../kernels/ptx/flash_attn_sm90a.ptx"),
+            Module::GemmSm90a => include_str!("../../../kernels/ptx/gemm_sm90a.ptx"),
             Module::Layout => include_str!("../../../kernels/ptx/layout.ptx"),
             Module::Norm => include_str!("../../../kernels/ptx/norm.ptx"),
             Module::Rope => include_str!("../../../kernels/ptx/rope.ptx"),
@@ -145,6 +154,12 @@ kernels! {
     FlashAttnWsHd72C2Bf16 => (FlashAttnSm90a, "flash_attn_ws_hd72_c2_n128_s3_p1_bf16"),
     FlashAttnWsHd96C3Bf16 => (FlashAttnSm90a, "flash_attn_ws_hd96_c3_n96_s3_p1_bf16"),
     FlashAttnWsHd96C2Bf16 => (FlashAttnSm90a, "flash_attn_ws_hd96_c2_n128_s3_p1_bf16"),
+    GemmActGeluTanhSm90a => (GemmSm90a, "gemm_act_gelu_tanh_sm90a"),
+    GemmActQuickGeluSm90a => (GemmSm90a, "gemm_act_quick_gelu_sm90a"),
+    GemmActSiluSm90a => (GemmSm90a, "gemm_act_silu_sm90a"),
+    GemmGateGeluTanhSm90a => (GemmSm90a, "gemm_gate_gelu_tanh_sm90a"),
+    GemmGateQuickGeluSm90a => (GemmSm90a, "gemm_gate_quick_gelu_sm90a"),
+    GemmGateSiluSm90a => (GemmSm90a, "gemm_gate_silu_sm90a"),
     PosAddXyF32 => (Layout, "pos_add_xy_f32"),
     BilinearResizeF32 => (Layout, "bilinear_resize_f32"),
     AvgPoolF32 => (Layout, "avg_pool_f32"),

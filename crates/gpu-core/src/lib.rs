@@ -8,6 +8,10 @@
 //!   [`Uploader`]: batch inputs uploaded from page-locked memory on a copy stream while the
 //!   compute stream runs; [`Stager`]: weights uploaded chunk by chunk from any [`HostSource`]
 //!   (e.g. a memory-mapped file's bytes) without a whole-tensor host copy.
+//! - [`Device::gemm_act`]: on compute capability 9.0, a GEMM with the MLP's activation (or its gate
+//!   over interleaved gate|up rows) in the epilogue, our own wgmma kernel; [`ActLinear`] uploads an MLP's
+//!   gate|up for it where the device has it, else (and every plain fc1, [`fuses`]) for cuBLASLt + the
+//!   activation pass.
 //! - Kernels live in `kernels/*.cu`; their PTX is committed in `kernels/ptx/` and embedded with
 //!   `include_str!` (override at run time with `GPU_CORE_PTX_DIR`). See [`kernels`].
 //!
@@ -16,6 +20,7 @@
 //! compare the two on fresh random inputs with poisoned outputs.
 #![deny(missing_docs)]
 
+mod act_linear;
 mod device;
 mod error;
 mod gemm;
@@ -37,8 +42,11 @@ mod gpu_tests;
 #[cfg(test)]
 mod gpu_tests_attn;
 #[cfg(test)]
+mod gpu_tests_fused;
+#[cfg(test)]
 mod gpu_tests_graph;
 
+pub use act_linear::{fuses, ActLinear};
 pub use device::{device_count, is_available, Device, DeviceBuffer, Elem};
 pub use error::{GpuError, Result};
 pub use gemm::{
@@ -54,8 +62,9 @@ pub use mixed::{
     head_groups, pad_head_cols, pad_head_rows, CudaPrecision, GemmBuffer, BF16_ATTN_HEAD_DIMS,
 };
 pub use ops::{
-    conv3x3s2_out, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp, FlashVariant, Gate, Mat,
-    NormOut, QkvSpec, RopeLayout, RopeSpec, MAX_F32_ATTN_HEAD_DIM, MAX_NORM_WIDTH,
+    conv3x3s2_out, interleave_gate_up, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp,
+    FlashVariant, FusedAct, Gate, InterleavedGateUp, Mat, NormOut, QkvSpec, RopeLayout, RopeSpec,
+    GATE_UP_GROUP, MAX_F32_ATTN_HEAD_DIM, MAX_NORM_WIDTH,
 };
 pub use profile::OpTime;
 pub use rows_out::{OwnedRows, RowsDtype, RowsTarget, PER_THREAD_DEFAULT_STREAM};

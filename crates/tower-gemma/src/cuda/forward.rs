@@ -122,7 +122,10 @@ impl GemmaCuda {
                 GemmShape::dense(n, h, wp),
                 Epilogue::None,
             )?;
-            let fuse_ffn = fusable(&l.mlp);
+            let fuse_ffn = match &l.mlp {
+                Mlp::Joint { clamp_in, .. } => bf16_mode && *clamp_in == Clamp::NONE,
+                Mlp::Split { .. } => false,
+            };
             {
                 let next = match (&mut ws.hn, fuse_ffn) {
                     (GemmBuffer::Bf16(hn), true) => Some((Some(&l.ln_pre_ffn), hn, eps)),
@@ -139,27 +142,32 @@ impl GemmaCuda {
                 )?;
             }
             // --- MLP ---
-            self.grouped_gemm(
-                &ws.x,
-                &l.ln_pre_ffn,
-                &mut ws.hn,
-                &l.mlp,
-                &mut ws.gu,
-                2 * mi,
-                n,
-                fuse_ffn,
-            )?;
-            let gate_m = Mat::strided(n, mi, 2 * mi, 0);
-            let up_m = Mat::strided(n, mi, 2 * mi, mi);
-            d.gated_act_mixed(
-                &mut ws.act,
-                Mat::dense(n, mi),
-                &ws.gu,
-                gate_m,
-                &ws.gu,
-                up_m,
-                l.gate,
-            )?;
+            match &l.mlp {
+                Mlp::Joint { gate_up, clamp_in } => {
+                    if !fuse_ffn {
+                        self.norm_into(&ws.x, Some(&l.ln_pre_ffn), &mut ws.hn, n, *clamp_in)?;
+                    }
+                    gate_up.run(d, &ws.hn, n, ws.gu.as_mut(), &mut ws.act)?;
+                }
+                Mlp::Split { groups, gate } => {
+                    let Some(gu) = ws.gu.as_mut() else {
+                        return Err(CudaError::Unsupported("no gate|up workspace".into()));
+                    };
+                    self.grouped_gemm(
+                        &ws.x,
+                        &l.ln_pre_ffn,
+                        &mut ws.hn,
+                        groups,
+                        gu,
+                        2 * mi,
+                        n,
+                        false,
+                    )?;
+                    let gate_m = Mat::strided(n, mi, 2 * mi, 0);
+                    let up_m = Mat::strided(n, mi, 2 * mi, mi);
+                    d.gated_act_mixed(&mut ws.act, Mat::dense(n, mi), gu, gate_m, gu, up_m, *gate)?;
+                }
+            }
             d.gemm(
                 GemmBuffer::inputs(&ws.act, &l.down)?,
                 None,

@@ -10,7 +10,9 @@
 //!   ([`CudaPrecision::F32`], the exactness mode: f32 GEMMs); norms, tables, clamps, the
 //!   standardisation and the residual stream in f32;
 //! - q/k/v fused into one `[3·nh·kd, H]` weight when their input clamps agree (else one GEMM per
-//!   linear, each on its own clamped pre-norm), gate/up likewise into `[2I, H]`;
+//!   linear, each on its own clamped pre-norm), gate/up likewise into `[2I, H]`; a fused gate|up is
+//!   an [`ActLinear`] with the gate (one GEMM with the gate in its epilogue in bf16 on compute
+//!   capability 9.0, rows interleaved at upload);
 //! - the patch projection folds the input law `2(x − 0.5)`: `W·(2x − 1) = (2W)·x − W·1`, so the
 //!   weight is doubled (exact) and `−rowsum(W)` (f64, rounded once) is the GEMM's f32 bias;
 //! - bf16 mode: head dims the tensor-core attention kernels lack (they exist for 64, 72, 96) are
@@ -24,10 +26,11 @@
 use std::sync::Arc;
 
 use gpu_core::{
-    head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, split_rows, ActElem, Activation,
-    AttnArgs, Clamp, DeviceBuffer, DeviceInputs, DeviceTower, Epilogue, Gate, GemmBias, GemmBuffer,
-    GemmInputs, GemmOutput, GemmShape, GraphKey, HostGemm, HostInputs, HostTensor, InputBuffers,
-    Mat, PassRunner, QkvSpec, Ran, RopeLayout, RopeSpec, RowsTarget, Stager, TensorStore,
+    head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, split_rows, ActElem, ActLinear,
+    Activation, AttnArgs, Clamp, DeviceBuffer, DeviceInputs, DeviceTower, Epilogue, FusedAct, Gate,
+    GemmBias, GemmBuffer, GemmInputs, GemmOutput, GemmShape, GraphKey, HostGemm, HostInputs,
+    HostTensor, InputBuffers, Mat, PassRunner, QkvSpec, Ran, RopeLayout, RopeSpec, RowsTarget,
+    Stager, TensorStore,
 };
 
 use crate::config::GemmaConfig;
@@ -66,6 +69,16 @@ struct Group {
     clamp_in: Clamp,
 }
 
+/// The MLP's gate|up projection and its gate.
+#[derive(Debug)]
+enum Mlp {
+    /// gate and up share their input clamp: one layer on one clamped pre-norm (the fused kernel where
+    /// the device has it).
+    Joint { gate_up: ActLinear, clamp_in: Clamp },
+    /// Different input clamps: one GEMM per linear into the gate|up buffer, then the gate.
+    Split { groups: Vec<Group>, gate: Gate },
+}
+
 #[derive(Debug)]
 struct DevLayer {
     ln_in: DeviceBuffer<f32>,
@@ -79,8 +92,7 @@ struct DevLayer {
     o: GemmBuffer,
     o_in: Clamp,
     o_out: Clamp,
-    mlp: Vec<Group>,
-    gate: Gate,
+    mlp: Mlp,
     down: GemmBuffer,
     down_out: Clamp,
 }
@@ -98,7 +110,8 @@ pub struct Workspace {
     qkv: GemmBuffer,
     attn: GemmBuffer,
     y: DeviceBuffer<f32>,
-    gu: GemmBuffer,
+    /// gate|up output `[N, 2·I]` of the two-step MLPs (None where every layer's is fused).
+    gu: Option<GemmBuffer>,
     act: GemmBuffer,
     pooled: DeviceBuffer<f32>,
     std: DeviceBuffer<f32>,
@@ -292,7 +305,34 @@ impl GemmaCuda {
                 ],
             )?;
             let mi = cfg.intermediate;
-            let mlp = groups(&mut st, d, p, &[(&l.gate, None, mi), (&l.up, None, mi)])?;
+            let gate = Gate {
+                act: cfg.activation,
+                gate_limit: f32::INFINITY,
+                gate: l.gate.clamp_out,
+                up: l.up.clamp_out,
+                out: l.down.clamp_in,
+            };
+            let mlp = if l.gate.clamp_in == l.up.clamp_in {
+                let gu = HostTensor::Stack(vec![l.gate.w.view(), l.up.w.view()]);
+                Mlp::Joint {
+                    gate_up: ActLinear::upload(
+                        &mut st,
+                        d,
+                        p,
+                        &gu,
+                        None,
+                        2 * mi,
+                        h,
+                        FusedAct::Gated(gate),
+                    )?,
+                    clamp_in: l.gate.clamp_in,
+                }
+            } else {
+                Mlp::Split {
+                    groups: groups(&mut st, d, p, &[(&l.gate, None, mi), (&l.up, None, mi)])?,
+                    gate,
+                }
+            };
             let o = pad_cols(&l.o, heads, hd, kd);
             let f32s = |st: &mut Stager, t: &T| -> CudaResult<DeviceBuffer<f32>> {
                 Ok(st.upload::<f32>(d, t)?)
@@ -310,13 +350,6 @@ impl GemmaCuda {
                 o_in: l.o.clamp_in,
                 o_out: l.o.clamp_out,
                 mlp,
-                gate: Gate {
-                    act: cfg.activation,
-                    gate_limit: f32::INFINITY,
-                    gate: l.gate.clamp_out,
-                    up: l.up.clamp_out,
-                    out: l.down.clamp_in,
-                },
                 down: st.upload_gemm(d, p, &l.down.w)?,
                 down_out: l.down.clamp_out,
             });
@@ -392,12 +425,11 @@ impl GemmaCuda {
         for l in &self.layers {
             n += f(&l.ln_in) + f(&l.ln_post_attn) + f(&l.ln_pre_ffn) + f(&l.ln_post_ffn);
             n += f(&l.q_norm) + f(&l.k_norm) + l.o.bytes() + l.down.bytes();
-            n += l
-                .qkv
-                .iter()
-                .chain(&l.mlp)
-                .map(|g| g.w.bytes())
-                .sum::<usize>();
+            n += l.qkv.iter().map(|g| g.w.bytes()).sum::<usize>();
+            n += match &l.mlp {
+                Mlp::Joint { gate_up, .. } => gate_up.bytes(),
+                Mlp::Split { groups, .. } => groups.iter().map(|g| g.w.bytes()).sum(),
+            };
         }
         n
     }
@@ -436,7 +468,14 @@ impl GemmaCuda {
                 qkv: GemmBuffer::alloc(d, p, cap * 3 * wp)?,
                 attn: GemmBuffer::alloc(d, p, cap * wp)?,
                 y: d.alloc(cap * h)?,
-                gu: GemmBuffer::alloc(d, p, cap * 2 * mi)?,
+                gu: if self.layers.iter().all(|l| match &l.mlp {
+                    Mlp::Joint { gate_up, .. } => gate_up.fused(),
+                    Mlp::Split { .. } => false,
+                }) {
+                    None
+                } else {
+                    Some(GemmBuffer::alloc(d, p, cap * 2 * mi)?)
+                },
                 act: GemmBuffer::alloc(d, p, cap * mi)?,
                 pooled: d.alloc(cap_p * h)?,
                 std: d.alloc(cap_p * h)?,

@@ -19,22 +19,6 @@ impl GlmCuda {
             .rms_norm_mixed(x, m, Some(w), hn, m, eps, Clamp::NONE)?)
     }
 
-    /// `out = act(gate)·up` over the column halves of a fused `[rows, 2·width]` buffer.
-    pub(super) fn swiglu_into(
-        &self,
-        gu: &GemmBuffer,
-        out: &mut GemmBuffer,
-        rows: usize,
-        width: usize,
-    ) -> CudaResult<()> {
-        let gm = Mat::strided(rows, width, 2 * width, 0);
-        let um = Mat::strided(rows, width, 2 * width, width);
-        let om = Mat::dense(rows, width);
-        Ok(self
-            .dev
-            .gated_act_mixed(out, om, gu, gm, gu, um, self.gate)?)
-    }
-
     pub(super) fn run_in(
         &self,
         ws: &mut Workspace,
@@ -45,7 +29,7 @@ impl GlmCuda {
         let d = &*self.dev;
         let (n, h, kd) = (batch.n, c.hidden, self.kd);
         let (wp, mi, pd) = (c.heads * kd, c.intermediate, c.patch_dim());
-        let (o, pi, u) = (c.text_hidden, c.merger_inner, c.merge_unit());
+        let (o, u) = (c.text_hidden, c.merge_unit());
         let np = batch.merged_rows();
         let eps = c.eps as f32;
         let mut stages = keep.then(GlmStages::default);
@@ -99,14 +83,7 @@ impl GlmCuda {
             )?;
             // x += down(swiglu(gate|up(RMS(x)·norm2))) + b
             self.norm_into(&ws.x, &b.norm2, &mut ws.hn, n)?;
-            d.gemm(
-                GemmBuffer::inputs(&ws.hn, &b.gate_up)?,
-                out_bias(&b.gate_up_b),
-                ws.gu.out(),
-                GemmShape::dense(n, 2 * mi, h),
-                Epilogue::None,
-            )?;
-            self.swiglu_into(&ws.gu, &mut ws.act, n, mi)?;
+            b.gate_up.run(d, &ws.hn, n, ws.gu.as_mut(), &mut ws.act)?;
             d.gemm(
                 GemmBuffer::inputs(&ws.act, &b.down)?,
                 bias(&b.down_b),
@@ -166,14 +143,8 @@ impl GlmCuda {
             Clamp::NONE,
             Clamp::NONE,
         )?;
-        d.gemm(
-            GemmBuffer::inputs(&ws.mn, &self.m_gate_up)?,
-            out_bias(&self.m_gate_up_b),
-            ws.mgu.out(),
-            GemmShape::dense(np, 2 * pi, o),
-            Epilogue::None,
-        )?;
-        self.swiglu_into(&ws.mgu, &mut ws.mact, np, pi)?;
+        self.m_gate_up
+            .run(d, &ws.mn, np, ws.mgu.as_mut(), &mut ws.mact)?;
         // The down projection to the LM width follows in `project`.
         Ok(stages)
     }

@@ -13,6 +13,8 @@
 //!   (and the merger's into `[2Pi, O]`), biases concatenated; a GEMM with an f32 output (into
 //!   the residual stream, the downsample, the rows) takes its bias in f32, one with an output in
 //!   the GEMM precision (qkv, gate|up) in that precision (an f32 bias on a bf16 output is refused);
+//! - gate|up and the gate are one [`ActLinear`]: in bf16 on compute capability 9.0 one fused GEMM
+//!   (rows interleaved in groups of 8 at upload, no `[N, 2I]` buffer), else the GEMM and the gate pass;
 //! - the residual adds are the GEMMs' `accumulate` (`x += y·Wᵀ + b`, beta = 1 into the f32
 //!   stream): no separate add kernel and no `y` buffer;
 //! - the m×m stride-m downsample conv reads the post-norm rows as `[N/m², m²·H]` directly: the
@@ -26,11 +28,11 @@
 use std::sync::Arc;
 
 use gpu_core::{
-    bf16, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, split_rows, ActElem,
-    Activation, AttnArgs, Clamp, DeviceBuffer, DeviceInputs, DeviceTower, Epilogue, Gate, GemmBias,
-    GemmBuffer, GemmInputs, GemmOutput, GemmShape, GraphKey, HostGemm, HostInputs, HostTensor,
-    InputBuffers, Mat, PassRunner, QkvSpec, Ran, RopeLayout, RopeSpec, RowsTarget, Stager,
-    TensorStore,
+    bf16, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, split_rows, ActElem, ActLinear,
+    Activation, AttnArgs, Clamp, DeviceBuffer, DeviceInputs, DeviceTower, Epilogue, FusedAct, Gate,
+    GemmBias, GemmBuffer, GemmInputs, GemmOutput, GemmShape, GraphKey, HostGemm, HostInputs,
+    HostTensor, InputBuffers, Mat, PassRunner, QkvSpec, Ran, RopeLayout, RopeSpec, RowsTarget,
+    Stager, TensorStore,
 };
 use rayon::prelude::*;
 
@@ -84,8 +86,8 @@ struct DevBlock {
     k_norm: DeviceBuffer<f32>,
     proj: GemmBuffer,
     proj_b: Option<DeviceBuffer<f32>>,
-    gate_up: GemmBuffer,
-    gate_up_b: Option<GemmBuffer>,
+    /// gate|up `[2·I, H]` with its bias and the gate (one fused kernel where the device has it).
+    gate_up: ActLinear,
     down: GemmBuffer,
     down_b: Option<DeviceBuffer<f32>>,
 }
@@ -104,7 +106,8 @@ pub struct Workspace {
     hn: GemmBuffer,
     qkv: GemmBuffer,
     attn: GemmBuffer,
-    gu: GemmBuffer,
+    /// gate|up output `[N, 2·I]` of the two-step path (None where the blocks' gate|up is fused).
+    gu: Option<GemmBuffer>,
     act: GemmBuffer,
     /// f32 `post_norm` for the stages (only written when they are kept).
     stage: Option<DeviceBuffer<f32>>,
@@ -113,7 +116,8 @@ pub struct Workspace {
     ds_b: Option<DeviceBuffer<bf16>>,
     m: DeviceBuffer<f32>,
     mn: GemmBuffer,
-    mgu: GemmBuffer,
+    /// The merger's gate|up output (None where fused).
+    mgu: Option<GemmBuffer>,
     mact: GemmBuffer,
     rows: DeviceBuffer<f32>,
 }
@@ -203,12 +207,10 @@ pub struct GlmCuda {
     m_proj_b: Option<DeviceBuffer<f32>>,
     m_norm_w: DeviceBuffer<f32>,
     m_norm_b: DeviceBuffer<f32>,
-    m_gate_up: GemmBuffer,
-    m_gate_up_b: Option<GemmBuffer>,
+    m_gate_up: ActLinear,
     m_down: GemmBuffer,
     m_down_b: Option<DeviceBuffer<f32>>,
     inv_freq: DeviceBuffer<f32>,
-    gate: Gate,
     weight_bytes: usize,
     /// Graphs, uploader and workspace: the lifecycle every tower shares.
     passes: PassRunner<Workspace>,
@@ -306,6 +308,20 @@ impl GlmCuda {
         let opt = |st: &mut Stager, t: &Option<T>| -> CudaResult<Option<DeviceBuffer<f32>>> {
             t.as_ref().map(|t| f32s(st, t)).transpose()
         };
+        let gate = swiglu(cfg);
+        let gate_up = |st: &mut Stager, g: &Linear<T>, u: &Linear<T>| -> CudaResult<ActLinear> {
+            let (gu, gu_b) = stack(g, u);
+            Ok(ActLinear::upload(
+                st,
+                d,
+                p,
+                &gu,
+                gu_b.as_deref(),
+                g.out + u.out,
+                g.inp,
+                FusedAct::Gated(gate),
+            )?)
+        };
         let mut blocks = Vec::with_capacity(w.blocks.len());
         for b in &w.blocks {
             // qkv rows are q | k | v, each [heads·hd]: padded per head when the kernel needs it.
@@ -325,7 +341,6 @@ impl GlmCuda {
                 let padded = pad_head_cols(&b.proj.w.to_f32_vec(), b.proj.out, heads, hd, kd);
                 st.upload_gemm(d, p, &padded)?
             };
-            let (gu, gu_b) = stack(&b.gate, &b.up);
             blocks.push(DevBlock {
                 norm1: f32s(&mut st, &b.norm1)?,
                 norm2: f32s(&mut st, &b.norm2)?,
@@ -335,13 +350,11 @@ impl GlmCuda {
                 k_norm: f32s(&mut st, &b.k_norm)?,
                 proj,
                 proj_b: opt(&mut st, &b.proj.b)?,
-                gate_up: st.upload_gemm(d, p, &gu)?,
-                gate_up_b: GemmBuffer::upload_opt(d, p, gu_b.as_deref())?,
+                gate_up: gate_up(&mut st, &b.gate, &b.up)?,
                 down: st.upload_gemm(d, p, &b.down.w)?,
                 down_b: opt(&mut st, &b.down.b)?,
             });
         }
-        let (mgu, mgu_b) = stack(&w.merger_gate, &w.merger_up);
         let patch_b = w
             .patch
             .b
@@ -363,12 +376,10 @@ impl GlmCuda {
             m_proj_b: opt(&mut st, &w.merger_proj.b)?,
             m_norm_w: f32s(&mut st, &w.merger_norm_w)?,
             m_norm_b: f32s(&mut st, &w.merger_norm_b)?,
-            m_gate_up: st.upload_gemm(d, p, &mgu)?,
-            m_gate_up_b: GemmBuffer::upload_opt(d, p, mgu_b.as_deref())?,
+            m_gate_up: gate_up(&mut st, &w.merger_gate, &w.merger_up)?,
             m_down: st.upload_gemm(d, p, &w.merger_down.w)?,
             m_down_b: opt(&mut st, &w.merger_down.b)?,
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
-            gate: swiglu(cfg),
             weight_bytes: 0,
             passes: PassRunner::default(),
             dev: dev.clone(),
@@ -397,11 +408,11 @@ impl GlmCuda {
         let mut n = self.patch_w.bytes() + f(&self.patch_b) + f(&self.post_norm);
         n += self.ds_w.bytes() + o(&self.ds_b) + self.m_proj.bytes() + o(&self.m_proj_b);
         n += f(&self.m_norm_w) + f(&self.m_norm_b) + self.m_gate_up.bytes();
-        n += ob(&self.m_gate_up_b) + self.m_down.bytes() + o(&self.m_down_b);
+        n += self.m_down.bytes() + o(&self.m_down_b);
         for b in &self.blocks {
             n += f(&b.norm1) + f(&b.norm2) + f(&b.q_norm) + f(&b.k_norm);
             n += b.qkv.bytes() + ob(&b.qkv_b) + b.proj.bytes() + o(&b.proj_b);
-            n += b.gate_up.bytes() + ob(&b.gate_up_b) + b.down.bytes() + o(&b.down_b);
+            n += b.gate_up.bytes() + b.down.bytes() + o(&b.down_b);
         }
         n
     }
@@ -445,7 +456,10 @@ impl GlmCuda {
                 hn: GemmBuffer::alloc(d, p, cap * h)?,
                 qkv: GemmBuffer::alloc(d, p, cap * 3 * wp)?,
                 attn: GemmBuffer::alloc(d, p, cap * wp)?,
-                gu: GemmBuffer::alloc(d, p, cap * 2 * mi)?,
+                gu: match self.blocks.first().map(|b| b.gate_up.fused()) {
+                    Some(false) => Some(GemmBuffer::alloc(d, p, cap * 2 * mi)?),
+                    _ => None,
+                },
                 act: GemmBuffer::alloc(d, p, cap * mi)?,
                 stage: if keep || had_stage {
                     Some(d.alloc(cap * h)?)
@@ -459,7 +473,10 @@ impl GlmCuda {
                 },
                 m: d.alloc(cap_p * o)?,
                 mn: GemmBuffer::alloc(d, p, cap_p * o)?,
-                mgu: GemmBuffer::alloc(d, p, cap_p * 2 * pi)?,
+                mgu: match self.m_gate_up.fused() {
+                    false => Some(GemmBuffer::alloc(d, p, cap_p * 2 * pi)?),
+                    true => None,
+                },
                 mact: GemmBuffer::alloc(d, p, cap_p * pi)?,
                 rows: d.alloc(cap_p * o)?,
             })

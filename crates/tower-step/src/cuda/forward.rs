@@ -108,20 +108,7 @@ impl StepCuda {
                 hm,
                 eps,
             )?;
-            d.gemm(
-                GemmBuffer::inputs(&ws.hn, &l.fc1)?,
-                Some(l.fc1_b.bias()),
-                ws.f.out(),
-                GemmShape::dense(n, inner, h),
-                Epilogue::None,
-            )?;
-            d.act_in_place_mixed(
-                &mut ws.f,
-                Mat::dense(n, inner),
-                c.activation,
-                Clamp::NONE,
-                Clamp::NONE,
-            )?;
+            l.fc1.run(d, &ws.hn, n, None, &mut ws.f)?;
             d.gemm(
                 GemmBuffer::inputs(&ws.f, &l.fc2)?,
                 Some(GemmBias::F32(&l.fc2_b)),

@@ -14,6 +14,8 @@
 //!   stream (`GemmShape::accumulate`, beta = 1): no add kernel, no LayerScale kernel, no `y` buffer;
 //! - a GEMM whose output is in the GEMM precision (qkv, fc1, the two convolutions) takes its
 //!   bias in that precision, one into f32 (out_proj, c_proj, the rows) an f32 bias;
+//! - fc1 and its activation are one [`ActLinear`]: the GEMM and the activation pass (the fused kernel
+//!   lost on fc1 in the tower, `gpu_core::fuses`);
 //! - the patch rows and the patch weight get zero columns up to a multiple of 8 (588 → 592), so
 //!   the bf16 GEMM's rows start 16-byte aligned;
 //! - the position table for each grid size is resized (bilinear, align_corners = false) once and
@@ -30,10 +32,10 @@
 use std::sync::Arc;
 
 use gpu_core::{
-    bf16, conv3x3s2_out, head_groups, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp,
-    DeviceBuffer, DeviceInputs, DeviceTower, Epilogue, GemmBias, GemmBuffer, GemmOutput, GemmShape,
-    GraphKey, HostGemm, HostInputs, InputBuffers, Mat, PassRunner, QkvSpec, Ran, RopeLayout,
-    RopeSpec, RowsTarget, Stager, TensorStore,
+    bf16, conv3x3s2_out, head_groups, rope_inv_freq, ActElem, ActLinear, Activation, AttnArgs,
+    Clamp, DeviceBuffer, DeviceInputs, DeviceTower, Epilogue, FusedAct, GemmBias, GemmBuffer,
+    GemmOutput, GemmShape, GraphKey, HostGemm, HostInputs, InputBuffers, Mat, PassRunner, QkvSpec,
+    Ran, RopeLayout, RopeSpec, RowsTarget, Stager, TensorStore,
 };
 
 use crate::config::StepConfig;
@@ -88,8 +90,8 @@ struct DevLayer {
     out_b: DeviceBuffer<f32>,
     ln2_w: DeviceBuffer<f32>,
     ln2_b: DeviceBuffer<f32>,
-    fc1: GemmBuffer,
-    fc1_b: GemmBuffer,
+    /// fc1 `[I, H]` with its bias and the activation.
+    fc1: ActLinear,
     /// `λ2 ⊙ c_proj` `[H, I]`.
     fc2: GemmBuffer,
     /// `λ2 ⊙ c_proj.bias`.
@@ -269,8 +271,20 @@ impl StepCuda {
                 out_b: d.upload(&hl.out_b)?,
                 ln2_w: small(&l.ln2_w)?,
                 ln2_b: small(&l.ln2_b)?,
-                fc1: st.upload_gemm(d, p, &l.fc1_w)?,
-                fc1_b: st.upload_gemm(d, p, &l.fc1_b)?,
+                fc1: ActLinear::upload(
+                    &mut st,
+                    d,
+                    p,
+                    &l.fc1_w,
+                    Some(&l.fc1_b.to_f32_vec()),
+                    cfg.intermediate,
+                    h,
+                    FusedAct::Plain {
+                        act: cfg.activation,
+                        input: Clamp::NONE,
+                        output: Clamp::NONE,
+                    },
+                )?,
                 fc2: st.upload_gemm(
                     d,
                     p,
@@ -344,7 +358,7 @@ impl StepCuda {
         for l in &self.layers {
             n += f(&l.ln1_w) + f(&l.ln1_b) + f(&l.ln2_w) + f(&l.ln2_b);
             n += l.qkv.bytes() + l.qkv_b.bytes() + l.out.bytes() + f(&l.out_b);
-            n += l.fc1.bytes() + l.fc1_b.bytes() + l.fc2.bytes() + f(&l.fc2_b);
+            n += l.fc1.bytes() + l.fc2.bytes() + f(&l.fc2_b);
         }
         n
     }
