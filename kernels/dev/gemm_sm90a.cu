@@ -6,7 +6,8 @@
 //   the mainloop's share of a tile's time);
 // - gemm_epi: the epilogue on three warps of the producer warpgroup fed through a shared staging tile
 //   (the activation math on three warps cannot keep up: 0.42–0.97×);
-// - gemm_pp_sm90a.cuh: the first ("ping-pong") design.
+// - gemm_pp_sm90a.cuh: the first ("ping-pong") design;
+// - gemm_act_sb: the production body with a branch-free epilogue (bias staged in shared memory), to measure.
 // The production kernel's bulk-store epilogue beat all of them (1.07–1.40×).
 #include "../gemm_sm90a.cu"
 
@@ -221,5 +222,111 @@ __device__ __forceinline__ void gemm_epi(const TmaDesc* mx, const TmaDesc* mw, b
         __syncwarp();
         if (lane == 0) mbar_arrive(sfull);
     }
+}
+// Candidate fix for the production kernel's epilogue (PERF v0.11: its run-time bias-type flag puts every
+// bias load of the unrolled epilogue in its own branch): gemm_act with the tile's 256 bias values staged once
+// per tile in shared memory as f32 (zeros past N or without a bias) by the first consumer warpgroup, so the
+// epilogue reads them branch-free. The two consumer warpgroups work on the same tile; named barrier 3
+// (256 threads) keeps the row from being rewritten while the other warpgroup still reads it. A copy of
+// gemm_act / epilogue_values with that one change, to measure before the production kernel takes it.
+template <int BN, int ACT, bool GATED, typename Sink>
+__device__ __forceinline__ void epilogue_values_sb(const float (&acc)[BN / 2], int lane, uint32_t sbias,
+                                                   const GemmClamps& ep, Sink&& sink) {
+    const int q = lane & 3;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j += (GATED ? 2 : 1)) {
+        const int cl = j * 8 + 2 * q;
+        float b[4];
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(b[0]), "=f"(b[1]) : "r"(sbias + 4 * cl));
+        if (GATED) asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(b[2]), "=f"(b[3]) : "r"(sbias + 4 * (cl + 8)));
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float v[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float a = acc[j * 4 + 2 * hr + e] + b[e];
+                if (!GATED) {
+                    v[e] = clampf(act_apply_fast(ACT, clampf(a, ep.g_lo, ep.g_hi)), ep.o_lo, ep.o_hi);
+                } else {
+                    const float u = clampf(acc[(j + 1) * 4 + 2 * hr + e] + b[2 + e], ep.u_lo, ep.u_hi);
+                    const float g = clampf(fminf(a, ep.glim), ep.g_lo, ep.g_hi);
+                    v[e] = clampf(act_apply_fast(ACT, g) * u, ep.o_lo, ep.o_hi);
+                }
+            }
+            sink(hr, GATED ? (j >> 1) * 8 + 2 * q : j * 8 + 2 * q, true, pack_bf16(v[0], v[1]));
+        }
+    }
+}
+
+template <bool GATED>
+struct SbCfg {
+    static constexpr int ST = GATED ? 4 : 3;
+    static constexpr int STG = 2 * Staging<GATED>::WG + 1024;  // staging areas + the f32 bias row
+    static constexpr int BYTES = CoopSmem<ST, STG>::BYTES;
+};
+
+template <int ACT, bool GATED>
+__device__ __forceinline__ void gemm_act_sb(const TmaDesc* mx, const TmaDesc* mw, const TmaDesc* my,
+                                            const void* __restrict__ bias, int bias_bf16, int M, int N, int K,
+                                            const GemmClamps ep) {
+    using S = Staging<GATED>;
+    constexpr int ST = SbCfg<GATED>::ST;
+    using L = CoopSmem<ST, SbCfg<GATED>::STG>;
+    constexpr int BM = 128, BN = 256;
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+    const uint32_t s0 = smem_u32(smem);
+    const uint32_t full = s0 + L::BAR, empty = full + 8 * ST;
+    const uint32_t sbias = s0 + ST * L::STAGE + 2 * S::WG;
+    const int nt = (N + BN - 1) / BN, tiles = ((M + BM - 1) / BM) * nt, KB = (K + 63) / 64;
+    const int tid = threadIdx.x, wg = tid >> 7;
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+        reg_dealloc<24>();
+        if (tid == 0) coop_produce<ST, 1>(mx, mw, s0, full, empty, 0, blockIdx.x, gridDim.x, tiles, nt, KB);
+        return;
+    }
+    reg_alloc<240>();
+    const int cw = wg - 1;
+    const int warp = (tid >> 5) & 3, lane = tid & 31;
+    const bool lead = warp == 0 && lane == 0;
+    const uint32_t stg = s0 + ST * L::STAGE + cw * S::WG;
+    float acc[BN / 2];
+    long long p = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int m0 = (t / nt) * BM, n0 = (t % nt) * BN;
+        coop_products<ST, 1>(acc, s0, full, empty, p, KB, cw, lane);
+        named_sync(3, 256);  // both warpgroups are done with the previous tile's bias row
+        if (cw == 0) {
+            const int c = n0 + 2 * (tid & 127);
+            float b0 = 0.0f, b1 = 0.0f;
+            if (c < N) load_bias2(bias, bias_bf16, c, b0, b1);
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sbias + 8 * (tid & 127)), "f"(b0), "f"(b1) : "memory");
+        }
+        if (lead) bulk_wait_read<0>();  // the previous tile's stores have read the staging area
+        named_sync(3, 256);             // the bias row is written (and, per warpgroup, the staging area free)
+        const int rb = warp * 16 + (lane >> 2);
+        epilogue_values_sb<BN, ACT, GATED>(acc, lane, sbias, ep, [&](int hr, int oc, bool, uint32_t v) {
+            const int rl = rb + 8 * hr;
+            st_shared_u32(stg + (oc >> 6) * S::BOX + rl * 128 + ((((oc >> 3) & 7) ^ (rl & 7)) << 4) + (oc & 7) * 2, v);
+        });
+        fence_async_shared();
+        named_sync(1 + cw, 128);
+        const int r = m0 + cw * 64;
+        if (lead && r < M) {
+            const int oc0 = GATED ? (n0 >> 1) : n0;
+#pragma unroll
+            for (int b = 0; b < S::BOXES; b++) tma_store_2d(my, stg + b * S::BOX, oc0 + 64 * b, r);
+            bulk_commit();
+        }
+    }
+    if (lead) bulk_wait<0>();
 }
 }  // namespace gemm_ws

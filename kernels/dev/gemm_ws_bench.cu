@@ -71,6 +71,14 @@ __global__ void __launch_bounds__(384, 1) gab(const __grid_constant__ TmaDesc mx
     gemm_ws::gemm_act<gemm_ws::ActCfg<GATED>::ST, ACT, GATED>(&mx, &mw, &my, bias, 1, M, N, K, ep);
 }
 
+// gemm_act_sb (dev/gemm_sm90a.cu): bias staged per tile in shared memory, the type still a run-time flag
+template <int ACT, bool GATED>
+__global__ void __launch_bounds__(384, 1) gsb(const __grid_constant__ TmaDesc mx, const __grid_constant__ TmaDesc mw,
+                                              const __grid_constant__ TmaDesc my, const bf16* bias, int bias_bf16, int M,
+                                              int N, int K, const gemm_ws::GemmClamps ep) {
+    gemm_ws::gemm_act_sb<ACT, GATED>(&mx, &mw, &my, bias, bias_bf16, M, N, K, ep);
+}
+
 template <int ACT, bool GATED, bool FAST>
 __global__ void __launch_bounds__(384, 1) gep(const __grid_constant__ TmaDesc mx, const __grid_constant__ TmaDesc mw,
                                               bf16* y, long long ldy, const bf16* bias, int M, int N, int K,
@@ -270,6 +278,7 @@ int main(int argc, char** argv) {
         bool epiwg = false;  // the epilogue-warps variant (3 stages)
         bool ts = false;     // the production kernel (kernels/gemm_sm90a.cu: bulk-store epilogue)
         bool bf = false;     // (with ts) its body with the bias type fixed at compile time (`gab`)
+        bool sb = false;     // (with ts) the branch-free epilogue candidate (`gsb`)
     };
     const Cfg2 cfgs[] = {{"pp128s5", false, 128, 128, 5, 1, false},
                          {"co-s4", true, 128, 256, 4, 1, false},
@@ -281,7 +290,8 @@ int main(int argc, char** argv) {
                          {"co-s4-cl2", true, 128, 256, 4, 2, false},
                          {"co-s4-cl2-f", true, 128, 256, 4, 2, true},
                          {"gemm_act", true, 128, 256, 0, 1, true, false, false, true},
-                         {"gemm_act-bf", true, 128, 256, 0, 1, true, false, false, true, true}};
+                         {"gemm_act-bf", true, 128, 256, 0, 1, true, false, false, true, true},
+                         {"gemm_act-sb", true, 128, 256, 0, 1, true, false, false, true, false, true}};
     // launcher per config x act x gated
     const gemm_ws::GemmClamps ep = {INFINITY, -INFINITY, INFINITY, -INFINITY, INFINITY, -INFINITY, INFINITY};
     auto launch = [&](const Cfg2& c, int act, bool gated, const TmaDesc& mx, const TmaDesc& mw, const TmaDesc& my, bf16* y,
@@ -289,6 +299,18 @@ int main(int argc, char** argv) {
         if (c.coop) {
             const int mg = ((M + 127) / 128 + c.cl - 1) / c.cl, ctiles = mg * ((N + 255) / 256);
             const int bytes = gemm_ws::CoopSmem<4>::BYTES;
+            if (c.ts && c.sb) {
+                const gemm_ws::GemmClamps ep = {INFINITY, -INFINITY, INFINITY, -INFINITY, INFINITY, -INFINITY, INFINITY};
+#define GSB_CASE(ACT, G)                                                                                        \
+    if (act == ACT && gated == G) {                                                                             \
+        CK(cudaFuncSetAttribute(gsb<ACT, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_ws::SbCfg<G>::BYTES)); \
+        gsb<ACT, G><<<std::min(ctiles, sms), 384, gemm_ws::SbCfg<G>::BYTES>>>(mx, mw, my, bias, 1, M, N, K, ep);        \
+    }
+                GSB_CASE(ACT_QUICK_GELU, false)
+                GSB_CASE(ACT_SILU, true)
+                GSB_CASE(ACT_GELU_TANH, true)
+                return;
+            }
             if (c.ts && c.bf) {
                 const gemm_ws::GemmClamps ep = {INFINITY, -INFINITY, INFINITY, -INFINITY, INFINITY, -INFINITY, INFINITY};
 #define GAB_CASE(ACT, G)                                                                                        \
