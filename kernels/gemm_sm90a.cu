@@ -54,6 +54,29 @@ __device__ __forceinline__ void load_bias2(const void* bias, int bf, int c, floa
     }
 }
 
+// The bias as the epilogue sees it, fixed at compile time: the entry points take the type as a run-time
+// flag and pick one of three epilogue instances once per tile (a uniform branch), so the unrolled epilogue's
+// loads carry no branch of their own and can be issued ahead of the math. With the flag tested inside every
+// load (BIAS_RUNTIME, kernels/dev/ only) nvcc 13.0 put each in its own convergence region (21 BSSY, 116
+// ISETP against 5 and 54 for gated SiLU), which is what kept the v0.11 kernel at 0.90–1.11× of cuBLASLt + the
+// pass where the same body with a fixed type ran 1.07–1.40× (docs/PERF.md v0.11–v0.12).
+enum BiasKind : int { BIAS_RUNTIME = -1, BIAS_NONE = 0, BIAS_F32 = 1, BIAS_BF16 = 2 };
+
+template <int BK>
+__device__ __forceinline__ void bias_pair(const void* bias, int bf, int c, float& b0, float& b1) {
+    if constexpr (BK == BIAS_RUNTIME) {
+        load_bias2(bias, bf, c, b0, b1);
+    } else if constexpr (BK == BIAS_BF16) {
+        const uint32_t u = *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(bias) + c);
+        b0 = bf16_lo_f32(u);
+        b1 = bf16_hi_f32(u);
+    } else if constexpr (BK == BIAS_F32) {
+        const float2 f = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(bias) + c);
+        b0 = f.x;
+        b1 = f.y;
+    }
+}
+
 template <int N> struct Mma;
 template <> struct Mma<256> {
     static __device__ __forceinline__ void run(float (&d)[128], uint64_t a, uint64_t b) { wgmma_ss_n256(d, a, b, 1); }
@@ -63,7 +86,7 @@ template <> struct Mma<256> {
 // layout): bias, clamps, activation or gate, one bf16 rounding; `sink(hr, oc, in, v)` receives the two
 // packed outputs of rows warp·16 + lane/4 + 8·hr, tile-local output columns oc, oc + 1 (W rows
 // n0 + j·8 + 2·(lane%4) (+1); gated: half as many output columns), `in` = false past N.
-template <int BN, int ACT, bool GATED, bool FAST, typename Sink>
+template <int BN, int ACT, bool GATED, bool FAST, int BK = BIAS_RUNTIME, typename Sink>
 __device__ __forceinline__ void epilogue_values(const float (&acc)[BN / 2], int n0, int lane, const void* __restrict__ bias,
                                                 int bias_bf16, int N, const GemmClamps& ep, Sink&& sink) {
     const int q = lane & 3;
@@ -74,8 +97,8 @@ __device__ __forceinline__ void epilogue_values(const float (&acc)[BN / 2], int 
         const bool cin = c < N;
         float b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (cin) {
-            load_bias2(bias, bias_bf16, c, b[0], b[1]);
-            if (GATED) load_bias2(bias, bias_bf16, c + 8, b[2], b[3]);
+            bias_pair<BK>(bias, bias_bf16, c, b[0], b[1]);
+            if (GATED) bias_pair<BK>(bias, bias_bf16, c + 8, b[2], b[3]);
         }
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
@@ -108,15 +131,15 @@ struct Staging {
 // The epilogue into this warpgroup's staging area (`stg`, shared address): output (rl, oc) at box oc/64, row
 // rl, 16-byte chunk (oc/8)%8 XOR rl%8 (the 128-byte swizzle). A warp's 4-byte writes (8 rows × 4 column
 // pairs) fall in 32 distinct banks.
-template <int BN, int ACT, bool GATED, bool FAST>
+template <int BN, int ACT, bool GATED, bool FAST, int BK>
 __device__ __forceinline__ void epilogue_staged(const float (&acc)[BN / 2], int n0, int warp, int lane, uint32_t stg,
-                                                const void* __restrict__ bias, int bias_bf16, int N, const GemmClamps& ep) {
+                                                const void* __restrict__ bias, int N, const GemmClamps& ep) {
     const int rb = warp * 16 + (lane >> 2);
     auto sink = [&](int hr, int oc, bool, uint32_t v) {
         const int rl = rb + 8 * hr;
         st_shared_u32(stg + (oc >> 6) * Staging<GATED>::BOX + rl * 128 + ((((oc >> 3) & 7) ^ (rl & 7)) << 4) + (oc & 7) * 2, v);
     };
-    epilogue_values<BN, ACT, GATED, FAST>(acc, n0, lane, bias, bias_bf16, N, ep, sink);
+    epilogue_values<BN, ACT, GATED, FAST, BK>(acc, n0, lane, bias, 0, N, ep, sink);
 }
 
 // Shared-memory bytes of the cooperative configuration: ST stages of x [128 rows] + W [256 rows] k-blocks,
@@ -209,6 +232,7 @@ __device__ __forceinline__ void gemm_act(const TmaDesc* mx, const TmaDesc* mw, c
     const uint32_t full = s0 + L::BAR, empty = full + 8 * ST;
     const int nt = (N + BN - 1) / BN, tiles = ((M + BM - 1) / BM) * nt, KB = (K + 63) / 64;
     const int tid = threadIdx.x, wg = tid >> 7;
+    const int bk = bias == nullptr ? BIAS_NONE : bias_bf16 ? BIAS_BF16 : BIAS_F32;  // uniform over the grid
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
             mbar_init(full + 8 * s, 1);
@@ -236,7 +260,9 @@ __device__ __forceinline__ void gemm_act(const TmaDesc* mx, const TmaDesc* mw, c
         coop_products<ST, 1>(acc, s0, full, empty, p, KB, cw, lane);
         if (lead) bulk_wait_read<0>();  // the previous tile's stores have read the staging area
         named_sync(1 + cw, 128);
-        epilogue_staged<BN, ACT, GATED, true>(acc, n0, warp, lane, stg, bias, bias_bf16, N, ep);
+        if (bk == BIAS_BF16) epilogue_staged<BN, ACT, GATED, true, BIAS_BF16>(acc, n0, warp, lane, stg, bias, N, ep);
+        else if (bk == BIAS_F32) epilogue_staged<BN, ACT, GATED, true, BIAS_F32>(acc, n0, warp, lane, stg, bias, N, ep);
+        else epilogue_staged<BN, ACT, GATED, true, BIAS_NONE>(acc, n0, warp, lane, stg, bias, N, ep);
         fence_async_shared();
         named_sync(1 + cw, 128);
         const int r = m0 + cw * 64;
