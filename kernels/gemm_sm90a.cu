@@ -2,9 +2,9 @@
 // tensor copies, mbarrier, setmaxnreg): y = act(x·Wᵀ + bias) in bf16 with f32 accumulation and one bf16
 // rounding, or the gated y = act(gate)·up of W's interleaved gate|up rows. Why: cuBLASLt has no quick_gelu,
 // SwiGLU or GEGLU epilogue, so an MLP would otherwise write the GEMM output, read it back and write it again
-// in a separate activation pass (25–37 % of its time). H200 (docs/PERF.md v0.11): 0.90–1.00× of cuBLASLt + that
-// pass on step3p7's fc1, 0.98–1.11× on the gate|up shapes (a harness build of the same code: 1.07–1.40×, not
-// understood yet); gpu-core uses the gated entries, which beat the two-step path in the towers (gpu_core::fuses).
+// in a separate activation pass (25–37 % of its time). H200 (docs/PERF.md v0.12): 1.07–1.15× of cuBLASLt + that
+// pass on step3p7's fc1, 1.19–1.39× on the gate|up shapes; gpu-core uses the gated entries, which beat the
+// two-step path in the towers, while fc1 fused only ties it there (gpu_core::fuses).
 //
 // x [M, K] and W [N, K] row-major (W = PyTorch `Linear.weight`, both K-major for wgmma); y [M, N] (gated:
 // [M, N/2]). Block = 1 producer warpgroup + 2 consumer warpgroups (384 threads), one block per SM, tiles of
@@ -57,9 +57,9 @@ __device__ __forceinline__ void load_bias2(const void* bias, int bf, int c, floa
 // The bias as the epilogue sees it, fixed at compile time: the entry points take the type as a run-time
 // flag and pick one of three epilogue instances once per tile (a uniform branch), so the unrolled epilogue's
 // loads carry no branch of their own and can be issued ahead of the math. With the flag tested inside every
-// load (BIAS_RUNTIME, kernels/dev/ only) nvcc 13.0 put each in its own convergence region (21 BSSY, 116
-// ISETP against 5 and 54 for gated SiLU), which is what kept the v0.11 kernel at 0.90–1.11× of cuBLASLt + the
-// pass where the same body with a fixed type ran 1.07–1.40× (docs/PERF.md v0.11–v0.12).
+// load (BIAS_RUNTIME, kernels/dev/ only) nvcc 13.0 put each in its own convergence region (20 BSSY, 104
+// ISETP against 4 and 61 for gated SiLU's three instances together), which kept the v0.11 kernel at 0.90–1.11×
+// of cuBLASLt + the pass; this way 1.07–1.39×, within 3 % of a fixed type (docs/PERF.md v0.12).
 enum BiasKind : int { BIAS_RUNTIME = -1, BIAS_NONE = 0, BIAS_F32 = 1, BIAS_BF16 = 2 };
 
 template <int BK>

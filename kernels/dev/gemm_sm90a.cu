@@ -7,8 +7,9 @@
 // - gemm_epi: the epilogue on three warps of the producer warpgroup fed through a shared staging tile
 //   (the activation math on three warps cannot keep up: 0.42–0.97×);
 // - gemm_pp_sm90a.cuh: the first ("ping-pong") design;
-// - gemm_act_sb: the production body with a branch-free epilogue (bias staged in shared memory), to measure.
-// The production kernel's bulk-store epilogue beat all of them (1.07–1.40×).
+// - gemm_act_sb: the production body with a branch-free epilogue (bias staged in shared memory): 0–13 % behind
+//   production's per-tile choice of the bias kind (PERF v0.12), whose 256-thread barrier per tile it does not need.
+// The production kernel's bulk-store epilogue beat all of them (1.07–1.39×).
 #include "../gemm_sm90a.cu"
 
 namespace gemm_ws {
@@ -223,12 +224,12 @@ __device__ __forceinline__ void gemm_epi(const TmaDesc* mx, const TmaDesc* mw, b
         if (lane == 0) mbar_arrive(sfull);
     }
 }
-// Candidate fix for the production kernel's epilogue (PERF v0.11: its run-time bias-type flag puts every
+// Tried as the fix for the production kernel's epilogue (PERF v0.11–v0.12, not kept: its run-time bias-type flag puts every
 // bias load of the unrolled epilogue in its own branch): gemm_act with the tile's 256 bias values staged once
 // per tile in shared memory as f32 (zeros past N or without a bias) by the first consumer warpgroup, so the
 // epilogue reads them branch-free. The two consumer warpgroups work on the same tile; named barrier 3
 // (256 threads) keeps the row from being rewritten while the other warpgroup still reads it. A copy of
-// gemm_act / epilogue_values with that one change, to measure before the production kernel takes it.
+// gemm_act / epilogue_values with that one change.
 template <int BN, int ACT, bool GATED, typename Sink>
 __device__ __forceinline__ void epilogue_values_sb(const float (&acc)[BN / 2], int lane, uint32_t sbias,
                                                    const GemmClamps& ep, Sink&& sink) {

@@ -14,11 +14,12 @@ use crate::{
 };
 
 /// Whether an [`ActLinear`] of this kind runs fused (where the device and shape allow): gated layers
-/// only. In the towers (H200, docs/PERF.md v0.11, one run against main's binary on the same inputs) the
-/// gated kernel beat cuBLASLt + the gate pass (gemma4 b8 57.5 → 55.2 ms, glm5_next b8 117.1 → 115.0 ms)
-/// while the plain one lost on step3p7's fc1 (728 b1 22.5 → 23.6 ms, b8 174.8 → 175.6–176.7 ms): its
-/// epilogue computes and stages 128 outputs per thread against the gate's 64, and the kernel runs ≈ 20 %
-/// slower inside the tower than in the harness, where it was 1.07–1.10× faster.
+/// only. In the towers (H200, docs/PERF.md v0.11–v0.12, each an A/B on the same inputs) the gated kernel
+/// beat cuBLASLt + the gate pass (gemma4 b8 57.5 → 55.2 ms, glm5_next b8 117.1 → 115.0 ms), and more since
+/// v0.12's epilogue fix (glm5_next b8 116.4 → 114.6 ms against the v0.11 kernel, its GEMMs 60.2 → 56.0 ms),
+/// while the plain one still only ties on step3p7's fc1 (728 b8 179.3 → 179.0 ms, b1 23.0 → 23.4 ms, tiles
+/// 59.4 → 59.8 ms): the quick_gelu pass it removes (14.2 ms at b8) comes back as GEMM time (+14.4 ms),
+/// though in the harness it runs 1.07–1.15× faster than cuBLASLt + the pass.
 pub fn fuses(act: &FusedAct) -> bool {
     matches!(act, FusedAct::Gated(_))
 }
