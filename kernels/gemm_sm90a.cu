@@ -40,20 +40,6 @@ struct GemmClamps {
     float glim, g_lo, g_hi, u_lo, u_hi, o_lo, o_hi;
 };
 
-// bias[c], bias[c + 1] (f32 or bf16; null = none), c even.
-__device__ __forceinline__ void load_bias2(const void* bias, int bf, int c, float& b0, float& b1) {
-    if (bias == nullptr) return;
-    if (bf) {
-        const uint32_t u = *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(bias) + c);
-        b0 = bf16_lo_f32(u);
-        b1 = bf16_hi_f32(u);
-    } else {
-        const float2 f = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(bias) + c);
-        b0 = f.x;
-        b1 = f.y;
-    }
-}
-
 // The bias as the epilogue sees it, fixed at compile time: the entry points take the type as a run-time
 // flag and pick one of three epilogue instances once per tile (a uniform branch), so the unrolled epilogue's
 // loads carry no branch of their own and can be issued ahead of the math. With the flag tested inside every
@@ -62,10 +48,14 @@ __device__ __forceinline__ void load_bias2(const void* bias, int bf, int c, floa
 // of cuBLASLt + the pass; this way 1.07–1.39×, within 3 % of a fixed type (docs/PERF.md v0.12).
 enum BiasKind : int { BIAS_RUNTIME = -1, BIAS_NONE = 0, BIAS_F32 = 1, BIAS_BF16 = 2 };
 
+// bias[c], bias[c + 1] of kind BK into b0, b1 (left as they are for BIAS_NONE), c even; BIAS_RUNTIME reads
+// the kind from `bias` (null = none) and `bf` (bf16 when non-zero) at each call.
 template <int BK>
 __device__ __forceinline__ void bias_pair(const void* bias, int bf, int c, float& b0, float& b1) {
     if constexpr (BK == BIAS_RUNTIME) {
-        load_bias2(bias, bf, c, b0, b1);
+        if (bias == nullptr) return;
+        if (bf) bias_pair<BIAS_BF16>(bias, bf, c, b0, b1);
+        else bias_pair<BIAS_F32>(bias, bf, c, b0, b1);
     } else if constexpr (BK == BIAS_BF16) {
         const uint32_t u = *reinterpret_cast<const uint32_t*>(reinterpret_cast<const bf16*>(bias) + c);
         b0 = bf16_lo_f32(u);

@@ -212,7 +212,7 @@ __device__ __forceinline__ void gemm_epi(const TmaDesc* mx, const TmaDesc* mw, b
         for (int j = 0; j < BN / 8; j++) {
             const int c = n0 + j * 8 + 2 * q;
             float b0 = 0.0f, b1 = 0.0f;
-            if (c < N) load_bias2(bias, bias_bf16, c, b0, b1);
+            if (c < N) bias_pair<BIAS_RUNTIME>(bias, bias_bf16, c, b0, b1);
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
                 const int r = rl + 8 * hr;
@@ -308,7 +308,7 @@ __device__ __forceinline__ void gemm_act_sb(const TmaDesc* mx, const TmaDesc* mw
         if (cw == 0) {
             const int c = n0 + 2 * (tid & 127);
             float b0 = 0.0f, b1 = 0.0f;
-            if (c < N) load_bias2(bias, bias_bf16, c, b0, b1);
+            if (c < N) bias_pair<BIAS_RUNTIME>(bias, bias_bf16, c, b0, b1);
             asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sbias + 8 * (tid & 127)), "f"(b0), "f"(b1) : "memory");
         }
         if (lead) bulk_wait_read<0>();  // the previous tile's stores have read the staging area
