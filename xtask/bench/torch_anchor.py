@@ -646,7 +646,9 @@ def main():
         f, case = fams[fam], state["cases"][name]
         try:
             run = f.runner(inputs[name])
+            w0 = time.time()
             ts = time_ms(run, args.warmup, args.iters, dev)
+            case["eager_window"] = [w0, time.time()]  # for xtask's clock samples (Unix s)
             rows = run().reshape(-1, f.width)
             case["eager_ms"], case["eager_times"] = median(ts), ts
             case["rows"] = list(rows.shape)
@@ -681,7 +683,9 @@ def main():
                 case["compile_s"] = time.time() - t
                 after = compile_counters()
                 case["compile_cache"] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+                w0 = time.time()
                 ts = time_ms(c, args.compile_warmup, args.iters, dev)
+                case["compile_window"] = [w0, time.time()]
                 case["compile_ms"], case["compile_times"] = median(ts), ts
                 log(f"compile {name:16s} {case['compile_ms']:9.2f} ms  "
                     f"{case['flops'] / case['compile_ms'] / 1e9:7.1f} TFLOP/s  (compiled in {case['compile_s']:.1f} s, "

@@ -10,6 +10,10 @@
 //!    the same way as torch (CUDA events around the forward + projection, from device-resident
 //!    inputs to device-resident rows; warm-up; median of `--iters`), its rows checked against
 //!    torch's (rel-L2).
+//!    Throughout, a thread samples the card's SM clock, power and clock-event reasons through NVML
+//!    (`clocks.rs`); each side's timed window gets the clock it ran at, and the GEMM ceiling is
+//!    measured twice: in a short burst and after [`SUSTAIN_S`] seconds of back-to-back GEMMs (the
+//!    power limit's steady state).
 //! 3. One table on stdout (speed), one for accuracy, and a dated markdown block for
 //!    `docs/PERF.md` (`--report`, else `$OUT/bench_report.md`, else beside `anchor.json`); our
 //!    numbers also go to `ours.json` beside `anchor.json`.
@@ -27,6 +31,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::bench_towers::{self as bt, BenchTower, Host, Inputs};
+use crate::clocks::{self, Sample};
 use gpu_core::{
     bf16, Device, DeviceTower, Epilogue, GemmInputs, GemmOutput, GemmShape, GemmTuned, GemmTuning,
 };
@@ -468,6 +473,12 @@ pub struct Line {
     pub graph_replays: Option<u64>,
     /// `--profile`: one eager pass, operation by operation (largest first).
     pub profile: Vec<gpu_core::OpTime>,
+    /// When our timed runs (with their warm-up) started and ended (Unix seconds).
+    pub ours_window: Option<(f64, f64)>,
+    /// The same for PyTorch's eager runs (from anchor.json).
+    pub eager_window: Option<(f64, f64)>,
+    /// The same for PyTorch's torch.compile runs (from anchor.json).
+    pub compile_window: Option<(f64, f64)>,
 }
 
 fn ms(v: Option<f64>, note: &str) -> String {
@@ -625,6 +636,37 @@ pub fn graph_table(lines: &[Line]) -> String {
             saved.0,
             saved.1,
             l.graph_replays.map_or("—".into(), |r| r.to_string()),
+        );
+    }
+    s
+}
+
+/// The clock table (markdown): each side's SM clock, power-cap share and power during its timed
+/// runs (NVML samples of this run; "—" where the window has none, e.g. a reused PyTorch side), and
+/// our TFLOP/s as a share of the sustained GEMM ceiling.
+pub fn clock_table(lines: &[Line], samples: &[Sample], sustained_tflops: Option<f64>) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| case | ours: clock during the timed runs | ours % of sustained peak | eager | torch.compile |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|");
+    let stats = |w: Option<(f64, f64)>| {
+        clocks::cell(w.and_then(|(a, b)| clocks::window_stats(samples, a, b)))
+    };
+    for l in lines {
+        let tf = l.ours_ms.map(|m| l.flops / m / 1e9);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} |",
+            l.label,
+            stats(l.ours_window),
+            match (tf, sustained_tflops) {
+                (Some(t), Some(p)) if p > 0.0 => format!("{:.0}%", 100.0 * t / p),
+                _ => "—".into(),
+            },
+            stats(l.eager_window),
+            stats(l.compile_window),
         );
     }
     s
@@ -877,9 +919,29 @@ fn run_torch(o: &Opts) -> Result<Value> {
     Ok(v)
 }
 
-/// The measured ceilings of this process: bf16 GEMM 8192³ through gpu-core (TFLOP/s) and a
-/// 2 GiB device-to-device copy (GB/s, bytes read + written).
-fn ceilings(dev: &Device, warmup: usize, iters: usize) -> Result<(f64, f64)> {
+/// Seconds of back-to-back 8192³ GEMMs before the sustained ceiling is timed: long enough for the
+/// power limit's clock reduction to settle (on the H200 the SM clock leaves 1980 MHz after 1–3 s
+/// of dense GEMMs and holds ~1600–1800 MHz; docs/PERF.md v0.13).
+pub const SUSTAIN_S: f64 = 5.0;
+
+/// The measured ceilings of this process.
+#[derive(Debug, Clone, Copy, Default)]
+struct Ceilings {
+    /// bf16 GEMM 8192³ through gpu-core, median of a short burst (TFLOP/s).
+    gemm: f64,
+    /// The same after [`SUSTAIN_S`] seconds of back-to-back GEMMs (TFLOP/s).
+    gemm_sustained: f64,
+    /// When the burst and the sustained timing ran (Unix seconds).
+    burst_window: (f64, f64),
+    /// See `burst_window`.
+    sustained_window: (f64, f64),
+    /// A 2 GiB device-to-device copy (GB/s, bytes read + written).
+    copy: f64,
+}
+
+/// The measured ceilings of this process: bf16 GEMM 8192³ through gpu-core (burst and sustained)
+/// and a 2 GiB device-to-device copy.
+fn ceilings(dev: &Device, warmup: usize, iters: usize) -> Result<Ceilings> {
     let s = 8192usize;
     let rand = |seed: u64| -> Vec<bf16> {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -896,23 +958,41 @@ fn ceilings(dev: &Device, warmup: usize, iters: usize) -> Result<(f64, f64)> {
     let x = dev.upload(&rand(1))?;
     let w = dev.upload(&rand(2))?;
     let mut y = dev.alloc::<bf16>(s * s)?;
-    let t = dev.time_ms(warmup, iters.max(10), || {
-        dev.gemm(
-            GemmInputs::Bf16 { x: &x, w: &w },
-            None,
-            GemmOutput::Bf16(&mut y),
-            GemmShape::dense(s, s, s),
-            Epilogue::None,
-        )
-    })?;
-    let gemm = 2.0 * (s as f64).powi(3) / t[t.len() / 2] as f64 / 1e9;
+    let mut gemm_ms = |warm: usize| {
+        dev.time_ms(warm, iters.max(10), || {
+            dev.gemm(
+                GemmInputs::Bf16 { x: &x, w: &w },
+                None,
+                GemmOutput::Bf16(&mut y),
+                GemmShape::dense(s, s, s),
+                Epilogue::None,
+            )
+        })
+    };
+    let tflops = |t: &[f32]| 2.0 * (s as f64).powi(3) / t[t.len() / 2] as f64 / 1e9;
+    let burst = gemm_ms(warmup)?;
+    let b1 = clocks::unix_now();
+    // As many GEMMs as SUSTAIN_S seconds hold at the burst rate, then the same timing.
+    let sustain_runs = (SUSTAIN_S * 1e3 / f64::from(burst[burst.len() / 2]).max(1e-3)) as usize;
+    let sustained = gemm_ms(sustain_runs.min(1 << 16))?;
+    let s1 = clocks::unix_now();
+    let secs = |t: &[f32]| t.iter().map(|&m| f64::from(m)).sum::<f64>() / 1e3;
+    let gemm = tflops(&burst);
+    let gemm_sustained = tflops(&sustained);
     drop((x, w, y));
     let n = 1usize << 29; // 2 GiB of f32
     let a = dev.alloc::<f32>(n)?;
     let mut b = dev.alloc::<f32>(n)?;
     let t = dev.time_ms(warmup, iters.max(10), || dev.copy(&a, &mut b))?;
     let copy = 2.0 * 4.0 * n as f64 / t[t.len() / 2] as f64 / 1e6;
-    Ok((gemm, copy))
+    Ok(Ceilings {
+        gemm,
+        gemm_sustained,
+        // the timed runs only (the burst's warm-up is short; the sustained one's is the point)
+        burst_window: (b1 - secs(&burst), b1),
+        sustained_window: (s1 - secs(&sustained), s1),
+        copy,
+    })
 }
 
 /// What `run_family` measured for one family.
@@ -1187,7 +1267,9 @@ fn run_cases<T: BenchTower>(
             l.rel_f32 = t_f32.as_ref().map(|t| rel_l2(&rows, t));
             drop((rows, t_bf16, t_f32));
             let before = tower.graph_stats();
+            let w0 = clocks::unix_now();
             let times = bt::time_runs(dev, tower, &batch, o.warmup, o.iters)?;
+            l.ours_window = Some((w0, clocks::unix_now()));
             let med = times[times.len() / 2] as f64;
             l.ours_ms = Some(med);
             // The same span with every kernel launched eagerly (graphs off), then back on; the
@@ -1227,6 +1309,7 @@ fn run_cases<T: BenchTower>(
                 "eager_ms": l.ours_eager_ms, "eager_times": eager, "graph_replays": replays,
                 "rel_torch_bf16": l.rel_torch_bf16, "rel_f32": l.rel_f32,
                 "torch_rel_f32": l.torch_rel_f32, "profile": profile_json(&l.profile),
+                "window_unix_s": l.ours_window,
             }))
         })();
         match r {
@@ -1262,6 +1345,14 @@ pub fn run(args: &[String]) -> Result<()> {
     let t0 = *crate::progress::started();
     std::fs::create_dir_all(&o.torch_out)
         .with_context(|| format!("creating {}", o.torch_out.display()))?;
+    // Sampled from here on, the PyTorch subprocess's timed runs included.
+    let sampler = match clocks::Sampler::start() {
+        Ok(s) => Some(s),
+        Err(why) => {
+            say!("clock sampling off: {why}");
+            None
+        }
+    };
     let anchor = run_torch(&o)?;
 
     // our side, in this process
@@ -1274,22 +1365,34 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     };
     let mut device_name = String::from("host CPU");
-    let mut peak = None;
-    let mut copy = None;
+    let mut ceil = None;
     match &side {
         Side::Cuda(d) => {
             d.set_gemm_tuning(o.tuning);
             say!("GEMM algorithms: {:?}", o.tuning);
             device_name = format!("{} ({} SMs)", d.name()?, d.multiprocessors()?);
-            let (g, c) = ceilings(d, o.warmup, o.iters)?;
-            say!("ceilings (gpu-core, this process): bf16 GEMM 8192³ {g:.0} TFLOP/s, device-to-device copy {c:.0} GB/s");
-            peak = Some(g);
-            copy = Some(c);
+            let c = ceilings(d, o.warmup, o.iters)?;
+            let at =
+                |w: (f64, f64)| clocks::cell(sampler.as_ref().and_then(|s| s.window(w.0, w.1)));
+            say!(
+                "ceilings (gpu-core, this process): bf16 GEMM 8192³ {:.0} TFLOP/s in a burst ({}), {:.0} after {SUSTAIN_S} s of GEMMs ({}); device-to-device copy {:.0} GB/s",
+                c.gemm,
+                at(c.burst_window),
+                c.gemm_sustained,
+                at(c.sustained_window),
+                c.copy
+            );
+            ceil = Some(c);
         }
         Side::None(why) => say!("our side not run: {why}"),
         Side::Host => say!("our side on the host f32 reference (plumbing test)"),
     }
 
+    let peak = ceil.map(|c| c.gemm);
+    let window = |a: &Value, key: &str| match a[key].as_array().map(|v| v.as_slice()) {
+        Some([t0, t1]) => t0.as_f64().zip(t1.as_f64()),
+        _ => None,
+    };
     let mut lines: Vec<Line> = o
         .cases
         .iter()
@@ -1322,6 +1425,8 @@ pub fn run(args: &[String]) -> Result<()> {
                 eager_ms: a["eager_ms"].as_f64(),
                 compile_ms: a["compile_ms"].as_f64(),
                 compile_note,
+                eager_window: window(a, "eager_window"),
+                compile_window: window(a, "compile_window"),
                 ..Line::default()
             }
         })
@@ -1379,6 +1484,10 @@ pub fn run(args: &[String]) -> Result<()> {
         other => other.to_string(),
     };
     let tp = &anchor["ceilings"];
+    let samples = sampler.as_ref().map(|s| s.samples()).unwrap_or_default();
+    let ceil_clock = |w: Option<(f64, f64)>| {
+        clocks::cell(w.and_then(|(a, b)| clocks::window_stats(&samples, a, b)))
+    };
     let mut md = String::new();
     let _ = writeln!(
         md,
@@ -1401,9 +1510,12 @@ pub fn run(args: &[String]) -> Result<()> {
     );
     let _ = writeln!(
         md,
-        "Ceilings, our process (gpu-core): bf16 GEMM 8192³ {} TFLOP/s, device-to-device copy {} GB/s; PyTorch's process: {} TFLOP/s, {} GB/s.",
+        "Ceilings, our process (gpu-core): bf16 GEMM 8192³ {} TFLOP/s in a short burst ({}), {} TFLOP/s after {SUSTAIN_S} s of back-to-back GEMMs ({}); device-to-device copy {} GB/s; PyTorch's process: {} TFLOP/s, {} GB/s.",
         peak.map_or("—".into(), |p| format!("{p:.0}")),
-        copy.map_or("—".into(), |c| format!("{c:.0}")),
+        ceil_clock(ceil.map(|c| c.burst_window)),
+        ceil.map_or("—".into(), |c| format!("{:.0}", c.gemm_sustained)),
+        ceil_clock(ceil.map(|c| c.sustained_window)),
+        ceil.map_or("—".into(), |c| format!("{:.0}", c.copy)),
         tp["gemm_bf16_8192_tflops"].as_f64().map_or("—".into(), |p| format!("{p:.0}")),
         tp["copy_gbs"].as_f64().map_or("—".into(), |c| format!("{c:.0}")),
     );
@@ -1418,6 +1530,15 @@ pub fn run(args: &[String]) -> Result<()> {
     md.push('\n');
     md.push_str(&graph_table(&lines));
     md.push('\n');
+    if !samples.is_empty() {
+        md.push_str("The card's SM clock during each side's timed runs (NVML, every 20 ms; \"capped\": the power-limit reason set):\n\n");
+        md.push_str(&clock_table(
+            &lines,
+            &samples,
+            ceil.map(|c| c.gemm_sustained),
+        ));
+        md.push('\n');
+    }
     if lines.iter().any(|l| !l.profile.is_empty()) {
         md.push_str("One eager pass per case with every launch and GEMM between CUDA events (`--profile`; the events' own cost shows where operations are short):\n\n");
         md.push_str(&profile_table(&lines));
@@ -1463,7 +1584,12 @@ pub fn run(args: &[String]) -> Result<()> {
     std::fs::write(&report, &md).with_context(|| format!("writing {}", report.display()))?;
     let ours = json!({
         "date": today(), "device": device_name, "nvidia_smi": nvidia_smi(),
-        "ceilings": { "gemm_bf16_8192_tflops": peak, "copy_gbs": copy },
+        "ceilings": {
+            "gemm_bf16_8192_tflops": peak,
+            "gemm_bf16_8192_sustained_tflops": ceil.map(|c| c.gemm_sustained),
+            "copy_gbs": ceil.map(|c| c.copy),
+        },
+        "clock_samples": samples.iter().map(|x| json!([x.t, x.sm_mhz, x.power_w, x.reasons])).collect::<Vec<_>>(),
         "iters": o.iters, "warmup": o.warmup, "families": families,
         "wall_s": t0.elapsed().as_secs_f64(),
     });

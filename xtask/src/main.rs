@@ -3,6 +3,7 @@
 mod api_bench;
 mod bench;
 mod bench_towers;
+mod clocks;
 mod fixtures;
 mod gemma_check;
 mod glm_check;
