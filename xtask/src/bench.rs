@@ -925,7 +925,7 @@ fn run_torch(o: &Opts) -> Result<Value> {
 pub const SUSTAIN_S: f64 = 5.0;
 
 /// The measured ceilings of this process.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct Ceilings {
     /// bf16 GEMM 8192³ through gpu-core, median of a short burst (TFLOP/s).
     gemm: f64,
