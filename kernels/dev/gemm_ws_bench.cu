@@ -154,8 +154,8 @@ struct Lt {
 };
 
 // GWS_SUSTAIN=<s>: every timing first runs its work back to back for that many seconds, so it is timed at the
-// clock the card holds under its power limit (an H200 at 700 W: ~1600-1800 MHz, against 1980 in a short burst;
-// docs/PERF.md v0.13). cuBLASLt's algorithm is still chosen in bursts; only the chosen one is re-timed so.
+// clock the card holds under its power limit (an H100 at 700 W: cuBLASLt 8192^3 at 1312-1380 MHz after 5 s, ~1930
+// in a short burst; docs/PERF.md v0.13). cuBLASLt's algorithm is still chosen in bursts; only the chosen one is re-timed so.
 static double g_sustain_s = 0.0;
 
 // y [m, n] (ld n) = x [m, k]·W [n, k]ᵀ + bias (bf16), bf16 out, f32 compute; returns the best algorithm's median ms.

@@ -651,22 +651,19 @@ pub fn clock_table(lines: &[Line], samples: &[Sample], sustained_tflops: Option<
         "| case | ours: clock during the timed runs | ours % of sustained peak | eager | torch.compile |"
     );
     let _ = writeln!(s, "|---|---|---|---|---|");
-    let stats = |w: Option<(f64, f64)>| {
-        clocks::cell(w.and_then(|(a, b)| clocks::window_stats(samples, a, b)))
-    };
     for l in lines {
         let tf = l.ours_ms.map(|m| l.flops / m / 1e9);
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {} |",
             l.label,
-            stats(l.ours_window),
+            clocks::window_cell(samples, l.ours_window),
             match (tf, sustained_tflops) {
                 (Some(t), Some(p)) if p > 0.0 => format!("{:.0}%", 100.0 * t / p),
                 _ => "—".into(),
             },
-            stats(l.eager_window),
-            stats(l.compile_window),
+            clocks::window_cell(samples, l.eager_window),
+            clocks::window_cell(samples, l.compile_window),
         );
     }
     s
@@ -920,8 +917,8 @@ fn run_torch(o: &Opts) -> Result<Value> {
 }
 
 /// Seconds of back-to-back 8192³ GEMMs before the sustained ceiling is timed: long enough for the
-/// power limit's clock reduction to settle (on the H200 the SM clock leaves 1980 MHz after 1–3 s
-/// of dense GEMMs and holds ~1600–1800 MHz; docs/PERF.md v0.13).
+/// power limit's clock reduction to settle (on an H100 at 700 W this GEMM held 1312–1380 MHz
+/// after 5 s, against ~1930 in a burst; docs/PERF.md v0.13).
 pub const SUSTAIN_S: f64 = 5.0;
 
 /// The measured ceilings of this process.
@@ -1372,8 +1369,8 @@ pub fn run(args: &[String]) -> Result<()> {
             say!("GEMM algorithms: {:?}", o.tuning);
             device_name = format!("{} ({} SMs)", d.name()?, d.multiprocessors()?);
             let c = ceilings(d, o.warmup, o.iters)?;
-            let at =
-                |w: (f64, f64)| clocks::cell(sampler.as_ref().and_then(|s| s.window(w.0, w.1)));
+            let samples = sampler.as_ref().map(|s| s.samples()).unwrap_or_default();
+            let at = |w: (f64, f64)| clocks::window_cell(&samples, Some(w));
             say!(
                 "ceilings (gpu-core, this process): bf16 GEMM 8192³ {:.0} TFLOP/s in a burst ({}), {:.0} after {SUSTAIN_S} s of GEMMs ({}); device-to-device copy {:.0} GB/s",
                 c.gemm,
@@ -1485,9 +1482,6 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     let tp = &anchor["ceilings"];
     let samples = sampler.as_ref().map(|s| s.samples()).unwrap_or_default();
-    let ceil_clock = |w: Option<(f64, f64)>| {
-        clocks::cell(w.and_then(|(a, b)| clocks::window_stats(&samples, a, b)))
-    };
     let mut md = String::new();
     let _ = writeln!(
         md,
@@ -1512,9 +1506,9 @@ pub fn run(args: &[String]) -> Result<()> {
         md,
         "Ceilings, our process (gpu-core): bf16 GEMM 8192³ {} TFLOP/s in a short burst ({}), {} TFLOP/s after {SUSTAIN_S} s of back-to-back GEMMs ({}); device-to-device copy {} GB/s; PyTorch's process: {} TFLOP/s, {} GB/s.",
         peak.map_or("—".into(), |p| format!("{p:.0}")),
-        ceil_clock(ceil.map(|c| c.burst_window)),
+        clocks::window_cell(&samples, ceil.map(|c| c.burst_window)),
         ceil.map_or("—".into(), |c| format!("{:.0}", c.gemm_sustained)),
-        ceil_clock(ceil.map(|c| c.sustained_window)),
+        clocks::window_cell(&samples, ceil.map(|c| c.sustained_window)),
         ceil.map_or("—".into(), |c| format!("{:.0}", c.copy)),
         tp["gemm_bf16_8192_tflops"].as_f64().map_or("—".into(), |p| format!("{p:.0}")),
         tp["copy_gbs"].as_f64().map_or("—".into(), |c| format!("{c:.0}")),

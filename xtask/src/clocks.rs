@@ -100,6 +100,11 @@ pub fn cell(s: Option<ClockStats>) -> String {
     }
 }
 
+/// The cell for window `w` of `samples` (`—` without a window or samples in it).
+pub fn window_cell(samples: &[Sample], w: Option<(f64, f64)>) -> String {
+    cell(w.and_then(|(t0, t1)| window_stats(samples, t0, t1)))
+}
+
 /// The NVML entry points the sampler calls, resolved from the loaded library.
 struct Nvml {
     _lib: libloading::Library,
@@ -254,14 +259,6 @@ impl Sampler {
     pub fn samples(&self) -> Vec<Sample> {
         self.samples.lock().map(|v| v.clone()).unwrap_or_default()
     }
-
-    /// The statistics of `[t0, t1]` (Unix seconds).
-    pub fn window(&self, t0: f64, t1: f64) -> Option<ClockStats> {
-        self.samples
-            .lock()
-            .ok()
-            .and_then(|v| window_stats(&v, t0, t1))
-    }
 }
 
 impl Drop for Sampler {
@@ -313,6 +310,12 @@ mod tests {
             "1616 MHz (min 1616), capped 100 %, 691 W"
         );
         assert_eq!(cell(None), "—");
+        assert_eq!(window_cell(&v, None), "—");
+        assert_eq!(window_cell(&v, Some((3.0, 4.0))), "—");
+        assert_eq!(
+            window_cell(&v, Some((0.0, 2.0))),
+            cell(window_stats(&v, 0.0, 2.0))
+        );
     }
 
     #[test]
