@@ -642,20 +642,26 @@ pub fn graph_table(lines: &[Line]) -> String {
 }
 
 /// The clock table (markdown): each side's SM clock, power-cap share and power during its timed
-/// runs (NVML samples of this run; "—" where the window has none, e.g. a reused PyTorch side), and
-/// our TFLOP/s as a share of the sustained GEMM ceiling.
+/// runs (NVML samples of this run; "—" where the window has none, e.g. a reused PyTorch side), our
+/// TFLOP/s as a share of the sustained GEMM ceiling, and the energy per image of ours and of
+/// torch.compile (the energy counter's power over the window × the median time / images): under a
+/// power limit, images/s = watts / (J/image), so the side with fewer joules per image is the one
+/// with room left; ours also per FLOP (pJ), to set beside the held GEMM ceiling's.
 pub fn clock_table(lines: &[Line], samples: &[Sample], sustained_tflops: Option<f64>) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| case | ours: clock during the timed runs | ours % of sustained peak | eager | torch.compile |"
+        "| case | ours: clock during the timed runs | ours % of sustained peak | eager | torch.compile | J/image ours | J/image torch.compile | torch.compile / ours | ours pJ/FLOP |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+    let joules = |v: Option<f64>| v.map_or("—".into(), |j| format!("{j:.2}"));
     for l in lines {
         let tf = l.ours_ms.map(|m| l.flops / m / 1e9);
+        let j_ours = clocks::window_joules(samples, l.ours_window, l.ours_ms, l.batch);
+        let j_compile = clocks::window_joules(samples, l.compile_window, l.compile_ms, l.batch);
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             l.label,
             clocks::window_cell(samples, l.ours_window),
             match (tf, sustained_tflops) {
@@ -664,6 +670,13 @@ pub fn clock_table(lines: &[Line], samples: &[Sample], sustained_tflops: Option<
             },
             clocks::window_cell(samples, l.eager_window),
             clocks::window_cell(samples, l.compile_window),
+            joules(j_ours),
+            joules(j_compile),
+            ratio(j_compile, j_ours),
+            match j_ours {
+                Some(j) if l.flops > 0.0 => format!("{:.2}", j * l.batch as f64 / l.flops * 1e12),
+                _ => "—".into(),
+            },
         );
     }
     s
@@ -1266,15 +1279,19 @@ fn run_cases<T: BenchTower>(
             let before = tower.graph_stats();
             let w0 = clocks::unix_now();
             let times = bt::time_runs(dev, tower, &batch, o.warmup, o.iters)?;
-            l.ours_window = Some((w0, clocks::unix_now()));
             let med = times[times.len() / 2] as f64;
+            let after = tower.graph_stats();
+            let held = clocks::unix_now() - w0;
+            if held < clocks::ENERGY_WINDOW_S && med > 0.0 {
+                // more of the same runs (untimed), so the energy counter spans the window
+                let more = ((clocks::ENERGY_WINDOW_S - held) * 1e3 / med).ceil();
+                bt::time_runs(dev, tower, &batch, 0, (more as usize).clamp(1, 10_000))?;
+            }
+            l.ours_window = Some((w0, clocks::unix_now()));
             l.ours_ms = Some(med);
             // The same span with every kernel launched eagerly (graphs off), then back on; the
             // host towers have no graphs.
-            let replays = tower
-                .graph_stats()
-                .zip(before)
-                .map(|(a, b)| a.replays - b.replays);
+            let replays = after.zip(before).map(|(a, b)| a.replays - b.replays);
             let mut eager = Vec::new();
             if replays.is_some() {
                 tower.set_graphs(false);
@@ -1504,11 +1521,18 @@ pub fn run(args: &[String]) -> Result<()> {
     );
     let _ = writeln!(
         md,
-        "Ceilings, our process (gpu-core): bf16 GEMM 8192³ {} TFLOP/s in a short burst ({}), {} TFLOP/s after {SUSTAIN_S} s of back-to-back GEMMs ({}); device-to-device copy {} GB/s; PyTorch's process: {} TFLOP/s, {} GB/s.",
+        "Ceilings, our process (gpu-core): bf16 GEMM 8192³ {} TFLOP/s in a short burst ({}), {} TFLOP/s after {SUSTAIN_S} s of back-to-back GEMMs ({}{}); device-to-device copy {} GB/s; PyTorch's process: {} TFLOP/s, {} GB/s.",
         peak.map_or("—".into(), |p| format!("{p:.0}")),
         clocks::window_cell(&samples, ceil.map(|c| c.burst_window)),
         ceil.map_or("—".into(), |c| format!("{:.0}", c.gemm_sustained)),
         clocks::window_cell(&samples, ceil.map(|c| c.sustained_window)),
+        ceil.and_then(|c| {
+            let (t0, t1) = c.sustained_window;
+            let w = clocks::window_stats(&samples, t0, t1)?;
+            (c.gemm_sustained > 0.0)
+                .then(|| format!(", {:.2} pJ/FLOP", w.power_w() / c.gemm_sustained))
+        })
+        .unwrap_or_default(),
         ceil.map_or("—".into(), |c| format!("{:.0}", c.copy)),
         tp["gemm_bf16_8192_tflops"].as_f64().map_or("—".into(), |p| format!("{p:.0}")),
         tp["copy_gbs"].as_f64().map_or("—".into(), |c| format!("{c:.0}")),
@@ -1525,7 +1549,7 @@ pub fn run(args: &[String]) -> Result<()> {
     md.push_str(&graph_table(&lines));
     md.push('\n');
     if !samples.is_empty() {
-        md.push_str("The card's SM clock during each side's timed runs (NVML, every 20 ms; \"capped\": the power-limit reason set):\n\n");
+        md.push_str("The card's SM clock during each side's timed runs (NVML, every 20 ms; \"capped\": the power-limit reason set; power and J/image from the energy counter over the window, which each side holds open ≥ 1 s with more untimed runs of the same work):\n\n");
         md.push_str(&clock_table(
             &lines,
             &samples,
@@ -1583,7 +1607,7 @@ pub fn run(args: &[String]) -> Result<()> {
             "gemm_bf16_8192_sustained_tflops": ceil.map(|c| c.gemm_sustained),
             "copy_gbs": ceil.map(|c| c.copy),
         },
-        "clock_samples": samples.iter().map(|x| json!([x.t, x.sm_mhz, x.power_w, x.reasons])).collect::<Vec<_>>(),
+        "clock_samples": samples.iter().map(|x| json!([x.t, x.sm_mhz, x.power_w, x.reasons, x.energy_mj])).collect::<Vec<_>>(),
         "iters": o.iters, "warmup": o.warmup, "families": families,
         "wall_s": t0.elapsed().as_secs_f64(),
     });
@@ -1775,6 +1799,38 @@ mod tests {
         assert_eq!(
             none.lines().nth(2).unwrap(),
             "| n | failed | — | — | — | — |"
+        );
+    }
+
+    #[test]
+    fn clock_table_row_has_joules_per_image() {
+        let smp = |t: f64, mj: u64| Sample {
+            t,
+            sm_mhz: 1600,
+            power_w: 690.0,
+            reasons: clocks::REASON_SW_POWER_CAP,
+            energy_mj: Some(mj),
+        };
+        // ours: 700 W over [0, 1]; torch.compile: 600 W over [2, 3] (a counter step per 0.1 s)
+        let samples: Vec<Sample> = (0..=10)
+            .map(|i| smp(0.1 * f64::from(i), 70_000 * i as u64))
+            .chain((0..=10).map(|i| smp(2.0 + 0.1 * f64::from(i), 1_000_000 + 60_000 * i as u64)))
+            .collect();
+        let l = Line {
+            label: "c".into(),
+            batch: 8,
+            flops: 8e12,
+            ours_ms: Some(100.0),
+            compile_ms: Some(160.0),
+            ours_window: Some((0.0, 1.0)),
+            compile_window: Some((2.0, 3.0)),
+            ..Line::default()
+        };
+        let t = clock_table(&[l], &samples, Some(100.0));
+        // ours 700 W × 0.1 s / 8 = 8.75 J; compile 600 W × 0.16 s / 8 = 12 J
+        assert_eq!(
+            t.lines().nth(2).unwrap(),
+            "| c | 1600 MHz (min 1600), capped 100 %, 700 W | 80% | — | 1600 MHz (min 1600), capped 100 %, 600 W | 8.75 | 12.00 | 1.37× | 8.75 |"
         );
     }
 

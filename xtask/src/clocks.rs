@@ -43,6 +43,9 @@ pub struct Sample {
     pub power_w: f64,
     /// The clock-event reason bits (nvml.h `nvmlClocksEventReason*`).
     pub reasons: u64,
+    /// The card's energy counter (mJ since the driver loaded; `nvmlDeviceGetTotalEnergyConsumption`),
+    /// `None` where NVML does not report it.
+    pub energy_mj: Option<u64>,
 }
 
 /// What the samples inside one window say.
@@ -60,6 +63,53 @@ pub struct ClockStats {
     pub power_capped: f64,
     /// Share of samples with a thermal or hardware slowdown set (0..=1).
     pub other_slowdown: f64,
+    /// Mean power over the window from the energy counter (W): the energy between its first and
+    /// last sample over the time between them. Exact where `mean_w` is NVML's 1 s running average
+    /// of the draw; `None` with fewer than two counter readings.
+    pub energy_w: Option<f64>,
+}
+
+impl ClockStats {
+    /// The window's power (W): the energy counter's where there is one, else NVML's averaged reading.
+    pub fn power_w(&self) -> f64 {
+        self.energy_w.unwrap_or(self.mean_w)
+    }
+
+    /// Joules per image of a run of `ms` milliseconds over `images` images at this window's
+    /// counter power.
+    pub fn joules_per_image(&self, ms: f64, images: usize) -> Option<f64> {
+        let w = self.energy_w?;
+        (images > 0).then(|| w * ms / 1e3 / images as f64)
+    }
+}
+
+/// Shortest timed window `xtask bench` (and torch_anchor.py's `ENERGY_WINDOW_S`) holds open, with
+/// more untimed runs of the same work where the timed ones end sooner, so that the energy counter
+/// steps often enough inside it (see [`MIN_COUNTER_SPAN_S`]).
+pub const ENERGY_WINDOW_S: f64 = 1.0;
+
+/// Shortest span between the first and the last counter update a window's power is read from:
+/// the counter moves in steps (every 100 ms on an H100), and an update is seen up to one sample
+/// interval late, so the span's error is about ±[`SAMPLE_INTERVAL`] — ±10 % at this span, less on
+/// longer windows.
+const MIN_COUNTER_SPAN_S: f64 = 0.25;
+
+/// Mean power (W) of the energy counter between its first and its last update inside the window
+/// (a sample whose reading differs from the one before it): the energy of the whole steps between
+/// them over their time. `None` without two updates [`MIN_COUNTER_SPAN_S`] apart.
+fn counter_power(w: &[&Sample]) -> Option<f64> {
+    let readings: Vec<(f64, u64)> = w
+        .iter()
+        .filter_map(|s| s.energy_mj.map(|e| (s.t, e)))
+        .collect();
+    let mut updates = readings
+        .windows(2)
+        .filter(|p| p[1].1 != p[0].1)
+        .map(|p| p[1]);
+    let first = updates.next()?;
+    let last = updates.next_back()?;
+    let dt = last.0 - first.0;
+    (dt >= MIN_COUNTER_SPAN_S && last.1 >= first.1).then(|| (last.1 - first.1) as f64 / 1e3 / dt)
 }
 
 /// The statistics of the samples in `[t0, t1]`; `None` when none fell inside (a window from an
@@ -78,10 +128,12 @@ pub fn window_stats(samples: &[Sample], t0: f64, t1: f64) -> Option<ClockStats> 
         mean_w: w.iter().map(|s| s.power_w).sum::<f64>() / n,
         power_capped: share(REASON_SW_POWER_CAP),
         other_slowdown: share(REASONS_OTHER_SLOWDOWN),
+        energy_w: counter_power(&w),
     })
 }
 
-/// A window's statistics as a table cell: `1616 MHz (min 1590), capped 100 %, 691 W`.
+/// A window's statistics as a table cell: `1616 MHz (min 1590), capped 100 %, 691 W` (the power
+/// from the energy counter where there is one, else NVML's averaged reading).
 pub fn cell(s: Option<ClockStats>) -> String {
     match s {
         None => "—".into(),
@@ -95,9 +147,20 @@ pub fn cell(s: Option<ClockStats>) -> String {
             } else {
                 String::new()
             },
-            s.mean_w
+            s.power_w()
         ),
     }
+}
+
+/// Joules per image of a run of `ms` over `images` images inside window `w` of `samples`.
+pub fn window_joules(
+    samples: &[Sample],
+    w: Option<(f64, f64)>,
+    ms: Option<f64>,
+    images: usize,
+) -> Option<f64> {
+    let (t0, t1) = w?;
+    window_stats(samples, t0, t1)?.joules_per_image(ms?, images)
 }
 
 /// The cell for window `w` of `samples` (`—` without a window or samples in it).
@@ -112,6 +175,7 @@ struct Nvml {
     clock: unsafe extern "C" fn(*mut c_void, u32, *mut u32) -> i32,
     power: unsafe extern "C" fn(*mut c_void, *mut u32) -> i32,
     reasons: unsafe extern "C" fn(*mut c_void, *mut u64) -> i32,
+    energy: Option<unsafe extern "C" fn(*mut c_void, *mut u64) -> i32>,
     shutdown: unsafe extern "C" fn() -> i32,
 }
 
@@ -153,6 +217,14 @@ impl Nvml {
             b"nvmlDeviceGetCurrentClocksThrottleReasons\0"
         );
         let shutdown = sym!(unsafe extern "C" fn() -> i32, b"nvmlShutdown\0");
+        // SAFETY: the symbol's C signature (nvml.h: device, unsigned long long *energy) is this type.
+        let energy = unsafe {
+            lib.get::<unsafe extern "C" fn(*mut c_void, *mut u64) -> i32>(
+                b"nvmlDeviceGetTotalEnergyConsumption\0",
+            )
+        }
+        .ok()
+        .map(|s| *s);
         // SAFETY: nvmlInit_v2 takes no arguments; it returns a status.
         let rc = unsafe { init() };
         if rc != 0 {
@@ -172,6 +244,7 @@ impl Nvml {
             clock,
             power,
             reasons,
+            energy,
             shutdown,
         })
     }
@@ -186,6 +259,11 @@ impl Nvml {
         let power_ok = unsafe { (self.power)(self.device, &mut mw) } == 0;
         // SAFETY: as above.
         let reasons_ok = unsafe { (self.reasons)(self.device, &mut bits) } == 0;
+        let mut mj = 0u64;
+        // SAFETY: as above.
+        let energy_ok = self
+            .energy
+            .is_some_and(|f| unsafe { f(self.device, &mut mj) } == 0);
         ok.then(|| Sample {
             t: unix_now(),
             sm_mhz: mhz,
@@ -195,6 +273,7 @@ impl Nvml {
                 f64::NAN
             },
             reasons: if reasons_ok { bits } else { 0 },
+            energy_mj: energy_ok.then_some(mj),
         })
     }
 }
@@ -280,6 +359,7 @@ mod tests {
             sm_mhz: mhz,
             power_w: w,
             reasons,
+            energy_mj: None,
         }
     }
 
@@ -300,6 +380,37 @@ mod tests {
         assert!((w.power_capped - 2.0 / 3.0).abs() < 1e-12);
         assert!((w.other_slowdown - 1.0 / 3.0).abs() < 1e-12);
         assert_eq!(window_stats(&v, 6.0, 9.0), None);
+        assert_eq!(w.energy_w, None, "no counter readings");
+    }
+
+    #[test]
+    fn counter_power_is_energy_over_time_inside_the_window() {
+        let e = |t: f64, mj: Option<u64>| Sample {
+            energy_mj: mj,
+            ..s(t, 1600, 650.0, REASON_SW_POWER_CAP)
+        };
+        // The counter steps by 7 J every 0.1 s and is sampled every 0.05 s; inside [1.02, 2.0] it
+        // is first seen to step at t = 1.1 (77 J) and last at t = 2.0 (140 J): 63 J over 0.9 s.
+        // Outside the window (t = 0, 2.5) it does not count.
+        let mut v = vec![e(0.0, Some(0))];
+        for i in 0..=20 {
+            let t = 1.0 + 0.05 * f64::from(i);
+            v.push(e(t, Some(1000 * (t * 10.0).floor() as u64 * 7)));
+        }
+        v.push(e(2.5, Some(1_000_000)));
+        let w = window_stats(&v, 1.02, 2.0).expect("samples");
+        let p = w.energy_w.expect("updates 0.9 s apart");
+        assert!((p - 70.0).abs() < 1e-9, "{p}");
+        // 8 images in 100 ms at 70 W: 0.875 J each.
+        assert!((w.joules_per_image(100.0, 8).expect("power") - 0.875).abs() < 1e-12);
+        assert_eq!(w.joules_per_image(100.0, 0), None);
+        // updates closer than MIN_COUNTER_SPAN_S: no power
+        assert_eq!(window_stats(&v, 1.02, 1.2).and_then(|w| w.energy_w), None);
+        // a reading without the counter in between does not break the count
+        v[5].energy_mj = None;
+        assert!(window_stats(&v, 1.02, 2.0)
+            .and_then(|w| w.energy_w)
+            .is_some());
     }
 
     #[test]
