@@ -4,7 +4,7 @@
 // reduction scheme the algorithm supports); (3) the best of every algorithm id × tile × stages ×
 // split-K × swizzle × custom option cuBLASLt accepts (cublasLtMatmulAlgoCheck), capped per shape.
 // y[M,N] = x[M,K]·W[N,K]ᵀ (+ y when +C), bf16 operands, f32 accumulation, y bf16 or f32, row-major
-// (cuBLASLt column-major: D[N,M] = op(W)ᵀ… i.e. A = W (transa = T), B = x).
+// (cuBLASLt, column-major: D = op(A)·B, A = W read as K×N (transa = T), B = x read as K×M, D = y read as N×M).
 // Build: nvcc -O3 -arch=sm_90a lt_search.cu -lcublasLt -o /tmp/lts && /tmp/lts
 #include <algorithm>
 #include <cstdio>
