@@ -63,9 +63,9 @@ pub struct ClockStats {
     pub power_capped: f64,
     /// Share of samples with a thermal or hardware slowdown set (0..=1).
     pub other_slowdown: f64,
-    /// Mean power over the window from the energy counter (W): the energy between its first and
-    /// last sample over the time between them. Exact where `mean_w` is NVML's 1 s running average
-    /// of the draw; `None` with fewer than two counter readings.
+    /// Mean power over the window from the energy counter (W; see `counter_power`): energy over
+    /// time, where `mean_w` is NVML's 1 s running average of the draw; `None` when the counter did
+    /// not step twice [`MIN_COUNTER_SPAN_S`] apart inside the window.
     pub energy_w: Option<f64>,
 }
 
