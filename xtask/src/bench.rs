@@ -1283,7 +1283,7 @@ fn run_cases<T: BenchTower>(
             let after = tower.graph_stats();
             let held = clocks::unix_now() - w0;
             if held < clocks::ENERGY_WINDOW_S && med > 0.0 {
-                // more of the same runs (untimed), so the energy counter spans the window
+                // more of the same runs (their times discarded), so the energy counter spans the window
                 let more = ((clocks::ENERGY_WINDOW_S - held) * 1e3 / med).ceil();
                 bt::time_runs(dev, tower, &batch, 0, (more as usize).clamp(1, 10_000))?;
             }
