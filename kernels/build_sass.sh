@@ -7,7 +7,11 @@
 #
 # Architectures: the PTX targets sm_90 (`.target sm_90`), which ptxas assembles for sm_90 and for the
 # later families that accept sm_90 PTX; `*_sm90a.ptx` (wgmma) targets sm_90a, which exists for
-# compute capability 9.0 alone. sm_80 and sm_89 cannot run sm_90 PTX at all (gpu-core needs 9.0+).
+# compute capability 9.0 alone. The older tiers (gpu_core::tier) get fatbins of their own, from the PTX
+# kernels/build_ptx.sh writes into ptx/sm80/ and ptx/sm75/ (not committed: the fatbins carry it,
+# compressed): sass/sm80/<module>.fatbin holds SASS for sm_80, sm_86 and sm_89 and the compute_80 PTX
+# (the driver JIT-compiles it on any other Ampere/Ada part, and on a newer card forced to that tier),
+# sass/sm75/<module>.fatbin SASS for sm_75 and the compute_75 PTX.
 # Usage: kernels/build_sass.sh [OUT_DIR]   (default: kernels/sass next to this script)
 # Environment: PTXAS, FATBINARY (default: on PATH). All ptxas flags live here and nowhere else.
 set -euo pipefail
@@ -17,6 +21,9 @@ PTXAS="${PTXAS:-ptxas}"
 FATBINARY="${FATBINARY:-fatbinary}"
 read -r -a ARCHS <<< "${SASS_ARCHS:-90 100 120}"  # SASS_ARCHS narrows the list (e.g. an older toolkit)
 ARCHS_90A=(90a)
+# tier directory -> the SASS architectures its fatbins hold (the PTX is the tier's lowest, the number in
+# the directory's name)
+declare -A TIER_ARCHS=([sm80]="80 86 89" [sm75]="75")
 PTXAS_FLAGS=(-O3)
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
@@ -42,6 +49,24 @@ for ptx in $(ls *.ptx | sort); do
     (cd "$TMP" && "$FATBINARY" --create="$OUT/$name.fatbin" --compress-all "${images[@]}")
     echo "$name: sm_${archs[*]// /, sm_} -> $(stat -c %s "$OUT/$name.fatbin") bytes"
 done
+# the older tiers: SASS for each of the tier's architectures plus the tier's PTX itself
+for tier in $(printf '%s\n' "${!TIER_ARCHS[@]}" | sort); do
+    ptx_arch="${tier#sm}"
+    mkdir -p "$OUT/$tier" "$TMP/$tier"
+    [ -d "$tier" ] || { echo "ptx/$tier missing: run kernels/build_ptx.sh first" >&2; exit 1; }
+    for ptx in $(cd "$tier" && ls *.ptx | sort); do
+        name="${ptx%.ptx}"
+        sed -E 's/^([[:space:]]*\.file[[:space:]]+[0-9]+[[:space:]]+"[^"]*")[[:space:]]*$/\1, 1, 0/' "$tier/$ptx" > "$TMP/$tier/$ptx"
+        images=()
+        for a in ${TIER_ARCHS[$tier]}; do
+            "$PTXAS" "${PTXAS_FLAGS[@]}" -arch="sm_$a" "$TMP/$tier/$ptx" -o "$TMP/$tier/$name.sm_$a.cubin"
+            images+=("--image3=kind=elf,sm=$a,file=$name.sm_$a.cubin")
+        done
+        images+=("--image3=kind=ptx,sm=$ptx_arch,file=$ptx")
+        (cd "$TMP/$tier" && "$FATBINARY" --create="$OUT/$tier/$name.fatbin" --compress-all "${images[@]}")
+        echo "$tier/$name: sm_${TIER_ARCHS[$tier]// /, sm_} + compute_$ptx_arch PTX -> $(stat -c %s "$OUT/$tier/$name.fatbin") bytes"
+    done
+done
 {
     echo "{"
     echo "  \"ptxas\": \"$("$PTXAS" --version | tail -n 2 | head -n 1)\","
@@ -60,13 +85,24 @@ done
     echo "  },"
     echo "  \"fatbin\": {"
     first=1
-    for f in $(cd "$OUT" && ls *.fatbin | sort); do
+    for f in $(cd "$OUT" && ls *.fatbin sm*/*.fatbin | sort); do
         [ $first -eq 1 ] || echo ","
         printf '    "%s": "%s"' "$f" "$(sha256sum "$OUT/$f" | cut -d' ' -f1)"
+        first=0
+    done
+    echo ""
+    echo "  },"
+    # the tiers' PTX is not committed: the sources it was compiled from are (ptx/MANIFEST.json)
+    echo "  \"ptx_manifest\": \"$(sha256sum MANIFEST.json | cut -d' ' -f1)\","
+    echo "  \"tiers\": {"
+    first=1
+    for tier in $(printf '%s\n' "${!TIER_ARCHS[@]}" | sort); do
+        [ $first -eq 1 ] || echo ","
+        printf '    "%s": "%s"' "$tier" "${TIER_ARCHS[$tier]}"
         first=0
     done
     echo ""
     echo "  }"
     echo "}"
 } > "$OUT/MANIFEST.json"
-echo "wrote $(ls "$OUT"/*.fatbin | wc -l) fatbins and MANIFEST.json to $OUT"
+echo "wrote $(ls "$OUT"/*.fatbin "$OUT"/sm*/*.fatbin | wc -l) fatbins and MANIFEST.json to $OUT"

@@ -48,6 +48,11 @@ __device__ __forceinline__ void flash_attn_impl(const bf16* __restrict__ q, cons
                                                 const bf16* __restrict__ v, bf16* __restrict__ o, long long q_ld,
                                                 long long k_ld, long long v_ld, long long o_ld,
                                                 const int* __restrict__ cu_seqlens, float scale_log2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    // bf16 mma.sync, ldmatrix and cp.async need sm_80: the compute_75 build (the Turing tier) keeps the entry
+    // points so every tier's module has the same names, but gpu-core never launches them there.
+    __trap();
+#else
     constexpr int BR = 16 * NW * MT;
     constexpr int LDS = HDP + 8;
     constexpr int CH = HDP / 8;   // 16-byte chunks per padded row
@@ -224,6 +229,7 @@ __device__ __forceinline__ void flash_attn_impl(const bf16* __restrict__ q, cons
             }
         }
     }
+#endif
 }
 
 #define FLASH_ENTRY(HD, HDP, MT)                                                                              \

@@ -27,6 +27,11 @@ compiles each case again exactly as the anchors did (dynamo reset, static shapes
 cache warm. Nothing is timed while a worker runs. `--deadline` makes the compile pass skip the
 cases it can no longer fit.
 
+`VT_SDPA_BACKEND=flash` (the anchor for a forced portable GPU tier, docs/TIERS.md): SDPA may use
+only its flash backend (FlashAttention-2, the kernel Ampere users get) and, where flash refuses the
+mask or layout (gemma4), the memory-efficient one; cuDNN and math are off, eager and compiled
+alike (the compile workers inherit the variable). `anchor.json` records the setting.
+
 usage: python3 torch_anchor.py --out DIR [--cases NAMES|FAMILIES] [--no-compile] [--tiny]
        (--tiny: CPU-sized configs and grids, to test the plumbing on a machine without a GPU)
 """
@@ -510,8 +515,24 @@ def compiled(run):
 # ---------------------------------------------------------------------------------------------
 
 
+def sdpa_backend():
+    """Applies `VT_SDPA_BACKEND` to SDPA's global backend switches; returns the setting's name."""
+    want = os.environ.get("VT_SDPA_BACKEND", "").strip()
+    if not want:
+        return "default"
+    if want != "flash":
+        raise SystemExit(f"VT_SDPA_BACKEND={want!r}: only 'flash' (FA2, memory-efficient where flash refuses)")
+    import torch
+    torch.backends.cuda.enable_flash_sdp(True)
+    torch.backends.cuda.enable_mem_efficient_sdp(True)
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.backends.cuda.enable_math_sdp(False)
+    return "flash (FA2), memory-efficient where flash refuses; cuDNN and math off"
+
+
 def worker(args):
     """Compile one case once (fills the on-disk caches for the timed process) and exit."""
+    sdpa_backend()
     import torch._inductor.config as inductor_config
 
     # Kernel-config choices benchmarked here would be timed on a GPU shared with the other
@@ -604,6 +625,7 @@ def main():
     if args.warm_procs is None:
         args.warm_procs = min(len(names), max(1, (os.cpu_count() or 2) // 2))
     state = {"complete": False, "tiny": args.tiny, "versions": versions(dev), "iters": args.iters,
+             "sdpa_backend": sdpa_backend(),
              "warmup": args.warmup, "compile_warmup": args.compile_warmup, "compile": do_compile,
              "families": {}, "cases": {}}
     log(f"torch {torch.__version__}, transformers {transformers.__version__}, device {state['versions']['device']}; "

@@ -92,6 +92,14 @@ pub fn rows_for(runner: &dyn Runner, fixtures: &Path, case: &Case) -> Vec<Row> {
         verdict,
         note,
     };
+    if runner.precision() == Precision::CudaBf16 {
+        if let Ok(dev) = crate::towers::shared_device() {
+            if !dev.supports_bf16() {
+                let why = format!("tier {} has no bf16 tensor cores", dev.tier());
+                return vec![row("*", None, Verdict::Refused, why)];
+            }
+        }
+    }
     match runner.run(fixtures, case) {
         Outcome::NotImplemented => vec![row("*", None, Verdict::NotImplemented, String::new())],
         Outcome::Error(e) => vec![row("*", None, Verdict::Fail, e)],
@@ -211,7 +219,14 @@ pub fn run(args: &[String]) -> Result<()> {
         count(Verdict::NotImplemented),
         count(Verdict::NotRun),
     );
-    println!("\n{pass} pass, {fail} fail, {ni} not implemented, {nr} not run (no device)");
+    let refused = count(Verdict::Refused);
+    println!(
+        "\n{pass} pass, {fail} fail, {ni} not implemented, {nr} not run (no device), {refused} \
+         refused by the device's tier"
+    );
+    if let Ok(dev) = crate::towers::shared_device() {
+        println!("GPU tier: {}", dev.tier());
+    }
     judge(&rows, require_cuda.as_deref())
 }
 

@@ -77,6 +77,9 @@ pub enum Verdict {
     /// The path exists but needs hardware this machine lacks (a CUDA path without a device):
     /// neither a pass nor a failure, counted apart.
     NotRun,
+    /// The device's GPU tier refuses this precision by design (bf16 on Turing's 7.5 tier, which has
+    /// no bf16 tensor cores): neither a pass nor a failure, counted apart, with the tier named.
+    Refused,
 }
 
 impl fmt::Display for Verdict {
@@ -86,6 +89,7 @@ impl fmt::Display for Verdict {
             Verdict::Fail => "FAIL",
             Verdict::NotImplemented => "not implemented",
             Verdict::NotRun => "not run",
+            Verdict::Refused => "refused (tier)",
         })
     }
 }

@@ -174,7 +174,13 @@ pub(crate) fn classify(opened: Result<Device, GpuError>) -> Result<Arc<Device>, 
 fn open_device0() -> Result<Device, GpuError> {
     if simulate_gpu() {
         for m in gpu_core::Module::ALL {
-            gpu_core::kernels::module_images(m)?;
+            for code in [
+                gpu_core::tier::CodeSet::Sm90,
+                gpu_core::tier::CodeSet::Sm80,
+                gpu_core::tier::CodeSet::Sm75,
+            ] {
+                gpu_core::kernels::module_images(m, code)?;
+            }
         }
     }
     Device::new(0)

@@ -60,6 +60,31 @@ pub(crate) fn opt_addr<T: Elem>(b: Option<&DeviceBuffer<T>>) -> u64 {
     b.map_or(0, |b| b.addr())
 }
 
+/// How [`Device::with_options`] opens a device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceOptions {
+    /// Run an older tier of the table on this card (its compute capability, e.g. `(8, 0)`; names
+    /// parse with [`crate::tier::parse_tier`]): its code (an older tier's PTX through the driver's
+    /// JIT), its limits and its kernels — a test of code paths and limits, not of that card's speed.
+    /// `None` reads `GPU_CORE_FORCE_TIER` ([`crate::tier::FORCE_TIER_ENV`]); unset or empty there,
+    /// the card's own tier.
+    pub force_tier: Option<(u32, u32)>,
+}
+
+impl DeviceOptions {
+    /// The tier to force: the option, else the environment variable's (empty = none; a name that is
+    /// not a tier is an error, never ignored).
+    fn forced_tier(&self) -> Result<Option<(u32, u32)>> {
+        if let Some(cc) = self.force_tier {
+            return Ok(Some(cc));
+        }
+        match std::env::var(crate::tier::FORCE_TIER_ENV) {
+            Ok(name) if !name.trim().is_empty() => Ok(Some(crate::tier::parse_tier(&name)?)),
+            _ => Ok(None),
+        }
+    }
+}
+
 /// One CUDA device with a stream, the PTX kernels loaded and a cuBLASLt handle.
 ///
 /// **API Boundary:** raw pointers, launches and cuBLASLt descriptors stay inside this crate; every
@@ -75,8 +100,11 @@ pub struct Device {
     /// Where each loaded module's code came from.
     sources: Vec<(Module, ModuleSource)>,
     pub(crate) lt: crate::gemm::lt_cache::Lt,
-    /// Dynamic shared memory a block may use (the device's opt-in maximum, set on the large kernels).
+    /// Shared memory a block may use: the tier's limit (never more than the card's opt-in maximum),
+    /// set on the large kernels.
     pub(crate) smem_optin: usize,
+    /// The tier whose code, limits and kernels this device runs.
+    tier: crate::tier::Tier,
     /// Streaming multiprocessors, read once (the attention launcher's wave model asks per launch).
     pub(crate) sms: usize,
     /// Per-operation events while a profile is recorded ([`Device::profile_begin`]).
@@ -151,6 +179,7 @@ fn probe(ordinal: usize) -> Result<()> {
             "device {ordinal} asked for, {count} present"
         )));
     }
+    check_driver()?;
     // SAFETY: is_culib_present only tries to dlopen the candidate library names.
     if !unsafe { cudarc::cublaslt::sys::is_culib_present() } {
         return Err(GpuError::Unusable(format!(
@@ -160,13 +189,72 @@ fn probe(ordinal: usize) -> Result<()> {
     Ok(())
 }
 
+/// Test hook: `GPU_CORE_FAKE_DEVICE=<major.minor>` makes [`Device::with_options`] act as if this
+/// machine had a CUDA device of that compute capability that cannot run the tower — below 7.5 it
+/// is refused by its tier ([`GpuError::Tier`]), otherwise it fails as a device that loads no module
+/// ([`GpuError::Unusable`]) — so callers' "device present but unusable" paths (the reason `auto`
+/// keeps and reports) are tested on machines without a GPU. Never set in production.
+pub const FAKE_DEVICE_ENV: &str = "GPU_CORE_FAKE_DEVICE";
+
+fn fake_device() -> Result<Option<(u32, u32)>> {
+    let Ok(v) = std::env::var(FAKE_DEVICE_ENV) else {
+        return Ok(None);
+    };
+    let bad = || {
+        GpuError::Unusable(format!(
+            "{FAKE_DEVICE_ENV}={v:?} is not a compute capability such as 7.0 or 8.6"
+        ))
+    };
+    let (a, b) = v.trim().split_once('.').ok_or_else(bad)?;
+    Ok(Some((
+        a.parse().map_err(|_| bad())?,
+        b.parse().map_err(|_| bad())?,
+    )))
+}
+
+/// [`GpuError::Unusable`] naming both versions where the driver is older than CUDA 13.0 needs
+/// (cudarc resolves each driver symbol when first called, so this asks before anything newer is).
+fn check_driver() -> Result<()> {
+    let (status, api) = std::panic::catch_unwind(|| {
+        let mut api: std::ffi::c_int = 0;
+        // SAFETY: cuDriverGetVersion writes one int through the pointer; the driver library is
+        // present (`driver` checked it) and this entry point exists in every driver since CUDA 2.2.
+        let status = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut api) };
+        (status, api)
+    })
+    .map_err(|_| GpuError::Unusable("the CUDA driver panicked reporting its version".into()))?;
+    if status != cudaError_enum::CUDA_SUCCESS {
+        return Err(GpuError::Unusable(format!(
+            "the CUDA driver did not report its version ({status:?})"
+        )));
+    }
+    crate::tier::check_driver_version(api).map_err(GpuError::Unusable)
+}
+
 impl Device {
+    /// Opens device `ordinal` on its own tier (or the one `GPU_CORE_FORCE_TIER` names): see
+    /// [`Device::with_options`].
+    pub fn new(ordinal: usize) -> Result<Self> {
+        Device::with_options(ordinal, &DeviceOptions::default())
+    }
+
     /// Opens device `ordinal`: a context, a stream, every kernel module and a cuBLASLt handle.
     /// Never panics. Returns [`GpuError::NoDevice`] only where this machine has no CUDA (no
     /// driver library, no device, or fewer devices than `ordinal + 1`); a CUDA stack that is
     /// installed but fails (a context that cannot be created, a PTX module that does not load,
     /// cuBLASLt missing or failing) is another variant, so callers can tell the two apart.
-    pub fn new(ordinal: usize) -> Result<Self> {
+    /// The tier ([`crate::tier`]) comes from the card's compute capability, or from
+    /// `options.force_tier`: a card older than 7.5 is [`GpuError::Tier`], as is a forced tier the card
+    /// cannot run.
+    pub fn with_options(ordinal: usize, options: &DeviceOptions) -> Result<Self> {
+        if let Some(fake) = fake_device()? {
+            // what a card of this capability would be refused with, else a simulated failure
+            crate::tier::Tier::choose(fake, options.forced_tier()?)?;
+            return Err(GpuError::Unusable(format!(
+                "{FAKE_DEVICE_ENV}={}.{}: a simulated device, which loads no module",
+                fake.0, fake.1
+            )));
+        }
         probe(ordinal)?;
         let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal)).map_err(|_| {
             GpuError::Unusable(format!(
@@ -197,18 +285,27 @@ impl Device {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let release = ctx.new_stream()?;
-        let hopper = ctx.compute_capability()? == (9, 0);
+        let (major, minor) = ctx.compute_capability()?;
+        let card = (major.max(0) as u32, minor.max(0) as u32);
+        let tier = crate::tier::Tier::choose(card, options.forced_tier()?)?;
+        let code = tier.arch.code;
+        // Whether the card runs the SASS of this tier's fatbins (same major, not older), else the
+        // driver compiles the fatbin's PTX (a tier forced on a newer card).
+        let card_runs_sass = code
+            .sass_archs()
+            .iter()
+            .any(|&s| s / 10 == card.0 && s % 10 <= card.1);
         let mut modules = Vec::new();
         let mut sources = Vec::new();
         for m in Module::ALL {
-            if m.needs_sm90a() && !hopper {
+            if m.needs_sm90a() && tier.arch.kernels != crate::tier::KernelSet::Hopper {
                 continue;
             }
             // The first image that loads: the fatbin's SASS where it holds code for this device,
             // else the PTX (JIT); the last failure is the error.
             let mut loaded = None;
             let mut failure = String::new();
-            for (source, image) in module_images(m)? {
+            for (source, image) in module_images(m, code)? {
                 let image = match image {
                     ModuleImage::Sass(bytes) => cudarc::nvrtc::Ptx::from_binary(bytes.to_vec()),
                     ModuleImage::Ptx(src) => cudarc::nvrtc::Ptx::from_src(src),
@@ -227,14 +324,20 @@ impl Device {
                     what: failure,
                 });
             };
+            let source = match source {
+                ModuleSource::Sass if !card_runs_sass => ModuleSource::FatbinPtx,
+                s => s,
+            };
             sources.push((m, source));
             modules.push((m, module));
         }
-        // The most dynamic shared memory one block may opt into (227 KB on compute capability 9.0): the
-        // attention kernels' limit, raised at load.
-        let smem_optin = ctx.attribute(
+        // The most shared memory one block may opt into: the tier's limit (the table's, so a forced
+        // tier gets its real card's limit), never above what this card allows. The large kernels'
+        // limit, raised at load.
+        let card_optin = ctx.attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         )?;
+        let smem_optin = (tier.arch.smem_per_block as i32).min(card_optin);
         let sms = ctx
             .attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
@@ -269,6 +372,7 @@ impl Device {
             funcs,
             sources,
             smem_optin: smem_optin.max(0) as usize,
+            tier,
             sms,
             lt,
             prof: crate::profile::Recorder::default(),
@@ -280,6 +384,18 @@ impl Device {
     /// `$GPU_CORE_PTX_DIR` is set.
     pub fn module_sources(&self) -> &[(Module, ModuleSource)] {
         &self.sources
+    }
+
+    /// The tier this device runs: its table row (code, limits, kernels, precisions) and whether it
+    /// was forced.
+    pub fn tier(&self) -> &crate::tier::Tier {
+        &self.tier
+    }
+
+    /// Whether this device's tier computes in bf16 (tensor cores with bf16 inputs: compute
+    /// capability 8.0 and newer).
+    pub fn supports_bf16(&self) -> bool {
+        self.tier.arch.precisions.bf16
     }
 
     /// The device's name as the driver reports it.

@@ -48,6 +48,10 @@ pub enum GpuError {
     /// A staged upload cannot be used: its slot was refilled, or it belongs to another uploader.
     #[error("staged upload: {0}")]
     Staging(String),
+    /// The device's architecture has no tier (older than 7.5), or a forced tier is unknown or
+    /// cannot run on this card ([`crate::tier`]).
+    #[error("GPU tier: {0}")]
+    Tier(#[from] crate::tier::TierError),
     /// A PTX module could not be read or loaded.
     #[error("PTX module {module}: {what}")]
     Ptx {

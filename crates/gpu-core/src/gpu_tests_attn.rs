@@ -224,9 +224,19 @@ fn attn_case(
 fn flash_attn_matches_host() {
     let d = dev();
     let mut r = Rng::new(5);
+    if !d.supports_bf16() {
+        // Turing's tier: no bf16 tensor cores, so bf16 attention is refused, never launched
+        let e = attn_refused_without_bf16(&d);
+        eprintln!(
+            "flash_attn_matches_host: tier {} refuses bf16 attention: {e}",
+            d.tier()
+        );
+        return;
+    }
     let mut variants = vec![FlashVariant::M1, FlashVariant::M2];
-    // the warp-specialised kernels must be there on a Hopper device; elsewhere only the mma.sync ones exist
-    let hopper = d.compute_capability().unwrap() == (9, 0);
+    // the warp-specialised kernels must be there on Hopper's tier; elsewhere (Ampere, Ada, Blackwell,
+    // or a tier forced on an H100) only the mma.sync ones exist
+    let hopper = d.tier().arch.kernels == crate::tier::KernelSet::Hopper;
     assert_eq!(d.has_kernel(Kernel::FlashAttnWsHd72C3Bf16), hopper);
     if hopper {
         variants.extend([FlashVariant::Ws2, FlashVariant::Ws3]);
@@ -250,6 +260,30 @@ fn flash_attn_matches_host() {
             attn_case(&d, &mut r, heads, hd, segs, scale, variant, 1e-2);
         }
     }
+}
+
+/// On a tier without bf16 tensor cores, a bf16 attention call is an error naming the tier.
+fn attn_refused_without_bf16(d: &Device) -> GpuError {
+    let q = d.alloc::<bf16>(64 * 64).unwrap();
+    let cu = [0i32, 64];
+    let cud = d.upload(&cu).unwrap();
+    let mut o = d.alloc::<bf16>(64 * 64).unwrap();
+    let args = AttnArgs {
+        q: (&q, Mat::dense(64, 64)),
+        k: (&q, Mat::dense(64, 64)),
+        v: (&q, Mat::dense(64, 64)),
+        heads: 1,
+        head_dim: 64,
+        cu_seqlens: &cud,
+        cu_seqlens_host: &cu,
+        scale: 0.125,
+        variant: None,
+    };
+    let e = d
+        .flash_attn(&args, &mut o, Mat::dense(64, 64))
+        .expect_err("bf16 attention on a tier without bf16 tensor cores");
+    assert!(e.to_string().contains("bf16 tensor cores"), "{e}");
+    e
 }
 
 /// f32 exact attention on a qkv buffer with an odd row pitch and odd column offsets, strided output.

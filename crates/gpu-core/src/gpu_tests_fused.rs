@@ -9,8 +9,10 @@ use crate::*;
 /// approximate SFU functions and stays far below a wrong column order or a missing bias (≥ 1e-1).
 const FUSED_BOUND: f64 = 6e-3;
 
+/// Whether the device runs Hopper's tier (the sm_90a kernels): not on another card, nor on an H100
+/// forced to an older tier.
 fn is_hopper(d: &Device) -> bool {
-    d.compute_capability().map(|c| c == (9, 0)).unwrap_or(false)
+    d.tier().arch.kernels == crate::tier::KernelSet::Hopper
 }
 
 fn plain(act: Activation) -> FusedAct {

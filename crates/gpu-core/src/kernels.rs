@@ -10,7 +10,11 @@
 //! Setting `GPU_CORE_PTX_DIR` makes [`crate::Device::new`] load `<dir>/<module>.ptx` instead of the
 //! embedded copies (used on the GPU machine to test freshly built PTX without recompiling Rust).
 
-/// Environment variable naming a directory of PTX files that override the embedded ones.
+use crate::tier::CodeSet;
+
+/// Environment variable naming a directory of PTX files that override the embedded ones
+/// (`<dir>/<module>.ptx` for the sm_90 code, `<dir>/sm80/<module>.ptx` and `<dir>/sm75/…` for the
+/// older tiers: `kernels/build_ptx.sh`'s layout).
 pub const PTX_DIR_ENV: &str = "GPU_CORE_PTX_DIR";
 
 /// A PTX module: one `kernels/<name>.cu` file.
@@ -84,6 +88,30 @@ impl Module {
             Module::Layout => include_bytes!("../../../kernels/sass/layout.fatbin"),
             Module::Norm => include_bytes!("../../../kernels/sass/norm.fatbin"),
             Module::Rope => include_bytes!("../../../kernels/sass/rope.fatbin"),
+        }
+    }
+
+    /// The compiled code of an older tier (`kernels/sass/sm80/`, `kernels/sass/sm75/`): a compressed
+    /// fatbin with SASS for the tier's architectures and the tier's PTX ([`CodeSet::sass_archs`],
+    /// [`CodeSet::ptx_arch`]). `None` for [`CodeSet::Sm90`] (that is [`Module::embedded_sass`]) and for
+    /// the `sm_90a` modules, which have no other build.
+    pub fn embedded_tier_sass(self, code: CodeSet) -> Option<&'static [u8]> {
+        macro_rules! tier {
+            ($dir:literal) => {
+                match self {
+                    Module::Act => Some(&include_bytes!(concat!("../../../kernels/sass/", $dir, "/act.fatbin"))[..]),
+                    Module::FlashAttn => Some(&include_bytes!(concat!("../../../kernels/sass/", $dir, "/flash_attn.fatbin"))[..]),
+                    Module::Layout => Some(&include_bytes!(concat!("../../../kernels/sass/", $dir, "/layout.fatbin"))[..]),
+                    Module::Norm => Some(&include_bytes!(concat!("../../../kernels/sass/", $dir, "/norm.fatbin"))[..]),
+                    Module::Rope => Some(&include_bytes!(concat!("../../../kernels/sass/", $dir, "/rope.fatbin"))[..]),
+                    Module::FlashAttnSm90a | Module::GemmSm90a => None,
+                }
+            };
+        }
+        match code {
+            CodeSet::Sm90 => None,
+            CodeSet::Sm80 => tier!("sm80"),
+            CodeSet::Sm75 => tier!("sm75"),
         }
     }
 
@@ -186,34 +214,44 @@ pub enum ModuleSource {
     EmbeddedPtx,
     /// From `$GPU_CORE_PTX_DIR`.
     PtxDir,
+    /// From the PTX inside an older tier's fatbin, compiled by the driver's JIT: the fatbin has no
+    /// SASS this device runs (a tier forced on a newer card).
+    FatbinPtx,
 }
 
-/// The images to try for a module, first to last: `$GPU_CORE_PTX_DIR/<module>.ptx` alone when that
-/// variable is set (it tests freshly built kernels), else the embedded SASS, then the embedded PTX.
-pub fn module_images(m: Module) -> crate::Result<Vec<(ModuleSource, ModuleImage)>> {
-    images_from(m, std::env::var_os(PTX_DIR_ENV))
+/// The images to try for a module of code set `code`, first to last: `$GPU_CORE_PTX_DIR`'s PTX alone
+/// when that variable is set (it tests freshly built kernels), else the embedded SASS, then (sm_90's
+/// code) the embedded PTX; an older tier's fatbin carries its PTX inside.
+pub fn module_images(m: Module, code: CodeSet) -> crate::Result<Vec<(ModuleSource, ModuleImage)>> {
+    images_from(m, code, std::env::var_os(PTX_DIR_ENV))
 }
 
 fn images_from(
     m: Module,
+    code: CodeSet,
     ptx_dir: Option<std::ffi::OsString>,
 ) -> crate::Result<Vec<(ModuleSource, ModuleImage)>> {
     match ptx_dir {
         Some(dir) => {
-            let path = std::path::Path::new(&dir).join(format!("{}.ptx", m.name()));
+            let path = std::path::Path::new(&dir)
+                .join(code.dir())
+                .join(format!("{}.ptx", m.name()));
             let ptx = std::fs::read_to_string(&path).map_err(|e| crate::GpuError::Ptx {
                 module: m.name(),
                 what: format!("reading {}: {e}", path.display()),
             })?;
             Ok(vec![(ModuleSource::PtxDir, ModuleImage::Ptx(ptx))])
         }
-        None => Ok(vec![
-            (ModuleSource::Sass, ModuleImage::Sass(m.embedded_sass())),
-            (
-                ModuleSource::EmbeddedPtx,
-                ModuleImage::Ptx(m.embedded_ptx().to_string()),
-            ),
-        ]),
+        None => match m.embedded_tier_sass(code) {
+            Some(fatbin) => Ok(vec![(ModuleSource::Sass, ModuleImage::Sass(fatbin))]),
+            None => Ok(vec![
+                (ModuleSource::Sass, ModuleImage::Sass(m.embedded_sass())),
+                (
+                    ModuleSource::EmbeddedPtx,
+                    ModuleImage::Ptx(m.embedded_ptx().to_string()),
+                ),
+            ]),
+        },
     }
 }
 
@@ -296,15 +334,116 @@ mod tests {
                 "{fatbin} is not a fatbin"
             );
         }
+        let mut tier_fatbins = 0;
+        for code in [CodeSet::Sm80, CodeSet::Sm75] {
+            for m in Module::ALL {
+                let Some(bytes) = m.embedded_tier_sass(code) else {
+                    continue;
+                };
+                tier_fatbins += 1;
+                let fatbin = format!("{}/{}.fatbin", code.dir(), m.name());
+                assert_eq!(
+                    manifest["fatbin"][&fatbin].as_str(),
+                    Some(sha256_hex(bytes).as_str()),
+                    "{fatbin} is not the one kernels/sass/MANIFEST.json records"
+                );
+            }
+        }
+        // the tiers' PTX is not committed; the sources it came from are, through ptx/MANIFEST.json
+        let ptx_manifest = std::fs::read(dir.join("ptx/MANIFEST.json")).unwrap();
+        assert_eq!(
+            manifest["ptx_manifest"].as_str(),
+            Some(sha256_hex(&ptx_manifest).as_str()),
+            "kernels/sass was assembled from another build of the sources: run kernels/build_ptx.sh \
+             and kernels/build_sass.sh on a machine with the CUDA toolkit and commit both"
+        );
         let listed = manifest["fatbin"].as_object().expect("fatbin map").len();
-        assert_eq!(listed, Module::ALL.len(), "a fatbin without a module");
+        assert_eq!(
+            listed,
+            Module::ALL.len() + tier_fatbins,
+            "a fatbin without a module"
+        );
+    }
+
+    /// The images of a fatbin container (`fatbinary`'s format: a 16-byte header — magic 0xBA55ED50,
+    /// version, header size, payload size — then entries of `kind` (1 PTX, 2 ELF/SASS), header size,
+    /// payload size, with the architecture at byte 28 of the entry header), as (kind, arch) pairs.
+    fn fatbin_images(bytes: &[u8]) -> Vec<(u16, u32)> {
+        let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]);
+        let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
+        let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
+        assert_eq!(u32_at(0), 0xBA55_ED50, "not a fatbin");
+        let start = u16_at(6) as usize;
+        let end = start + u64_at(8) as usize;
+        assert!(end <= bytes.len(), "fatbin shorter than its header says");
+        let mut images = Vec::new();
+        let mut at = start;
+        while at < end {
+            let (kind, header, size) = (u16_at(at), u32_at(at + 4) as usize, u64_at(at + 8));
+            images.push((kind, u32_at(at + 28)));
+            at += header + size as usize;
+        }
+        images
+    }
+
+    /// Every architecture of the tier table finds code in the fatbins it loads: SASS for its own
+    /// compute capability or an older one of its major (binary compatible), and PTX its JIT can
+    /// compile where the table says the tier's PTX travels inside the fatbin; the sm_90a modules carry
+    /// SASS for sm_90a alone.
+    #[test]
+    fn embedded_fatbins_cover_every_architecture_of_the_table() {
+        const PTX: u16 = 1;
+        const ELF: u16 = 2;
+        for arch in crate::tier::ARCHS {
+            let cc = arch.cc.0 * 10 + arch.cc.1;
+            for m in Module::ALL {
+                if m.needs_sm90a() {
+                    if arch.kernels == crate::tier::KernelSet::Hopper {
+                        assert_eq!(
+                            fatbin_images(m.embedded_sass()),
+                            vec![(ELF, 90)],
+                            "{}",
+                            m.name()
+                        );
+                    }
+                    continue;
+                }
+                let bytes = m
+                    .embedded_tier_sass(arch.code)
+                    .unwrap_or_else(|| m.embedded_sass());
+                let images = fatbin_images(bytes);
+                let sass: Vec<u32> = images.iter().filter(|i| i.0 == ELF).map(|i| i.1).collect();
+                assert_eq!(
+                    sass,
+                    arch.code.sass_archs(),
+                    "{} of {:?}: SASS architectures",
+                    m.name(),
+                    arch.code
+                );
+                assert!(
+                    sass.iter().any(|&s| s / 10 == cc / 10 && s <= cc),
+                    "{} has no SASS for compute capability {}",
+                    m.name(),
+                    arch.cc_name()
+                );
+                if arch.code != CodeSet::Sm90 {
+                    assert!(
+                        images.contains(&(PTX, arch.code.ptx_arch())),
+                        "{} of {:?} carries no compute_{} PTX",
+                        m.name(),
+                        arch.code,
+                        arch.code.ptx_arch()
+                    );
+                }
+            }
+        }
     }
 
     #[test]
     fn sass_comes_first_and_ptx_is_the_fallback_unless_a_ptx_dir_is_named() {
         let dir = kernels_dir().join("ptx");
         for m in Module::ALL {
-            let images = images_from(m, Some(dir.clone().into_os_string())).unwrap();
+            let images = images_from(m, CodeSet::Sm90, Some(dir.clone().into_os_string())).unwrap();
             assert_eq!(
                 images,
                 vec![(
@@ -312,9 +451,9 @@ mod tests {
                     ModuleImage::Ptx(m.embedded_ptx().to_string())
                 )]
             );
-            let missing = images_from(m, Some("/nonexistent-ptx-dir".into()));
+            let missing = images_from(m, CodeSet::Sm90, Some("/nonexistent-ptx-dir".into()));
             assert!(matches!(missing, Err(crate::GpuError::Ptx { .. })));
-            let images = images_from(m, None).unwrap();
+            let images = images_from(m, CodeSet::Sm90, None).unwrap();
             assert_eq!(
                 images,
                 vec![
@@ -325,6 +464,22 @@ mod tests {
                     ),
                 ]
             );
+            // an older tier: its own fatbin (SASS + its PTX), or `<dir>/sm80/<module>.ptx`
+            for code in [CodeSet::Sm80, CodeSet::Sm75] {
+                let images = images_from(m, code, None).unwrap();
+                match m.embedded_tier_sass(code) {
+                    Some(f) => assert_eq!(images, vec![(ModuleSource::Sass, ModuleImage::Sass(f))]),
+                    None => assert!(m.needs_sm90a()),
+                }
+                let missing = images_from(m, code, Some("/nonexistent-ptx-dir".into()));
+                let Err(crate::GpuError::Ptx { what, .. }) = missing else {
+                    panic!("a missing PTX dir loaded");
+                };
+                assert!(
+                    what.contains(&format!("/{}/{}.ptx", code.dir(), m.name())),
+                    "{what}"
+                );
+            }
         }
     }
 
@@ -339,12 +494,21 @@ mod tests {
         let want = if std::env::var_os(PTX_DIR_ENV).is_some() {
             ModuleSource::PtxDir
         } else {
-            assert!(
-                matches!(cc, (9, 0) | (10, 0) | (12, 0)),
-                "compute capability {cc:?}: the fatbins hold no SASS for it (add it to \
-                 kernels/build_sass.sh's ARCHS)"
-            );
-            ModuleSource::Sass
+            let tier = d.tier();
+            if tier.forced && tier.arch.code != CodeSet::Sm90 {
+                // a forced older tier on a newer card: its fatbin's PTX, through the JIT
+                ModuleSource::FatbinPtx
+            } else {
+                assert!(
+                    matches!(
+                        cc,
+                        (7, 5) | (8, 0) | (8, 6) | (8, 9) | (9, 0) | (10, 0) | (12, 0)
+                    ),
+                    "compute capability {cc:?}: the fatbins hold no SASS for it (add it to \
+                     kernels/build_sass.sh's ARCHS)"
+                );
+                ModuleSource::Sass
+            }
         };
         let loaded = d.module_sources();
         assert!(!loaded.is_empty());

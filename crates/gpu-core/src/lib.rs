@@ -33,6 +33,7 @@ mod profile;
 mod rows_out;
 mod runner;
 mod staging;
+pub mod tier;
 mod tma;
 mod tower;
 mod upload;
@@ -47,7 +48,9 @@ mod gpu_tests_fused;
 mod gpu_tests_graph;
 
 pub use act_linear::{fuses, ActLinear};
-pub use device::{device_count, is_available, Device, DeviceBuffer, Elem};
+pub use device::{
+    device_count, is_available, Device, DeviceBuffer, DeviceOptions, Elem, FAKE_DEVICE_ENV,
+};
 pub use error::{GpuError, Result};
 pub use gemm::{
     Epilogue, GemmBias, GemmInputs, GemmOutput, GemmShape, GemmTuned, GemmTuning, GEMM_CANDIDATES,
@@ -72,6 +75,7 @@ pub use runner::{split_rows, PassRunner};
 pub use staging::{
     recycled_bf16, DeviceInputs, HostGemm, HostInputs, InputBuffers, Uploader, UPLOAD_SLOTS,
 };
+pub use tier::{parse_tier, Arch, KernelSet, Tier, TierError, FORCE_TIER_ENV};
 pub use tower::{DeviceTower, LmAttention};
 pub use upload::{
     HostSource, HostTensor, LeBytes, LeDtype, StageElem, Stager, TensorStore, STAGING_BYTES,

@@ -672,6 +672,27 @@ int32_t vt_model_device_ordinal(const struct vt_model *model);
 enum vt_precision vt_model_precision(const struct vt_model *model);
 
 /**
+ * Why `"auto"` runs this model on the CPU although a CUDA device is present (an architecture
+ * without a GPU tier, a driver older than CUDA 13 needs, no cuBLASLt, or a model the CUDA path
+ * does not take), as a NUL-terminated string that lives as long as the model; NULL when the
+ * model runs on CUDA, on an explicit `"cpu"`, where the machine has no CUDA device, and for NULL.
+ *
+ * # Safety
+ * `model` is NULL or a live handle.
+ */
+const char *vt_model_cpu_reason(const struct vt_model *model);
+
+/**
+ * The GPU tier the model's tower runs (e.g. `"9.0 Hopper (H100, H200, GH200)"`, or
+ * `"8.0 Ampere (A100, A30), forced on 9.0"` under `GPU_CORE_FORCE_TIER`), a NUL-terminated
+ * string that lives as long as the model; NULL on the CPU and for NULL.
+ *
+ * # Safety
+ * `model` is NULL or a live handle.
+ */
+const char *vt_model_gpu_tier(const struct vt_model *model);
+
+/**
  * Plans `image` from its header alone and writes the new plan to `*out`.
  *
  * Statuses: `VT_ERR_NULL_ARGUMENT`, `VT_ERR_INVALID_ARGUMENT` (an unknown `kind`), `VT_ERR_IMAGE`

@@ -42,9 +42,10 @@ pub use encode::{
 };
 pub use error::{vt_last_error, vt_last_error_image, vt_status, vt_status_name, vt_testing_panic};
 pub use model::{
-    model_of, vt_family, vt_lm_attention, vt_model, vt_model_device_ordinal, vt_model_family,
-    vt_model_family_name, vt_model_free, vt_model_lm_attention, vt_model_open, vt_model_precision,
-    vt_model_width, vt_open_options, vt_open_options_default, vt_precision,
+    model_of, vt_family, vt_lm_attention, vt_model, vt_model_cpu_reason, vt_model_device_ordinal,
+    vt_model_family, vt_model_family_name, vt_model_free, vt_model_gpu_tier, vt_model_lm_attention,
+    vt_model_open, vt_model_precision, vt_model_width, vt_open_options, vt_open_options_default,
+    vt_precision,
 };
 pub use plan::{
     vt_model_plan, vt_plan, vt_plan_free, vt_plan_grid, vt_plan_grid_len, vt_plan_image_height,

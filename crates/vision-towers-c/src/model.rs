@@ -19,6 +19,10 @@ use crate::ffi::{c_str, need_out, utf8};
 /// `vt_model_free` needs exclusive use, after every other call on it has returned.
 pub struct vt_model {
     pub(crate) model: Model,
+    /// [`Model::cpu_reason`] as a C string, alive as long as the handle.
+    cpu_reason: Option<std::ffi::CString>,
+    /// [`Model::tier`] as a C string, alive as long as the handle.
+    gpu_tier: Option<std::ffi::CString>,
 }
 
 /// The `Model` behind a handle, for Rust code linked with this crate (tests compare the C ABI
@@ -154,6 +158,8 @@ unsafe fn settings_of(o: &vt_open_options) -> Result<(TowerOptions, PrepSettings
         precision,
         max_patches_per_pass,
         graphs: !o.disable_graphs,
+        // GPU_CORE_FORCE_TIER forces a tier from C (read when the device opens)
+        force_tier: None,
     };
     let mut settings = PrepSettings {
         max_soft_tokens: (o.max_soft_tokens != 0).then_some(o.max_soft_tokens),
@@ -218,7 +224,13 @@ pub unsafe extern "C" fn vt_model_open(
             }
             f
         })?;
-        let handle = Box::into_raw(Box::new(vt_model { model }));
+        // NUL bytes cannot occur in these texts; were one there, the getter would say nothing
+        let c = |s: Option<&str>| s.and_then(|s| std::ffi::CString::new(s).ok());
+        let handle = Box::into_raw(Box::new(vt_model {
+            cpu_reason: c(model.cpu_reason()),
+            gpu_tier: c(model.tier()),
+            model,
+        }));
         // SAFETY: checked non-NULL and aligned above.
         unsafe { out.write(handle) };
         Ok(())
@@ -344,6 +356,39 @@ pub unsafe extern "C" fn vt_model_precision(model: *const vt_model) -> vt_precis
             Some(Precision::F32) => vt_precision::VT_PRECISION_F32,
             Some(Precision::Bf16) => vt_precision::VT_PRECISION_BF16,
         }
+    })
+}
+
+/// Why `"auto"` runs this model on the CPU although a CUDA device is present (an architecture
+/// without a GPU tier, a driver older than CUDA 13 needs, no cuBLASLt, or a model the CUDA path
+/// does not take), as a NUL-terminated string that lives as long as the model; NULL when the
+/// model runs on CUDA, on an explicit `"cpu"`, where the machine has no CUDA device, and for NULL.
+///
+/// # Safety
+/// `model` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn vt_model_cpu_reason(model: *const vt_model) -> *const c_char {
+    guard_value(std::ptr::null(), || {
+        // SAFETY: the caller's contract.
+        unsafe { model.as_ref() }
+            .and_then(|m| m.cpu_reason.as_deref())
+            .map_or(std::ptr::null(), |s| s.as_ptr())
+    })
+}
+
+/// The GPU tier the model's tower runs (e.g. `"9.0 Hopper (H100, H200, GH200)"`, or
+/// `"8.0 Ampere (A100, A30), forced on 9.0"` under `GPU_CORE_FORCE_TIER`), a NUL-terminated
+/// string that lives as long as the model; NULL on the CPU and for NULL.
+///
+/// # Safety
+/// `model` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn vt_model_gpu_tier(model: *const vt_model) -> *const c_char {
+    guard_value(std::ptr::null(), || {
+        // SAFETY: the caller's contract.
+        unsafe { model.as_ref() }
+            .and_then(|m| m.gpu_tier.as_deref())
+            .map_or(std::ptr::null(), |s| s.as_ptr())
     })
 }
 

@@ -126,6 +126,17 @@ impl Model {
         self.tower.precision()
     }
 
+    /// Why `auto` runs this model on the CPU although a CUDA device is present
+    /// ([`Tower::cpu_reason`]); `None` on CUDA and where no device exists.
+    pub fn cpu_reason(&self) -> Option<&str> {
+        self.tower.cpu_reason()
+    }
+
+    /// The GPU tier its tower runs ([`Tower::tier`]); `None` on the CPU.
+    pub fn tier(&self) -> Option<&str> {
+        self.tower.tier()
+    }
+
     /// The LM attention law for this model's image spans.
     pub fn lm_attention(&self) -> LmAttention {
         self.lm

@@ -84,6 +84,11 @@ pub struct TowerOptions {
     /// On CUDA in bf16: replay CUDA graphs for batch layouts seen before (on by default; the graph
     /// GPU tests, `tests/graphs.rs`, passed on an H200 on 2026-12-01: docs/notes/throughput.md).
     pub graphs: bool,
+    /// On CUDA: run an older GPU tier on this card (its compute capability, e.g. `(8, 0)`;
+    /// [`gpu_core::parse_tier`] reads `8.0` / `sm80`): that tier's code, limits and kernels — a
+    /// test of code paths, not of speed. `None`: the card's own tier, or the one
+    /// `GPU_CORE_FORCE_TIER` names (docs/TIERS.md).
+    pub force_tier: Option<(u32, u32)>,
 }
 
 impl Default for TowerOptions {
@@ -93,6 +98,7 @@ impl Default for TowerOptions {
             precision: None,
             max_patches_per_pass: DEFAULT_MAX_PATCHES_PER_PASS,
             graphs: true,
+            force_tier: None,
         }
     }
 }

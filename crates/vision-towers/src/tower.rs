@@ -24,6 +24,10 @@ pub struct Tower {
     device: Device,
     precision: Precision,
     max_patches_per_pass: usize,
+    /// The GPU tier the CUDA path runs (gpu-core's table row, e.g. `9.0 Hopper (…)`).
+    tier: Option<String>,
+    /// Why `auto` runs on the CPU although a CUDA device is present.
+    cpu_reason: Option<String>,
 }
 
 /// The family's weights where they run. A CUDA tower keeps only the config on the host; its
@@ -107,8 +111,9 @@ impl Tower {
         }
         let explicit = options.device != Device::Auto;
         // Auto falls back to the CPU when no device opens or the CUDA path cannot take the
-        // model; a named device makes each of these an error.
-        let fallback = |reason: String| -> Result<(), TowerError> {
+        // model; a named device makes each of these an error. Where a device exists, the reason
+        // is kept on the tower (`cpu_reason`) and reported, never dropped.
+        let fallback = |reason: &str| -> Result<(), TowerError> {
             if options.precision == Some(Precision::Bf16) {
                 return Err(TowerError::Unsupported(format!(
                     "bf16 runs on CUDA only and device {} could not use one ({reason})",
@@ -117,34 +122,57 @@ impl Tower {
             }
             Ok(())
         };
+        let host = |cpu_reason: Option<String>| -> Result<Tower, TowerError> {
+            let mut t = Tower::on_host(HostTower::load(path)?, options);
+            t.cpu_reason = cpu_reason;
+            Ok(t)
+        };
         // The device first: a missing one is a quick answer, before any weight is read.
         let dev = match options.device {
             Device::Cpu => None,
             Device::Cuda(n) => Some((
                 n,
-                open_device(n).map_err(|reason| TowerError::NoDevice {
+                open_device(n, options.force_tier).map_err(|e| TowerError::NoDevice {
                     device: options.device,
-                    reason,
+                    reason: e.reason,
                 })?,
             )),
-            Device::Auto => match open_device(0) {
+            Device::Auto => match open_device(0, options.force_tier) {
                 Ok(d) => Some((0, d)),
-                Err(reason) => {
-                    fallback(reason)?;
-                    None
+                Err(e) => {
+                    fallback(&e.reason)?;
+                    return host(e.device_present.then_some(e.reason));
                 }
             },
         };
         let Some((ordinal, dev)) = dev else {
-            return Ok(Tower::on_host(HostTower::load(path)?, options));
+            return host(None);
         };
-        let precision = options.precision.unwrap_or(Precision::Bf16);
+        let tier = *dev.tier();
+        // bf16 needs bf16 tensor cores (8.0+); where the tier has none, the default is f32 and an
+        // explicit bf16 is refused with the advice (vLLM does the same).
+        let precision = match options.precision {
+            Some(p) => p,
+            None if tier.arch.precisions.bf16 => Precision::Bf16,
+            None => Precision::F32,
+        };
+        if precision == Precision::Bf16 && !tier.arch.precisions.bf16 {
+            let why = format!(
+                "bf16 needs bf16 tensor cores (compute capability 8.0 or newer); {} runs tier \
+                 {tier}: use --precision f32",
+                options.device
+            );
+            return Err(TowerError::Unsupported(why));
+        }
         // Straight from the memory-mapped file to the device: no host f32 copy of the model.
         let engine = match upload_mapped(path, dev, precision) {
             Ok(engine) => engine,
-            Err(Upload::Refused(reason, _)) if !explicit => {
-                fallback(reason)?;
-                return Ok(Tower::on_host(HostTower::load(path)?, options));
+            Err(Upload::Refused(reason, family)) if !explicit => {
+                fallback(&reason)?;
+                return host(Some(format!(
+                    "{} on cuda:{ordinal}: {reason}",
+                    family.name()
+                )));
             }
             Err(Upload::Refused(reason, family)) => {
                 return Err(TowerError::Unsupported(format!(
@@ -162,6 +190,8 @@ impl Tower {
             device: Device::Cuda(ordinal),
             precision,
             max_patches_per_pass: options.max_patches_per_pass,
+            tier: Some(tier.to_string()),
+            cpu_reason: None,
         })
     }
 
@@ -175,7 +205,23 @@ impl Tower {
             device: Device::Cpu,
             precision: Precision::F32,
             max_patches_per_pass: options.max_patches_per_pass,
+            tier: None,
+            cpu_reason: None,
         }
+    }
+
+    /// Why `auto` runs this tower on the CPU although a CUDA device is present: the device's
+    /// architecture has no tier, the driver is older than CUDA 13 needs, cuBLASLt is missing, a
+    /// forced tier cannot run there, or the CUDA path does not take this model. `None` on CUDA,
+    /// for an explicit `cpu`, and where this machine has no CUDA driver or no device.
+    pub fn cpu_reason(&self) -> Option<&str> {
+        self.cpu_reason.as_deref()
+    }
+
+    /// The GPU tier the CUDA path runs, as gpu-core's table names it (`9.0 Hopper (H100, H200,
+    /// GH200)`, `8.0 Ampere (A100, A30), forced on 9.0`); `None` on the CPU.
+    pub fn tier(&self) -> Option<&str> {
+        self.tier.as_deref()
     }
 
     /// The family of this tower.

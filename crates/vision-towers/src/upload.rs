@@ -23,12 +23,28 @@ pub(crate) enum HostTower {
     Step3p7(StepTower),
 }
 
-/// Opens CUDA device `ordinal` (gpu-core's probe first: a machine without CUDA gets its reason as
-/// text, never a panic).
-pub(crate) fn open_device(ordinal: usize) -> Result<Arc<CudaDevice>, String> {
-    CudaDevice::new(ordinal)
+/// Why a CUDA device did not open.
+pub(crate) struct NotOpened {
+    /// What gpu-core said (a machine without CUDA gets its reason as text, never a panic).
+    pub(crate) reason: String,
+    /// Whether a device exists but cannot run the tower (an architecture without a tier, a driver
+    /// older than CUDA 13 needs, no cuBLASLt, a forced tier it cannot run): `auto` still runs on
+    /// the CPU, but says why. `false`: no CUDA driver or no device here.
+    pub(crate) device_present: bool,
+}
+
+/// Opens CUDA device `ordinal` on its own tier, or the one `force_tier` (or gpu-core's
+/// `GPU_CORE_FORCE_TIER`) names.
+pub(crate) fn open_device(
+    ordinal: usize,
+    force_tier: Option<(u32, u32)>,
+) -> Result<Arc<CudaDevice>, NotOpened> {
+    CudaDevice::with_options(ordinal, &gpu_core::DeviceOptions { force_tier })
         .map(Arc::new)
-        .map_err(|e| no_device_reason(&e))
+        .map_err(|e| NotOpened {
+            device_present: !matches!(e, GpuError::NoDevice(_)),
+            reason: no_device_reason(&e),
+        })
 }
 
 fn no_device_reason(e: &GpuError) -> String {

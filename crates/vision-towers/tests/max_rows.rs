@@ -24,6 +24,7 @@ fn max_rows_per_image_is_upstreams_rows_at_the_reported_size() {
         precision: None,
         max_patches_per_pass: vision_towers::DEFAULT_MAX_PATCHES_PER_PASS,
         graphs: false,
+        force_tier: None,
     };
     // The model and the oracle configuration whose processor it carries (a GGUF mmproj has no
     // processor config: gemma4's defaults, 280 soft tokens).

@@ -19,6 +19,7 @@ fn open(model: &str, max_patches_per_pass: usize) -> Result<Model, ModelError> {
         precision: None,
         max_patches_per_pass,
         graphs: false,
+        force_tier: None,
     };
     Model::open_with(&fixtures().join(model), &options, PrepSettings::default())
 }

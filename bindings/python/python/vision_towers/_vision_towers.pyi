@@ -99,11 +99,15 @@ class Model:
         max_megapixels: Optional[float] = None,
         graphs: bool = True,
         max_patches_per_pass: Optional[int] = None,
+        gpu_tier: Optional[str] = None,
     ) -> None:
         """Opens a GGUF mmproj, a ``.safetensors`` file, a model directory or a sharded
         directory. ``device``: ``"auto"`` (CUDA 0 where it opens, else the CPU), ``"cpu"``,
         ``"cuda"`` or ``"cuda:N"``. ``precision``: ``"f32"`` or ``"bf16"`` (default: f32 on the
-        CPU, bf16 on CUDA)."""
+        CPU, bf16 on CUDA where the GPU tier has bf16 tensor cores, f32 on Turing).
+        ``gpu_tier``: run an older GPU tier on this card (``"8.0"``, ``"7.5"``, …), a test of
+        code paths (``GPU_CORE_FORCE_TIER`` does the same). Where ``"auto"`` finds a CUDA
+        device it cannot use, the model runs on the CPU and a RuntimeWarning says why."""
     @property
     def family(self) -> str:
         """``"gemma4"``, ``"glm5_next"``, ``"glm_ocr"`` or ``"step3p7"``."""
@@ -116,6 +120,12 @@ class Model:
     @property
     def precision(self) -> str:
         """``"f32"`` or ``"bf16"``."""
+    @property
+    def cpu_reason(self) -> Optional[str]:
+        """Why ``"auto"`` runs on the CPU although a CUDA device is present; None otherwise."""
+    @property
+    def gpu_tier(self) -> Optional[str]:
+        """The GPU tier the tower runs (``"9.0 Hopper (H100, H200, GH200)"``); None on the CPU."""
     @property
     def lm_attention(self) -> str:
         """``"causal"``, ``"bidirectional"`` or ``"bidirectional_image_runs_in_sliding_layers"``."""

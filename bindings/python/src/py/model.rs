@@ -148,7 +148,7 @@ impl PyModel {
     #[new]
     #[pyo3(signature = (path, device=String::from("auto"), precision=None, max_soft_tokens=None,
                         max_image_tokens=None, max_megapixels=None, graphs=true,
-                        max_patches_per_pass=None))]
+                        max_patches_per_pass=None, gpu_tier=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -160,7 +160,13 @@ impl PyModel {
         max_megapixels: Option<f64>,
         graphs: bool,
         max_patches_per_pass: Option<usize>,
+        gpu_tier: Option<String>,
     ) -> PyResult<PyModel> {
+        let force_tier = gpu_tier
+            .as_deref()
+            .map(vision_towers::parse_tier)
+            .transpose()
+            .map_err(|e| Failure::value(e.to_string()).into_pyerr(py))?;
         let device: Device = device
             .parse()
             .map_err(|e: vision_towers::ParseDeviceError| {
@@ -186,10 +192,18 @@ impl PyModel {
             precision,
             max_patches_per_pass: max_patches_per_pass.unwrap_or(DEFAULT_MAX_PATCHES_PER_PASS),
             graphs,
+            force_tier,
         };
         let model = detached(py, move || {
             Model::open_with(&path, &options, settings).map_err(|e| Failure::model(&e, Phase::Open))
         })?;
+        // `auto` on the CPU although a CUDA device is present: a warning, never silent
+        if let Some(why) = model.cpu_reason() {
+            let category = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
+            let msg = std::ffi::CString::new(format!("vision_towers: running on the CPU: {why}"))
+                .unwrap_or_default();
+            PyErr::warn(py, &category, &msg, 1)?;
+        }
         Ok(PyModel {
             family: model.family().name(),
             width: model.width(),
@@ -223,6 +237,22 @@ impl PyModel {
     #[getter]
     fn precision(&self) -> String {
         self.precision.to_string()
+    }
+
+    /// Why `device="auto"` runs on the CPU although a CUDA device is present (an architecture
+    /// without a GPU tier, a driver older than CUDA 13 needs, no cuBLASLt, a model the CUDA path
+    /// does not take); None on CUDA and where the machine has no CUDA device. Opening such a model
+    /// also issues a RuntimeWarning with the same text.
+    #[getter]
+    fn cpu_reason(&self) -> Option<String> {
+        self.model.cpu_reason().map(str::to_string)
+    }
+
+    /// The GPU tier the tower runs (`"9.0 Hopper (H100, H200, GH200)"`; `"8.0 Ampere (A100,
+    /// A30), forced on 9.0"` under `gpu_tier="8.0"` or `GPU_CORE_FORCE_TIER`); None on the CPU.
+    #[getter]
+    fn gpu_tier(&self) -> Option<String> {
+        self.model.tier().map(str::to_string)
     }
 
     /// How the LM attends over image rows: `"causal"`, `"bidirectional"` (the whole text model),

@@ -191,6 +191,16 @@ impl Device {
                 )
             }
             None => {
+                if !self.supports_bf16() {
+                    return Err(GpuError::shape(
+                        OP,
+                        format!(
+                            "bf16 attention needs bf16 tensor cores (compute capability 8.0+); this \
+                             device runs tier {}",
+                            self.tier()
+                        ),
+                    ));
+                }
                 let segments = cu.len() - 1;
                 let ws = self.has_kernel(Kernel::FlashAttnWsHd64C3Bf16);
                 // Measured on the H200 (docs/notes/flash-attn-sm90a.md): the warp-specialised kernels are the

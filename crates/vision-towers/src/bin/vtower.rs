@@ -112,7 +112,55 @@ enum Command {
         /// which bounds activation memory; one image over it is refused.
         #[arg(long, default_value_t = DEFAULT_MAX_PATCHES_PER_PASS)]
         max_patches_per_pass: usize,
+        /// On CUDA, run an older GPU tier on this card (7.5, 8.0, 8.6, 8.7, 8.9, 9.0, 10.0, 12.0):
+        /// its code, limits and kernels. A test of code paths, not of speed (docs/TIERS.md); the
+        /// GPU_CORE_FORCE_TIER environment variable does the same.
+        #[arg(long, value_parser = parse_gpu_tier)]
+        gpu_tier: Option<(u32, u32)>,
     },
+}
+
+fn parse_gpu_tier(s: &str) -> Result<(u32, u32), String> {
+    vision_towers::parse_tier(s).map_err(|e| e.to_string())
+}
+
+/// Where a tower ran, for the output's metadata and the last line.
+struct RanOn {
+    device: Device,
+    precision: Precision,
+    tier: Option<String>,
+    cpu_reason: Option<String>,
+}
+
+impl RanOn {
+    fn of(t: &Tower) -> RanOn {
+        let r = RanOn {
+            device: t.device(),
+            precision: t.precision(),
+            tier: t.tier().map(str::to_string),
+            cpu_reason: t.cpu_reason().map(str::to_string),
+        };
+        // `auto` ran on the CPU although a device is present: one warning line, never silent
+        if let Some(why) = &r.cpu_reason {
+            eprintln!("vtower: warning: running on the CPU: {why}");
+        }
+        r
+    }
+
+    /// `device`, `precision` and, where known, `gpu_tier` / `cpu_reason` metadata entries.
+    fn metadata(&self) -> Vec<(String, String)> {
+        let mut m = vec![
+            ("device".to_string(), self.device.to_string()),
+            ("precision".to_string(), self.precision.to_string()),
+        ];
+        if let Some(t) = &self.tier {
+            m.push(("gpu_tier".to_string(), t.clone()));
+        }
+        if let Some(r) = &self.cpu_reason {
+            m.push(("cpu_reason".to_string(), r.clone()));
+        }
+        m
+    }
 }
 
 /// Budgets that override the model's processor config.
@@ -206,6 +254,7 @@ fn run(cli: Cli) -> Result<()> {
             device,
             precision,
             max_patches_per_pass,
+            gpu_tier,
         } => {
             let options = TowerOptions {
                 device,
@@ -216,6 +265,7 @@ fn run(cli: Cli) -> Result<()> {
                 max_patches_per_pass,
                 // one encode is one pass per layout: a graph would be captured and never replayed
                 graphs: false,
+                force_tier: gpu_tier,
             };
             if !video_frames.is_empty() {
                 let m = Model::open_with(&model, &options, PrepSettings::default())?;
@@ -249,14 +299,12 @@ fn run(cli: Cli) -> Result<()> {
                     frames: VideoFrames::Encoded(&sources),
                     metadata,
                 };
+                let ran_on = RanOn::of(m.tower());
                 let encoded = m.encode_video_with(&pre, &video)?;
                 let n = encoded.rows.len() / encoded.width.max(1);
-                let meta = [
-                    ("family".to_string(), m.family().name().to_string()),
-                    ("device".to_string(), m.device().to_string()),
-                    ("precision".to_string(), m.precision().to_string()),
-                    ("video_plan".to_string(), encoded.plan.to_json().to_string()),
-                ];
+                let mut meta = vec![("family".to_string(), m.family().name().to_string())];
+                meta.extend(ran_on.metadata());
+                meta.push(("video_plan".to_string(), encoded.plan.to_json().to_string()));
                 write_safetensors(
                     &out,
                     &[OutTensor::f32(
@@ -281,11 +329,12 @@ fn run(cli: Cli) -> Result<()> {
             let (family, ran_on, rows) = match inputs {
                 Some(inputs) => {
                     let tower = Tower::open_with(&model, &options)?;
-                    let ran_on = (tower.device(), tower.precision());
+                    let ran_on = RanOn::of(&tower);
                     (tower.family(), ran_on, tower.encode_prepared_file(&inputs)?)
                 }
                 None => {
                     let m = Model::open_with(&model, &options, PrepSettings::default())?;
+                    let ran_on = RanOn::of(m.tower());
                     let read = image
                         .iter()
                         .map(|i| read_image_arg(i))
@@ -295,7 +344,7 @@ fn run(cli: Cli) -> Result<()> {
                     let width = encoded.first().map_or(0, |e| e.width);
                     (
                         m.family(),
-                        (m.device(), m.precision()),
+                        ran_on,
                         Rows {
                             width,
                             per_image: encoded.into_iter().map(|e| e.rows).collect(),
@@ -305,21 +354,18 @@ fn run(cli: Cli) -> Result<()> {
             };
             let all: Vec<f32> = rows.per_image.concat();
             let n = all.len() / rows.width.max(1);
-            let meta = [
-                ("family".to_string(), family.name().to_string()),
-                ("device".to_string(), ran_on.0.to_string()),
-                ("precision".to_string(), ran_on.1.to_string()),
-                (
-                    "rows_per_image".to_string(),
-                    serde_json::to_string(
-                        &rows
-                            .per_image
-                            .iter()
-                            .map(|r| r.len() / rows.width.max(1))
-                            .collect::<Vec<_>>(),
-                    )?,
-                ),
-            ];
+            let mut meta = vec![("family".to_string(), family.name().to_string())];
+            meta.extend(ran_on.metadata());
+            meta.push((
+                "rows_per_image".to_string(),
+                serde_json::to_string(
+                    &rows
+                        .per_image
+                        .iter()
+                        .map(|r| r.len() / rows.width.max(1))
+                        .collect::<Vec<_>>(),
+                )?,
+            ));
             write_safetensors(
                 &out,
                 &[OutTensor::f32("embeddings", vec![n, rows.width], &all)],
@@ -329,8 +375,8 @@ fn run(cli: Cli) -> Result<()> {
                 "vtower: wrote {n} rows × {} to {} ({} {})",
                 rows.width,
                 out.display(),
-                ran_on.0,
-                ran_on.1
+                ran_on.device,
+                ran_on.precision
             );
             Ok(())
         }

@@ -58,6 +58,7 @@ pub fn open(
         precision,
         max_patches_per_pass: ceiling,
         graphs,
+        force_tier: None,
     };
     Model::open_with(&fixtures().join(model), &options, PrepSettings::default())
         .unwrap_or_else(|e| panic!("{model} on {device}: {e}"))
