@@ -24,7 +24,7 @@ import base64, glob, json, os, struct
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 FIX = os.path.join(ROOT, "fixtures")
-OUT = os.path.join(ROOT, "fuzz", "corpus")
+OUT = os.path.join(ROOT, "target", "fuzz", "seeds")
 
 
 def prep():
@@ -247,6 +247,9 @@ def weights():
 
 
 if __name__ == "__main__":
+    import sys
+    if len(sys.argv) > 1:
+        OUT = os.path.abspath(sys.argv[1])
     print("prep seeds:", prep())
     print("inputs seeds:", inputs())
     print("configs / model_dir seeds:", configs())
