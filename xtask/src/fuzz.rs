@@ -13,9 +13,9 @@
 //! 3. Each target runs for `--seconds` (libFuzzer's `-max_total_time`, which counts from the
 //!    process's start, so the replay of the corpus is inside it unless the replay alone takes
 //!    longer), `--jobs` targets at a time, on top of its corpus: the seeds `fuzz/seeds.py`
-//!    derives from the committed `fixtures/` (written to `target/fuzz/seeds/<target>/` in about a
-//!    second; the adversarial model files are most of them, so they are not committed twice)
-//!    and the committed `fuzz/corpus/<target>/`, the inputs the fuzzers found that add coverage
+//!    derives from the committed `fixtures/` (written to `target/fuzz/seeds/<target>/` in 1–10 s
+//!    as the machine is loaded; 121 MB, mostly fixture models with one defect: not committed
+//!    twice) and the committed `fuzz/corpus/<target>/`, the inputs the fuzzers found that add coverage
 //!    beyond the seeds. New inputs go to `target/fuzz/new/<target>/`, never into the committed
 //!    tree. The log of each run is `target/fuzz/logs/<target>.log`.
 //! 4. One table: wall and CPU seconds, executions, coverage, corpus size, new inputs, crashes
@@ -563,12 +563,28 @@ impl Outcome {
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         eprintln!(
-            "\n==== fuzz target `{}` failed ({}): the last lines of {} ====",
+            "\n==== fuzz target `{}` failed ({}): from {} ====",
             self.target,
             self.status,
             self.log.display()
         );
-        for l in &lines[lines.len().saturating_sub(40)..] {
+        // The finding (a panic's message, or the sanitizer's or libFuzzer's report), then
+        // libFuzzer's summary and where it wrote the input.
+        let first = lines.iter().position(|l| {
+            l.contains("panicked at")
+                || l.contains("ERROR: AddressSanitizer")
+                || l.contains("ERROR: libFuzzer")
+        });
+        if let Some(i) = first {
+            for l in &lines[i..lines.len().min(i + 12)] {
+                eprintln!("    {l}");
+            }
+            eprintln!("    …");
+        }
+        for l in lines
+            .iter()
+            .filter(|l| l.starts_with("SUMMARY:") || l.contains("Test unit written to"))
+        {
             eprintln!("    {l}");
         }
         let mut reproducers: Vec<PathBuf> = self.artifacts.clone();
