@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora of every fuzz target under fuzz/corpus/<target>/ (ignored by git),
-deterministically from fixtures/ (the same files on every run; the fuzzers add their own).
+"""Writes the seed corpora of every fuzz target under target/fuzz/seeds/<target>/ (or OUT_DIR/<target>/),
+deterministically from fixtures/ (the same files on every run). `cargo xtask fuzz` runs it before
+every run and reads them beside the committed fuzz/corpus/<target>/ (what the fuzzers found beyond them).
 
 prep:   1 selector byte (bits 0-1 law, bit 2 data: URI) + a fixture image (fixtures/images, the
         decode cases of fixtures/prep/decode, the libjpeg-turbo cases of fixtures/prep/jpeg,
@@ -18,13 +19,13 @@ tower_st: 1 selector byte (the directory, mod 6) + the fixture model.safetensors
         adversarial safetensors cases that edit it (their edits applied as the test applies them).
 tower_gguf, gguf: the mmproj GGUF fixtures and the adversarial gguf cases applied; gguf also the
         reader fixtures. safetensors: the reader fixtures and the single-file fixture models.
-Stdlib only; run from anywhere: python3 fuzz/seeds.py
+Stdlib only; run from anywhere: python3 fuzz/seeds.py [OUT_DIR]
 """
 import base64, glob, json, os, struct
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 FIX = os.path.join(ROOT, "fixtures")
-OUT = os.path.join(ROOT, "fuzz", "corpus")
+OUT = os.path.join(ROOT, "target", "fuzz", "seeds")
 
 
 def prep():
@@ -247,6 +248,9 @@ def weights():
 
 
 if __name__ == "__main__":
+    import sys
+    if len(sys.argv) > 1:
+        OUT = os.path.abspath(sys.argv[1])
     print("prep seeds:", prep())
     print("inputs seeds:", inputs())
     print("configs / model_dir seeds:", configs())

@@ -5,6 +5,7 @@ mod bench;
 mod bench_towers;
 mod clocks;
 mod fixtures;
+mod fuzz;
 mod gemma_check;
 mod glm_check;
 mod gpu;
@@ -28,7 +29,11 @@ const USAGE: &str = "usage: cargo xtask <command> [args]
 commands:
   test       the whole suite CI runs: cargo test --workspace --locked, parity, and the Python
              package's tests (builds it into target/py-venv; --no-python skips them,
-             --python-only runs only them)
+             --python-only runs only them), then every fuzz target for 60 s on top of the
+             committed corpus (cargo xtask fuzz; --no-fuzz skips it)
+  fuzz       the cargo-fuzz targets of fuzz/, each for a bounded time on the committed corpus;
+             new inputs to target/fuzz/new, a crash fails it with the reproducer's path
+             [--seconds N] [--target T] [--jobs J] [--merge [--seeds]] [--reproduce FILE]
   fixtures   regenerate the oracle fixtures from upstream (makes its own Python venv)
   parity     compare every available path against the oracle fixtures and print the table
              [--require-cuda: a CUDA row that did not run fails; implied where a GPU is present]
@@ -63,6 +68,7 @@ fn main() -> Result<()> {
     match cmd.as_str() {
         "test" => suite::run(rest),
         "fixtures" => fixtures::run(rest),
+        "fuzz" => fuzz::run(rest),
         "parity" => parity::run(rest),
         "rows-digest" => rows_digest::run(rest),
         "ptx" => gpu::ptx(rest),

@@ -20,12 +20,14 @@ pub const PY_TOOLS: [&str; 3] = ["maturin==1.16.0", "pytest==9.2.0", "numpy==2.4
 /// Entry point of `cargo xtask test [--no-python | --python-only]`.
 pub fn run(args: &[String]) -> Result<()> {
     let (mut rust, mut python) = (true, true);
+    let mut fuzz = true;
     for a in args {
         match a.as_str() {
             "--no-python" => python = false,
             "--python-only" => rust = false,
+            "--no-fuzz" => fuzz = false,
             other => bail!(
-                "usage: cargo xtask test [--no-python | --python-only] (unknown argument {other})"
+                "usage: cargo xtask test [--no-python | --python-only] [--no-fuzz] (unknown argument {other})"
             ),
         }
     }
@@ -34,6 +36,11 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     if python {
         python_tests(&[])?;
+    }
+    // The fuzz step (crate::fuzz): its own module; `--python-only` skips it with the Rust steps.
+    if fuzz && rust {
+        step("cargo xtask fuzz");
+        crate::fuzz::run(&[])?;
     }
     Ok(())
 }
