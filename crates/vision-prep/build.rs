@@ -6,11 +6,15 @@
 //! warnings of path crates only. Its build script writes the `jconfig.h` it compiled with and
 //! passes the directory on (`DEP_JPEG_INCLUDE`): this reads `WITH_SIMD` from there, so the
 //! warning tells what was built, not a guess about the PATH.
-use std::path::PathBuf;
+//!
+//! `VT_REQUIRE_JPEG_SIMD=1` turns the warning into a build failure: the release builds of what
+//! ships (`cargo xtask test`'s wheel and `cargo xtask dist`) set it.
+use std::path::Path;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=DEP_JPEG_INCLUDE");
+    println!("cargo:rerun-if-env-changed=VT_REQUIRE_JPEG_SIMD");
     let Some(include) = std::env::var_os("DEP_JPEG_INCLUDE") else {
         return;
     };
@@ -25,10 +29,18 @@ fn main() {
         .unwrap_or(true);
     if !simd {
         warn(&jconfig);
+        if std::env::var_os("VT_REQUIRE_JPEG_SIMD").is_some_and(|v| v == "1") {
+            eprintln!(
+                "VT_REQUIRE_JPEG_SIMD=1: refusing to build vision-prep on libjpeg-turbo without \
+                 SIMD ({}); install nasm and `cargo clean -p mozjpeg-sys`",
+                jconfig.display()
+            );
+            std::process::exit(1);
+        }
     }
 }
 
-fn warn(jconfig: &PathBuf) {
+fn warn(jconfig: &Path) {
     let lines = [
         "################################################################################",
         "JPEG WITHOUT SIMD: libjpeg-turbo (mozjpeg-sys) was built without its SIMD code",

@@ -4,6 +4,7 @@ mod api_bench;
 mod bench;
 mod bench_towers;
 mod clocks;
+mod dist;
 mod fixtures;
 mod gemma_check;
 mod glm_check;
@@ -19,6 +20,7 @@ mod suite;
 mod towers;
 mod towers_glm;
 mod towers_step;
+mod wheel;
 
 use anyhow::{bail, Result};
 use std::path::PathBuf;
@@ -26,9 +28,13 @@ use std::path::PathBuf;
 const USAGE: &str = "usage: cargo xtask <command> [args]
 
 commands:
-  test       the whole suite CI runs: cargo test --workspace --locked, parity, and the Python
-             package's tests (builds it into target/py-venv; --no-python skips them,
-             --python-only runs only them)
+  test       the whole suite CI runs: cargo test --workspace --locked, parity, the Python
+             package's tests against the manylinux wheel installed in a fresh venv (--no-python
+             skips them, --python-only runs only them), and dist --check (--no-dist skips it)
+  dist       the C library as target/dist/vision-towers-<version>-x86_64-linux.tar.gz (lib/,
+             include/, pkg-config, CMake config) [--check: unpack it elsewhere, build the C
+             example with pkg-config and the C++ one with CMake against it, compare their rows
+             with upstream's]
   fixtures   regenerate the oracle fixtures from upstream (makes its own Python venv)
   parity     compare every available path against the oracle fixtures and print the table
              [--require-cuda: a CUDA row that did not run fails; implied where a GPU is present]
@@ -62,6 +68,7 @@ fn main() -> Result<()> {
     let rest = &args[1..];
     match cmd.as_str() {
         "test" => suite::run(rest),
+        "dist" => dist::run(rest),
         "fixtures" => fixtures::run(rest),
         "parity" => parity::run(rest),
         "rows-digest" => rows_digest::run(rest),
