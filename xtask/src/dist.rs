@@ -155,13 +155,18 @@ pub fn build() -> Result<PathBuf> {
     std::os::unix::fs::symlink(&n.soname, lib.join("libvision_towers_c.so"))
         .context("linking libvision_towers_c.so")?;
     // The release profile keeps line tables (debug = 1) for profiling; a shipped library does
-    // not need them.
+    // not need them, nor the shared library its local symbols (its exports stay in .dynsym).
+    run_ok(
+        Command::new("strip")
+            .arg("--strip-unneeded")
+            .arg(lib.join(&n.soname)),
+        "stripping the shared library",
+    )?;
     run_ok(
         Command::new("strip")
             .arg("--strip-debug")
-            .arg(lib.join(&n.soname))
             .arg(lib.join("libvision_towers_c.a")),
-        "stripping the libraries' debug info",
+        "stripping the static library's debug info",
     )?;
     let templates = root.join("crates/vision-towers-c/dist");
     for (from, to) in [
