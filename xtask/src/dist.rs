@@ -242,9 +242,13 @@ fn copy(from: &Path, to: &Path) -> Result<()> {
 /// where it needs none.
 pub fn glibc_ceiling(file: &Path) -> Result<Option<String>> {
     let out = output(Command::new("objdump").arg("-T").arg(file), "objdump -T")?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(highest_glibc(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The highest `GLIBC_x.y[.z]` version named in `objdump -T` output (`GLIBC_PRIVATE` aside).
+fn highest_glibc(objdump: &str) -> Option<String> {
     let mut best: Option<(Vec<u32>, String)> = None;
-    for word in text.split_whitespace() {
+    for word in objdump.split_whitespace() {
         let Some(v) = word.trim_matches(['(', ')']).strip_prefix("GLIBC_") else {
             continue;
         };
@@ -259,7 +263,7 @@ pub fn glibc_ceiling(file: &Path) -> Result<Option<String>> {
             best = Some((key, v.to_string()));
         }
     }
-    Ok(best.map(|(_, v)| v))
+    best.map(|(_, v)| v)
 }
 
 /// The SONAME of a shared library (`objdump -p`).
@@ -506,4 +510,46 @@ fn output(cmd: &mut Command, what: &str) -> Result<Output> {
         );
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_highest_glibc_version_is_compared_numerically() {
+        let text = "0000 DF *UND* 0000 (GLIBC_2.2.5) memcpy\n\
+                    0000 DF *UND* 0000 (GLIBC_2.9) pipe2\n\
+                    0000 DF *UND* 0000 (GLIBC_2.28) statx\n\
+                    0000 DF *UND* 0000 (GLIBC_PRIVATE) _dl_x\n";
+        assert_eq!(highest_glibc(text).as_deref(), Some("2.28"));
+        assert_eq!(highest_glibc("no versions"), None);
+    }
+
+    /// The rows check fails on rows off by more than the host bound and on a wrong row count,
+    /// and passes on upstream's own rows rounded to f32.
+    #[test]
+    fn the_rows_check_can_fail() {
+        let case = workspace_root().join("fixtures/outputs/gemma4/tiny_20x15.safetensors");
+        let want = Case::open(&case).unwrap().tensor("f64/rows").unwrap();
+        let dir = std::env::temp_dir().join(format!("xtask-dist-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, values: &[f64]| {
+            let path = dir.join(name);
+            let bytes: Vec<u8> = values
+                .iter()
+                .flat_map(|&v| (v as f32).to_le_bytes())
+                .collect();
+            fs::write(&path, bytes).unwrap();
+            path
+        };
+        let exact = write("exact.f32", &want.data);
+        assert!(compare_rows(&exact, &case).is_ok());
+        let off: Vec<f64> = want.data.iter().map(|v| v * (1.0 + 1e-4)).collect();
+        let off = write("off.f32", &off);
+        assert!(compare_rows(&off, &case).is_err());
+        let short = write("short.f32", &want.data[..want.data.len() - 1]);
+        assert!(compare_rows(&short, &case).is_err());
+        fs::remove_dir_all(&dir).ok();
+    }
 }
