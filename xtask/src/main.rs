@@ -4,6 +4,7 @@ mod api_bench;
 mod bench;
 mod bench_towers;
 mod clocks;
+mod dist;
 mod fixtures;
 mod fuzz;
 mod gemma_check;
@@ -20,6 +21,7 @@ mod suite;
 mod towers;
 mod towers_glm;
 mod towers_step;
+mod wheel;
 
 use anyhow::{bail, Result};
 use std::path::PathBuf;
@@ -27,10 +29,15 @@ use std::path::PathBuf;
 const USAGE: &str = "usage: cargo xtask <command> [args]
 
 commands:
-  test       the whole suite CI runs: cargo test --workspace --locked, parity, and the Python
-             package's tests (builds it into target/py-venv; --no-python skips them,
-             --python-only runs only them), then every fuzz target for 60 s on top of the
-             committed corpus (cargo xtask fuzz; --no-fuzz skips it)
+  test       the whole suite CI runs: cargo test --workspace --locked, parity, the Python
+             package's tests against the manylinux wheel installed in a fresh venv (--no-python
+             skips them, --python-only runs only them), dist --check (--no-dist skips it), then
+             every fuzz target for 60 s on top of the committed corpus (cargo xtask fuzz;
+             --no-fuzz skips it)
+  dist       the C library as target/dist/vision-towers-<version>-x86_64-linux.tar.gz (lib/,
+             include/, pkg-config, CMake config) [--check: unpack it elsewhere, build the C
+             example with pkg-config and the C++ one with CMake against it, compare their rows
+             with upstream's]
   fuzz       the cargo-fuzz targets of fuzz/, each for a bounded time on the committed corpus;
              new inputs to target/fuzz/new, a crash fails it with the reproducer's path
              [--seconds N] [--target T] [--jobs J] [--merge [--seeds]] [--reproduce FILE]
@@ -67,6 +74,7 @@ fn main() -> Result<()> {
     let rest = &args[1..];
     match cmd.as_str() {
         "test" => suite::run(rest),
+        "dist" => dist::run(rest),
         "fixtures" => fixtures::run(rest),
         "fuzz" => fuzz::run(rest),
         "parity" => parity::run(rest),

@@ -3,7 +3,13 @@
  *
  *   cc -std=c99 -I crates/vision-towers-c/include crates/vision-towers-c/examples/c/encode.c \
  *      -L target/release -lvision_towers_c -Wl,-rpath,"$PWD/target/release" -o encode
- *   ./encode fixtures/models/gemma4 fixtures/images/coffee_144x96.jpg [auto|cpu|cuda:N]
+ *   ./encode fixtures/models/gemma4 fixtures/images/coffee_144x96.jpg [auto|cpu|cuda:N [ROWS.f32]]
+ *
+ * With ROWS.f32 it also writes the rows there, raw little-endian f32, row-major [rows, width].
+ * Built from an unpacked release tarball with pkg-config instead (the tarball's README.md):
+ *
+ *   cc -std=c99 $(pkg-config --cflags vision_towers) encode.c -o encode \
+ *      $(pkg-config --libs vision_towers) -Wl,-rpath,"$(pkg-config --variable=libdir vision_towers)"
  */
 #include "vision_towers.h"
 
@@ -33,7 +39,7 @@ static unsigned char *read_file(const char *path, size_t *len) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s MODEL IMAGE [DEVICE]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL IMAGE [DEVICE [ROWS.f32]]\n", argv[0]);
         return 2;
     }
     if (vt_abi_version() != VT_ABI_VERSION) {
@@ -90,6 +96,17 @@ int main(int argc, char **argv) {
     size_t n = vt_rows_count(rows), width = vt_rows_width(rows);
     const float *data = vt_rows_data(rows);
     printf("rows %zu width %zu, first values %g %g %g\n", n, width, data[0], data[1], data[2]);
+    if (argc > 4) {
+        FILE *out = fopen(argv[4], "wb");
+        size_t written = out ? fwrite(data, sizeof(float), n * width, out) : 0;
+        if (!out || written != n * width || fclose(out) != 0) {
+            fprintf(stderr, "cannot write %s\n", argv[4]);
+            vt_rows_free(rows);
+            vt_model_free(model);
+            free(bytes);
+            return 1;
+        }
+    }
 
     vt_rows_free(rows);
     vt_model_free(model);

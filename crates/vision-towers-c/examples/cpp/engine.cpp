@@ -5,7 +5,11 @@
  *   c++ -std=c++17 -I crates/vision-towers-c/include \
  *       crates/vision-towers-c/examples/cpp/engine.cpp target/release/libvision_towers_c.a \
  *       -lpthread -ldl -lm -lrt -lutil -lgcc_s -o engine
- *   ./engine fixtures/models/glm5_next cpu fixtures/images/tiny_20x15.png ...
+ *   ./engine [-o ROWS.f32] fixtures/models/glm5_next cpu fixtures/images/tiny_20x15.png ...
+ *
+ * `-o` also writes the rows spliced in (every image's, in order) there, raw little-endian f32,
+ * row-major [rows, width]. CMakeLists.txt beside it builds it against an installed or unpacked
+ * release (find_package(vision_towers)).
  */
 #include "vision_towers.h"
 
@@ -50,8 +54,14 @@ struct Position {
 };
 
 int main(int argc, char **argv) try {
+    const char *prog = argv[0], *rows_out = nullptr;
+    if (argc > 2 && std::string(argv[1]) == "-o") {
+        rows_out = argv[2];
+        argv += 2;
+        argc -= 2;
+    }
     if (argc < 4) {
-        std::fprintf(stderr, "usage: %s MODEL DEVICE IMAGE...\n", argv[0]);
+        std::fprintf(stderr, "usage: %s [-o ROWS.f32] MODEL DEVICE IMAGE...\n", prog);
         return 2;
     }
     // Load the files (an engine has them from its request already).
@@ -126,6 +136,15 @@ int main(int argc, char **argv) try {
     }
     std::printf("embedded %zu rows of width %zu into %zu positions\n", next, width, prompt.size());
     std::printf("checksum %.17g\n", checksum);
+    if (rows_out) {
+        std::ofstream out(rows_out, std::ios::binary);
+        out.write(reinterpret_cast<const char *>(data),
+                  static_cast<std::streamsize>(next * width * sizeof(float)));
+        if (!out) {
+            std::fprintf(stderr, "cannot write %s\n", rows_out);
+            return 1;
+        }
+    }
     return 0;
 } catch (const vt::Error &e) {
     std::fprintf(stderr, "%s\n", e.what());
