@@ -47,8 +47,9 @@ pub const DEFAULT_SECONDS: u64 = 60;
 /// The largest input `--merge` commits. The rest of what adds coverage is mostly whole model
 /// files (0.3–1.1 MB) with a few bytes changed, mutants of the seeds every run regenerates: the
 /// first merge of 2026-12-06 kept 218 of them, 73 of its 83 MB. They stay in
-/// `target/fuzz/new/<target>/`, where local runs still read them.
-const COMMIT_MAX_BYTES: u64 = 64 << 10;
+/// `target/fuzz/new/<target>/`, where local runs still read them. 16 KiB, not more: the repository
+/// travels whole to the GPU machine, whose carry limit is 64 MiB (a 64 KiB cap made it 64.97 MiB).
+const COMMIT_MAX_BYTES: u64 = 16 << 10;
 
 /// libFuzzer's RSS cap per process (MiB): over it is an out-of-memory finding. The campaigns in
 /// docs/RELIABILITY.md peaked at 400–600 MB.
