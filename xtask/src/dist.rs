@@ -206,7 +206,7 @@ pub fn build() -> Result<PathBuf> {
         tarball.display(),
         fs::metadata(&tarball)?.len() as f64 / (1 << 20) as f64,
         soname(&so)?,
-        glibc_ceiling(&so)?.unwrap_or_else(|| "(none)".into()),
+        crate::wheel::glibc_ceiling(&so)?.unwrap_or_else(|| "(none)".into()),
         n.soname,
     );
     Ok(tarball)
@@ -236,34 +236,6 @@ fn copy(from: &Path, to: &Path) -> Result<()> {
     fs::copy(from, to)
         .map(drop)
         .with_context(|| format!("copying {} to {}", from.display(), to.display()))
-}
-
-/// The highest `GLIBC_x.y` symbol version `file` needs (`objdump -T`), e.g. `2.28`; `None`
-/// where it needs none.
-pub fn glibc_ceiling(file: &Path) -> Result<Option<String>> {
-    let out = output(Command::new("objdump").arg("-T").arg(file), "objdump -T")?;
-    Ok(highest_glibc(&String::from_utf8_lossy(&out.stdout)))
-}
-
-/// The highest `GLIBC_x.y[.z]` version named in `objdump -T` output (`GLIBC_PRIVATE` aside).
-fn highest_glibc(objdump: &str) -> Option<String> {
-    let mut best: Option<(Vec<u32>, String)> = None;
-    for word in objdump.split_whitespace() {
-        let Some(v) = word.trim_matches(['(', ')']).strip_prefix("GLIBC_") else {
-            continue;
-        };
-        let Ok(key) = v
-            .split('.')
-            .map(str::parse)
-            .collect::<Result<Vec<u32>, _>>()
-        else {
-            continue; // GLIBC_PRIVATE
-        };
-        if best.as_ref().is_none_or(|(k, _)| key > *k) {
-            best = Some((key, v.to_string()));
-        }
-    }
-    best.map(|(_, v)| v)
 }
 
 /// The SONAME of a shared library (`objdump -p`).
@@ -515,16 +487,6 @@ fn output(cmd: &mut Command, what: &str) -> Result<Output> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_highest_glibc_version_is_compared_numerically() {
-        let text = "0000 DF *UND* 0000 (GLIBC_2.2.5) memcpy\n\
-                    0000 DF *UND* 0000 (GLIBC_2.9) pipe2\n\
-                    0000 DF *UND* 0000 (GLIBC_2.28) statx\n\
-                    0000 DF *UND* 0000 (GLIBC_PRIVATE) _dl_x\n";
-        assert_eq!(highest_glibc(text).as_deref(), Some("2.28"));
-        assert_eq!(highest_glibc("no versions"), None);
-    }
 
     /// The rows check fails on rows off by more than the host bound and on a wrong row count,
     /// and passes on upstream's own rows rounded to f32.

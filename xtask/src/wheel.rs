@@ -155,7 +155,7 @@ pub fn audit(wheel: &Path, python: &Path) -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     let so = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    let ceiling = crate::dist::glibc_ceiling(&so)?.unwrap_or_else(|| "0".into());
+    let ceiling = glibc_ceiling(&so)?.unwrap_or_else(|| "0".into());
     println!(
         "wheel {}\n  tag {tag}; the extension needs glibc {ceiling} (highest GLIBC_ symbol version, objdump -T)",
         wheel.display()
@@ -241,6 +241,45 @@ pub fn python_tests(pytest_args: &[&str]) -> Result<()> {
     )
 }
 
+/// The highest `GLIBC_x.y` symbol version `file` needs (`objdump -T`), e.g. `2.28`; `None`
+/// where it needs none.
+pub fn glibc_ceiling(file: &Path) -> Result<Option<String>> {
+    let out = Command::new("objdump")
+        .arg("-T")
+        .arg(file)
+        .output()
+        .context("running objdump -T")?;
+    ensure!(
+        out.status.success(),
+        "objdump -T {} failed: {}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(highest_glibc(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The highest `GLIBC_x.y[.z]` version named in `objdump -T` output (`GLIBC_PRIVATE` aside).
+fn highest_glibc(objdump: &str) -> Option<String> {
+    let mut best: Option<(Vec<u32>, String)> = None;
+    for word in objdump.split_whitespace() {
+        let Some(v) = word.trim_matches(['(', ')']).strip_prefix("GLIBC_") else {
+            continue;
+        };
+        let Ok(key) = v
+            .split('.')
+            .map(str::parse)
+            .collect::<Result<Vec<u32>, _>>()
+        else {
+            continue; // GLIBC_PRIVATE
+        };
+        if best.as_ref().is_none_or(|(k, _)| key > *k) {
+            best = Some((key, v.to_string()));
+        }
+    }
+    best.map(|(_, v)| v)
+}
+
+/// `PATH` with `dir` in front.
 pub fn path_with(dir: &Path) -> OsString {
     let mut parts = vec![dir.to_path_buf()];
     if let Some(p) = std::env::var_os("PATH") {
@@ -269,4 +308,19 @@ fn run_checked(cmd: &mut Command, what: &str) -> Result<()> {
         bail!("{what} failed ({status})");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_highest_glibc_version_is_compared_numerically() {
+        let text = "0000 DF *UND* 0000 (GLIBC_2.2.5) memcpy\n\
+                    0000 DF *UND* 0000 (GLIBC_2.9) pipe2\n\
+                    0000 DF *UND* 0000 (GLIBC_2.28) statx\n\
+                    0000 DF *UND* 0000 (GLIBC_PRIVATE) _dl_x\n";
+        assert_eq!(highest_glibc(text).as_deref(), Some("2.28"));
+        assert_eq!(highest_glibc("no versions"), None);
+    }
 }

@@ -33,13 +33,31 @@ const RECYCLED_BUFFERS: usize = UPLOAD_SLOTS;
 const RECYCLED_MAX_BYTES: usize = 256 << 20;
 
 /// The bf16 conversion buffers of dropped [`HostGemm`]s, for the next conversions.
+#[cfg(not(test))]
 static RECYCLED: Mutex<Vec<Vec<bf16>>> = Mutex::new(Vec::new());
+
+/// The pool, locked. Under `cargo test` each test thread has a pool of its own: the tests run
+/// concurrently, and one test's conversion taking another's recycled buffer made the reuse test
+/// fail at random (seen 2026-12-06 on the loaded 2-core machine); the pooling logic is the same.
+#[cfg(not(test))]
+fn pool() -> std::sync::MutexGuard<'static, Vec<Vec<bf16>>> {
+    RECYCLED.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+fn pool() -> std::sync::MutexGuard<'static, Vec<Vec<bf16>>> {
+    thread_local! {
+        static RECYCLED: &'static Mutex<Vec<Vec<bf16>>> =
+            Box::leak(Box::new(Mutex::new(Vec::new())));
+    }
+    RECYCLED.with(|m| m.lock().unwrap_or_else(PoisonError::into_inner))
+}
 
 /// A buffer of `n` bf16 zeros for a [`HostGemm::Bf16`] that a tower fills itself, reusing the
 /// smallest of the conversion buffers kept from dropped batches that holds `n` (no fresh memory
 /// per encode; see [`RECYCLED_BUFFERS`]).
 pub fn recycled_bf16(n: usize) -> Vec<bf16> {
-    let mut pool = RECYCLED.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut pool = pool();
     let best = pool
         .iter()
         .enumerate()
@@ -60,7 +78,7 @@ fn recycle_bf16(v: Vec<bf16>) {
     if bytes == 0 || bytes > RECYCLED_MAX_BYTES {
         return;
     }
-    let mut pool = RECYCLED.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut pool = pool();
     if pool.len() < RECYCLED_BUFFERS {
         pool.push(v);
     } else if let Some(smallest) = pool
@@ -603,7 +621,7 @@ mod tests {
         assert!(w.iter().all(|x| x.to_f32() == 0.5));
         // Buffers over the bound are never kept.
         recycle_bf16(Vec::with_capacity(RECYCLED_MAX_BYTES / 2 + 1));
-        let pool = RECYCLED.lock().unwrap_or_else(PoisonError::into_inner);
+        let pool = pool();
         assert!(pool.iter().all(|k| k.capacity() * 2 <= RECYCLED_MAX_BYTES));
         assert!(pool.len() <= RECYCLED_BUFFERS);
     }
