@@ -112,7 +112,7 @@ pub fn build() -> Result<PathBuf> {
         "cargo-zigbuild rustc --target {ZIG_TARGET} --profile {PROFILE} --locked -p vision-towers-c --lib -- -C {soname_arg}"
     ));
     let start = std::time::Instant::now();
-    run_ok(
+    crate::wheel::run_checked(
         Command::new(venv.join("bin/cargo-zigbuild"))
             .current_dir(&root)
             .args([
@@ -156,13 +156,13 @@ pub fn build() -> Result<PathBuf> {
         .context("linking libvision_towers_c.so")?;
     // The release profile keeps line tables (debug = 1) for profiling; a shipped library does
     // not need them, nor the shared library its local symbols (its exports stay in .dynsym).
-    run_ok(
+    crate::wheel::run_checked(
         Command::new("strip")
             .arg("--strip-unneeded")
             .arg(lib.join(&n.soname)),
         "stripping the shared library",
     )?;
-    run_ok(
+    crate::wheel::run_checked(
         Command::new("strip")
             .arg("--strip-debug")
             .arg(lib.join("libvision_towers_c.a")),
@@ -186,7 +186,7 @@ pub fn build() -> Result<PathBuf> {
     copy(&root.join("LICENSE"), &top.join("LICENSE"))?;
 
     let tarball = dist.join(format!("{}.tar.gz", n.stem));
-    run_ok(
+    crate::wheel::run_checked(
         Command::new("tar")
             .current_dir(&dist)
             .args([
@@ -264,7 +264,7 @@ pub fn check(tarball: &Path) -> Result<()> {
         tarball.display(),
         work.display()
     ));
-    run_ok(
+    crate::wheel::run_checked(
         Command::new("tar")
             .arg("-xzf")
             .arg(tarball)
@@ -322,7 +322,7 @@ pub fn check(tarball: &Path) -> Result<()> {
     println!("pkg-config --cflags --libs vision_towers: {cflags} {libs}");
     let encode = work.join("encode");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    run_ok(
+    crate::wheel::run_checked(
         Command::new(&cc)
             .args(["-std=c99", "-Wall", "-Wextra", "-Werror"])
             .args(cflags.split_whitespace())
@@ -346,7 +346,7 @@ pub fn check(tarball: &Path) -> Result<()> {
     // C++, through CMake.
     step("examples/cpp with CMake find_package(vision_towers) against the unpacked tree");
     let build = work.join("build-cpp");
-    run_ok(
+    crate::wheel::run_checked(
         Command::new("cmake")
             .arg("-S")
             .arg(examples.join("cpp"))
@@ -356,7 +356,7 @@ pub fn check(tarball: &Path) -> Result<()> {
             .args(["-DCMAKE_BUILD_TYPE=Release", "--log-level=WARNING"]),
         "configuring examples/cpp",
     )?;
-    run_ok(
+    crate::wheel::run_checked(
         Command::new("cmake").arg("--build").arg(&build),
         "building examples/cpp",
     )?;
@@ -456,16 +456,6 @@ fn loads_from(program: &Path, lib_dir: &Path, soname: &str) -> Result<()> {
         path.display(),
         lib_dir.display()
     );
-    Ok(())
-}
-
-fn run_ok(cmd: &mut Command, what: &str) -> Result<()> {
-    let status = cmd
-        .status()
-        .with_context(|| format!("{what}: could not start {:?}", cmd.get_program()))?;
-    if !status.success() {
-        bail!("{what} failed ({status})");
-    }
     Ok(())
 }
 

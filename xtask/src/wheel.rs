@@ -300,7 +300,8 @@ fn path_without_rust(dir: &Path) -> OsString {
     std::env::join_paths(parts).unwrap_or_default()
 }
 
-fn run_checked(cmd: &mut Command, what: &str) -> Result<()> {
+/// Runs `cmd` to its end; an error naming `what` unless it started and exited 0.
+pub fn run_checked(cmd: &mut Command, what: &str) -> Result<()> {
     let status = cmd
         .status()
         .with_context(|| format!("{what}: could not start {:?}", cmd.get_program()))?;
