@@ -291,10 +291,7 @@ impl Device {
         let code = tier.arch.code;
         // Whether the card runs the SASS of this tier's fatbins (same major, not older), else the
         // driver compiles the fatbin's PTX (a tier forced on a newer card).
-        let card_runs_sass = code
-            .sass_archs()
-            .iter()
-            .any(|&s| s / 10 == card.0 && s % 10 <= card.1);
+        let card_runs_sass = code.has_sass_for(card);
         let mut modules = Vec::new();
         let mut sources = Vec::new();
         for m in Module::ALL {
