@@ -35,6 +35,7 @@ use crate::clocks::{self, Sample};
 use gpu_core::{
     bf16, Device, DeviceTower, Epilogue, GemmInputs, GemmOutput, GemmShape, GemmTuned, GemmTuning,
 };
+pub use vision_towers::tower_core::rel_l2;
 
 const USAGE: &str =
     "usage: cargo xtask bench [--cases LIST] [--no-compile] [--torch-out DIR] [--rerun-torch]
@@ -708,19 +709,6 @@ pub fn anchors_table(lines: &[Line]) -> String {
         );
     }
     s
-}
-
-/// ‖a − r‖ / ‖r‖ in f64; infinite when the lengths differ, NaN when any value is.
-pub fn rel_l2(a: &[f32], r: &[f32]) -> f64 {
-    if a.len() != r.len() {
-        return f64::INFINITY;
-    }
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (&x, &y) in a.iter().zip(r) {
-        num += (x as f64 - y as f64).powi(2);
-        den += (y as f64).powi(2);
-    }
-    (num / den).sqrt()
 }
 
 /// `YYYY-MM-DD` of a day count since 1970-01-01 (proleptic Gregorian; H. Hinnant's algorithm).

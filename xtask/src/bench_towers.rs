@@ -480,7 +480,7 @@ pub fn gemma_cuda(dev: &Arc<Device>, dir: &Path) -> Result<Loaded<GemmaCuda>> {
             dev.clone(),
             &cfg,
             &w,
-            tower_gemma::CudaPrecision::Bf16,
+            tower_gemma::Precision::Bf16,
         )?)
     })?;
     drop(w);
@@ -503,7 +503,7 @@ pub fn glm_cuda(dev: &Arc<Device>, dir: &Path) -> Result<Loaded<GlmCuda>> {
             dev.clone(),
             &cfg,
             &w,
-            tower_glm5::CudaPrecision::Bf16,
+            tower_glm5::Precision::Bf16,
         )?)
     })?;
     drop(w);
@@ -531,7 +531,7 @@ pub fn step_cuda(dev: &Arc<Device>, dir: &Path) -> Result<Loaded<StepCuda>> {
             dev.clone(),
             &cfg,
             &w,
-            tower_step::CudaPrecision::Bf16,
+            tower_step::Precision::Bf16,
         )?)
     })?;
     drop(w);

@@ -30,7 +30,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::parity_case::{rel_l2, Case, Precision};
+use crate::parity_case::{rel_l2, Arith, Case};
 use crate::workspace_root;
 
 /// The cargo profile of the tarball's libraries (the Python wheel's too).
@@ -416,7 +416,7 @@ fn compare_rows(rows: &Path, case: &Path) -> Result<()> {
         want.data.len()
     );
     let rel = rel_l2(&got, &want.data);
-    let bound = Precision::HostF32.bound();
+    let bound = Arith::HostF32.bound();
     println!(
         "rows {:?} against {}: rel-L2 {rel:.3e} (bound {bound:.0e})",
         want.shape,

@@ -17,7 +17,8 @@ use gpu_core::{
     RopeLayout, RopeSpec,
 };
 use tower_gemma::cuda::{Device, GpuError};
-use tower_gemma::{CudaError, CudaPrecision, GemmaCuda, GemmaImage, GemmaTower};
+use tower_gemma::{CudaError, GemmaCuda, GemmaImage, GemmaTower, Precision};
+use vision_towers::tower_core::rel_l2;
 
 type Res<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -34,18 +35,6 @@ fn read_f32(path: &Path) -> Res<Vec<f32>> {
     Ok(b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
-}
-
-fn rel_l2(a: &[f32], r: &[f32]) -> f64 {
-    if a.len() != r.len() {
-        return f64::INFINITY;
-    }
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (&x, &y) in a.iter().zip(r) {
-        num += (x as f64 - y as f64).powi(2);
-        den += (y as f64).powi(2);
-    }
-    (num / den).sqrt()
 }
 
 fn raster(gw: usize, gh: usize) -> Vec<i64> {
@@ -137,7 +126,7 @@ fn main_with(args: &[String]) -> Res<()> {
 
     // Exactness mode first (frees its f32 weights before the timing runs).
     let f32_check = || -> Res<f64> {
-        let mut f = tower.to_cuda(dev.clone(), CudaPrecision::F32)?;
+        let mut f = tower.to_cuda(dev.clone(), Precision::F32)?;
         let (rows, _) = f.encode(&[img], false)?;
         Ok(rel_l2(&rows[0], &up_f32))
     };
@@ -151,7 +140,7 @@ fn main_with(args: &[String]) -> Res<()> {
         Err(e) => println!("cuda-f32 failed: {e}"),
     }
     let t2 = Instant::now();
-    let mut g: GemmaCuda = tower.to_cuda(dev.clone(), CudaPrecision::Bf16)?;
+    let mut g: GemmaCuda = tower.to_cuda(dev.clone(), Precision::Bf16)?;
     let upload = t2.elapsed().as_secs_f64();
     let (rows, _) = g.encode(&[img], false)?;
     let r = rel_l2(&rows[0], &up_f32);

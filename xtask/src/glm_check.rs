@@ -14,7 +14,8 @@ use gpu_core::bf16;
 use gpu_core::DeviceTower;
 use rayon::prelude::*;
 use tower_glm5::cuda::{Device, GpuError};
-use tower_glm5::{Block, CudaPrecision, GlmConfig, GlmCuda, GlmImage, GlmWeights, Linear};
+use tower_glm5::{Block, GlmConfig, GlmCuda, GlmImage, GlmWeights, Linear, Precision};
+use vision_towers::tower_core::rel_l2;
 
 type Res<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -112,18 +113,6 @@ fn flops(c: &GlmConfig, n: usize, b: usize) -> f64 {
         + 2.0 * tp * pi * o
 }
 
-fn rel_l2(a: &[f32], r: &[f32]) -> f64 {
-    if a.len() != r.len() {
-        return f64::INFINITY;
-    }
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (&x, &y) in a.iter().zip(r) {
-        num += (x as f64 - y as f64).powi(2);
-        den += (y as f64).powi(2);
-    }
-    (num / den).sqrt()
-}
-
 fn main_with(args: &[String]) -> Res<()> {
     let iters: usize = match args.first() {
         Some(s) => s.parse()?,
@@ -149,7 +138,7 @@ fn main_with(args: &[String]) -> Res<()> {
     let t0 = Instant::now();
     let w = weights(&cfg);
     let t1 = Instant::now();
-    let mut tower = GlmCuda::new(dev.clone(), &cfg, &w, CudaPrecision::Bf16)?;
+    let mut tower = GlmCuda::new(dev.clone(), &cfg, &w, Precision::Bf16)?;
     drop(w);
     println!(
         "weights: generated {:.1} s, uploaded {:.1} s, {:.0} MiB on the device",

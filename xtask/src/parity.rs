@@ -9,21 +9,22 @@ use anyhow::{bail, Result};
 use std::path::Path;
 
 use crate::parity_case::{
-    discover, inputs_case, rel_l2, verdict, Case, Outcome, Precision, Runner, Tensor, Verdict,
+    discover, inputs_case, rel_l2, verdict, Arith, Case, Outcome, Precision, Runner, Tensor,
+    Verdict,
 };
 
 /// Placeholder for a path that has no implementation yet.
 struct Pending {
     variants: &'static [&'static str],
     source: &'static str,
-    precision: Precision,
+    precision: Arith,
 }
 
 impl Runner for Pending {
     fn source(&self) -> &str {
         self.source
     }
-    fn precision(&self) -> Precision {
+    fn precision(&self) -> Arith {
         self.precision
     }
     fn applies(&self, variant: &str) -> bool {
@@ -50,7 +51,7 @@ const SOURCES: [(&[&str], &str); 8] = [
 pub fn runners() -> Vec<Box<dyn Runner>> {
     let mut v: Vec<Box<dyn Runner>> = Vec::new();
     for (variants, source) in SOURCES {
-        for precision in Precision::ALL {
+        for precision in Arith::ALL {
             match crate::towers::runner(variants, source, precision) {
                 Some(r) => v.push(r),
                 None => v.push(Box::new(Pending {
@@ -74,7 +75,7 @@ pub struct Row {
     source: String,
     case: String,
     stage: String,
-    precision: Precision,
+    precision: Arith,
     rel: Option<f64>,
     verdict: Verdict,
     note: String,
@@ -92,7 +93,7 @@ pub fn rows_for(runner: &dyn Runner, fixtures: &Path, case: &Case) -> Vec<Row> {
         verdict,
         note,
     };
-    if runner.precision() == Precision::CudaBf16 {
+    if runner.precision() == Arith::Cuda(Precision::Bf16) {
         if let Ok(dev) = crate::towers::shared_device() {
             if !dev.supports_bf16() {
                 let why = format!("tier {} has no bf16 tensor cores", dev.tier());
@@ -240,7 +241,7 @@ fn judge(rows: &[Row], require_cuda: Option<&str>) -> Result<()> {
     if let Some(why) = require_cuda {
         let idle: Vec<&Row> = rows
             .iter()
-            .filter(|r| r.precision != Precision::HostF32)
+            .filter(|r| r.precision != Arith::HostF32)
             .filter(|r| matches!(r.verdict, Verdict::NotRun | Verdict::NotImplemented))
             .collect();
         if let Some(first) = idle.first() {
@@ -333,12 +334,21 @@ mod tests {
     #[test]
     fn verdict_against_bounds() {
         let r = rel_l2(&[1.0, 2.0, 2.000006], &[1.0, 2.0, 2.0]); // 2e-6
-        assert_eq!(verdict(r, Precision::HostF32.bound()), Verdict::Pass);
+        assert_eq!(verdict(r, Arith::HostF32.bound()), Verdict::Pass);
         let r = rel_l2(&[3.0, 4.5], &[3.0, 4.0]); // 0.1
-        assert_eq!(verdict(r, Precision::CudaBf16.bound()), Verdict::Fail);
+        assert_eq!(
+            verdict(r, Arith::Cuda(Precision::Bf16).bound()),
+            Verdict::Fail
+        );
         let r = rel_l2(&[3.0, 4.05], &[3.0, 4.0]); // 0.01
-        assert_eq!(verdict(r, Precision::CudaBf16.bound()), Verdict::Pass);
-        assert_eq!(verdict(r, Precision::CudaF32.bound()), Verdict::Fail);
+        assert_eq!(
+            verdict(r, Arith::Cuda(Precision::Bf16).bound()),
+            Verdict::Pass
+        );
+        assert_eq!(
+            verdict(r, Arith::Cuda(Precision::F32).bound()),
+            Verdict::Fail
+        );
     }
 
     #[test]
@@ -360,7 +370,7 @@ mod tests {
         let pending = Pending {
             variants: &["gemma4"],
             source: "hf",
-            precision: Precision::CudaF32,
+            precision: Arith::Cuda(Precision::F32),
         };
         let rows = rows_for(&pending, &fixtures, case);
         assert!(rows.iter().all(|r| r.verdict == Verdict::NotImplemented));
@@ -373,8 +383,8 @@ mod tests {
             fn source(&self) -> &str {
                 "hf"
             }
-            fn precision(&self) -> Precision {
-                Precision::CudaBf16
+            fn precision(&self) -> Arith {
+                Arith::Cuda(Precision::Bf16)
             }
             fn applies(&self, _: &str) -> bool {
                 true
@@ -397,12 +407,12 @@ mod tests {
     }
 
     /// A CUDA path whose device did not open for the reason `self.0`, as the tower runners report it.
-    struct Unopened(crate::towers::NoCuda, Precision);
+    struct Unopened(crate::towers::NoCuda, Arith);
     impl Runner for Unopened {
         fn source(&self) -> &str {
             "hf"
         }
-        fn precision(&self) -> Precision {
+        fn precision(&self) -> Arith {
             self.1
         }
         fn applies(&self, _: &str) -> bool {
@@ -442,7 +452,7 @@ mod tests {
             let what = err.to_string();
             let no = classify(Err(err)).expect_err("nothing opened");
             assert!(matches!(no, NoCuda::Broken(_)), "{what}: {no:?}");
-            for p in [Precision::CudaF32, Precision::CudaBf16] {
+            for p in [Arith::Cuda(Precision::F32), Arith::Cuda(Precision::Bf16)] {
                 let rows = rows_for(&Unopened(no.clone(), p), &fixtures, &case);
                 assert!(!rows.is_empty());
                 for r in &rows {
@@ -465,7 +475,11 @@ mod tests {
         )))
         .expect_err("nothing opened");
         assert!(matches!(no, NoCuda::Absent(_)));
-        let mut rows = rows_for(&Unopened(no, Precision::CudaBf16), &fixtures, &case);
+        let mut rows = rows_for(
+            &Unopened(no, Arith::Cuda(Precision::Bf16)),
+            &fixtures,
+            &case,
+        );
         assert!(rows.iter().all(|r| r.verdict == Verdict::NotRun));
         assert!(judge(&rows, None).is_ok());
         let err = judge(&rows, Some("--require-cuda was given")).expect_err("required");
@@ -476,7 +490,7 @@ mod tests {
         let pending = Pending {
             variants: &["gemma4"],
             source: "hf",
-            precision: Precision::CudaF32,
+            precision: Arith::Cuda(Precision::F32),
         };
         let ni = rows_for(&pending, &fixtures, &case);
         assert!(judge(&ni, Some("a GPU is present")).is_err());
@@ -484,7 +498,7 @@ mod tests {
         let host = Pending {
             variants: &["gemma4"],
             source: "hf",
-            precision: Precision::HostF32,
+            precision: Arith::HostF32,
         };
         rows = rows_for(&host, &fixtures, &case);
         assert!(judge(&rows, Some("--require-cuda was given")).is_ok());
@@ -514,8 +528,8 @@ mod tests {
             fn source(&self) -> &str {
                 "echo"
             }
-            fn precision(&self) -> Precision {
-                Precision::HostF32
+            fn precision(&self) -> Arith {
+                Arith::HostF32
             }
             fn applies(&self, _: &str) -> bool {
                 true

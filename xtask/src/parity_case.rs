@@ -7,61 +7,55 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
+pub use vision_towers::tower_core::rel_l2;
+pub use vision_towers::Precision;
 
 // ---------------------------------------------------------------------------------------------
 // precision, bounds, verdict
 // ---------------------------------------------------------------------------------------------
 
-/// The arithmetic a path runs in.
+/// Where a parity path runs and in which [`Precision`]: the host's f32 reference twin, or the
+/// CUDA kernels in a precision. The table's precision column and its bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Precision {
+pub enum Arith {
     /// Host (CPU) float32 reference twin.
     HostF32,
-    /// CUDA kernels in float32.
-    CudaF32,
-    /// CUDA kernels with bfloat16 weights/activations.
-    CudaBf16,
+    /// CUDA kernels in this precision.
+    Cuda(Precision),
 }
 
-impl Precision {
-    /// Every precision, in table order.
-    pub const ALL: [Precision; 3] = [Precision::HostF32, Precision::CudaF32, Precision::CudaBf16];
+impl Arith {
+    /// Every path, in table order.
+    pub const ALL: [Arith; 3] = [
+        Arith::HostF32,
+        Arith::Cuda(Precision::F32),
+        Arith::Cuda(Precision::Bf16),
+    ];
 
     /// Largest rel-L2 against the float64 oracle that passes.
     pub fn bound(self) -> f64 {
         match self {
-            Precision::HostF32 => 1e-5,
-            Precision::CudaF32 => 1e-4,
-            Precision::CudaBf16 => 2e-2,
+            Arith::HostF32 => 1e-5,
+            Arith::Cuda(Precision::F32) => 1e-4,
+            Arith::Cuda(Precision::Bf16) => 2e-2,
+        }
+    }
+
+    /// The precision the tower runs in.
+    pub fn precision(self) -> Precision {
+        match self {
+            Arith::HostF32 => Precision::F32,
+            Arith::Cuda(p) => p,
         }
     }
 }
 
-impl fmt::Display for Precision {
+impl fmt::Display for Arith {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Precision::HostF32 => "host-f32",
-            Precision::CudaF32 => "cuda-f32",
-            Precision::CudaBf16 => "cuda-bf16",
-        })
-    }
-}
-
-/// `‖out − ref‖₂ / ‖ref‖₂`, accumulated in f64. A zero reference gives `‖out‖₂`. Any NaN gives NaN;
-/// a length mismatch gives +∞.
-pub fn rel_l2(out: &[f64], reference: &[f64]) -> f64 {
-    if out.len() != reference.len() {
-        return f64::INFINITY;
-    }
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (&o, &r) in out.iter().zip(reference) {
-        num += (o - r) * (o - r);
-        den += r * r;
-    }
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
+        match self {
+            Arith::HostF32 => f.write_str("host-f32"),
+            Arith::Cuda(p) => write!(f, "cuda-{p}"),
+        }
     }
 }
 
@@ -294,7 +288,7 @@ pub trait Runner {
     /// Weight source label, e.g. `hf`, `gguf-bf16`, `vendor`, `sharded`, `hf-layout`.
     fn source(&self) -> &str;
     /// Arithmetic.
-    fn precision(&self) -> Precision;
+    fn precision(&self) -> Arith;
     /// Whether this path applies to the fixture variant (e.g. `gemma4`).
     fn applies(&self, variant: &str) -> bool;
     /// Runs the case; the inputs are the case's processor tensors (or those of `meta.inputs`).
@@ -309,7 +303,7 @@ pub struct CaseRunner<F> {
     /// Weight source label.
     pub source: &'static str,
     /// Arithmetic.
-    pub precision: Precision,
+    pub precision: Arith,
     /// The case → stage activations function.
     pub run: F,
 }
@@ -318,7 +312,7 @@ impl<F: Fn(&Path, &Case) -> Result<BTreeMap<String, Vec<f64>>>> Runner for CaseR
     fn source(&self) -> &str {
         self.source
     }
-    fn precision(&self) -> Precision {
+    fn precision(&self) -> Arith {
         self.precision
     }
     fn applies(&self, variant: &str) -> bool {

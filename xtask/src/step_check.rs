@@ -18,7 +18,8 @@ use std::time::Instant;
 
 use gpu_core::DeviceTower;
 use tower_step::cuda::{Device, GpuError};
-use tower_step::{CudaPrecision, StepConfig, StepCuda, StepImage, StepTower, StepView};
+use tower_step::{Precision, StepConfig, StepCuda, StepImage, StepTower, StepView};
+use vision_towers::tower_core::rel_l2;
 
 type Res<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -43,18 +44,6 @@ fn read_f32(path: &Path) -> Res<Vec<f32>> {
     Ok(b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
-}
-
-fn rel_l2(a: &[f32], r: &[f32]) -> f64 {
-    if a.len() != r.len() {
-        return f64::INFINITY;
-    }
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (&x, &y) in a.iter().zip(r) {
-        num += (x as f64 - y as f64).powi(2);
-        den += (y as f64).powi(2);
-    }
-    (num / den).sqrt()
 }
 
 fn view(pixels: &[f32], side: usize) -> StepView<'_> {
@@ -193,7 +182,7 @@ fn main_with(args: &[String]) -> Res<()> {
     // Exactness mode first (its f32 weights are freed before the bf16 upload).
     {
         let t = Instant::now();
-        let mut f = tower.to_cuda(dev.clone(), CudaPrecision::F32)?;
+        let mut f = tower.to_cuda(dev.clone(), Precision::F32)?;
         let up = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let rows = rows_flat(&mut f, std::slice::from_ref(&image))?;
@@ -206,7 +195,7 @@ fn main_with(args: &[String]) -> Res<()> {
     }
 
     let t2 = Instant::now();
-    let mut cuda = tower.to_cuda(dev.clone(), CudaPrecision::Bf16)?;
+    let mut cuda = tower.to_cuda(dev.clone(), Precision::Bf16)?;
     let upload = t2.elapsed().as_secs_f64();
     let mib = cuda.weight_bytes() as f64 / (1 << 20) as f64;
     println!(

@@ -1,30 +1,30 @@
 //! The tower paths `cargo xtask parity` runs: each family's host reference (and, on a CUDA
 //! machine, its device paths) wrapped as a [`Runner`].
 
-use crate::parity_case::{inputs_case, Case, CaseRunner, Outcome, Precision, Runner};
+use crate::parity_case::{inputs_case, Arith, Case, CaseRunner, Outcome, Runner};
 use anyhow::{bail, Context, Result};
 use gpu_core::DeviceTower;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
-use tower_gemma::cuda::{CudaPrecision, Device, GpuError};
+use tower_gemma::cuda::{Device, GpuError};
 use tower_gemma::{forward_host, GemmaImage, GemmaStages, GemmaTower, GgufActivation};
 
 /// The implemented runner for a (variants, source, precision) slot of the table, if any.
 pub fn runner(
     variants: &'static [&'static str],
     source: &'static str,
-    precision: Precision,
+    precision: Arith,
 ) -> Option<Box<dyn Runner>> {
     let gemma = variants.iter().all(|v| v.starts_with("gemma4"));
     match (gemma, precision) {
-        (true, Precision::HostF32) => Some(Box::new(CaseRunner {
+        (true, Arith::HostF32) => Some(Box::new(CaseRunner {
             variants,
             source,
             precision,
             run: move |f: &Path, c: &Case| GemmaHost { variants, source }.run_case(f, c),
         })),
-        (true, Precision::CudaF32 | Precision::CudaBf16) => Some(Box::new(GemmaCudaRunner {
+        (true, Arith::Cuda(_)) => Some(Box::new(GemmaCudaRunner {
             host: GemmaHost { variants, source },
             precision,
         })),
@@ -197,7 +197,7 @@ pub(crate) fn shared_device() -> Result<Arc<Device>, NoCuda> {
 /// failed when the device does not open.
 struct GemmaCudaRunner {
     host: GemmaHost,
-    precision: Precision,
+    precision: Arith,
 }
 
 impl GemmaCudaRunner {
@@ -208,10 +208,7 @@ impl GemmaCudaRunner {
         case: &Case,
     ) -> Result<BTreeMap<String, Vec<f64>>> {
         let tower = self.host.open(fixtures, &case.variant)?;
-        let p = match self.precision {
-            Precision::CudaF32 => CudaPrecision::F32,
-            _ => CudaPrecision::Bf16,
-        };
+        let p = self.precision.precision();
         let mut cuda = tower.to_cuda(dev, p)?;
         gemma_inputs(fixtures, case, |images| {
             let (_, stages) = cuda.encode(images, true)?;
@@ -224,7 +221,7 @@ impl Runner for GemmaCudaRunner {
     fn source(&self) -> &str {
         self.host.source
     }
-    fn precision(&self) -> Precision {
+    fn precision(&self) -> Arith {
         self.precision
     }
     fn applies(&self, variant: &str) -> bool {

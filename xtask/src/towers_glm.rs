@@ -2,33 +2,33 @@
 //! `glm_ocr` from their HF mini repositories, and (on a CUDA machine) the `GlmCuda` path in
 //! both precisions.
 
-use crate::parity_case::{inputs_case, Case, CaseRunner, Outcome, Precision, Runner};
+use crate::parity_case::{inputs_case, Arith, Case, CaseRunner, Outcome, Runner};
 use anyhow::{bail, Context, Result};
 use gpu_core::DeviceTower;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use tower_glm5::cuda::Device;
-use tower_glm5::{CudaPrecision, GlmImage, GlmStages, GlmTower};
+use tower_glm5::{GlmImage, GlmStages, GlmTower};
 
 /// The implemented runner for a (variants, source, precision) slot of the table, if any.
 pub fn runner(
     variants: &'static [&'static str],
     source: &'static str,
-    precision: Precision,
+    precision: Arith,
 ) -> Option<Box<dyn Runner>> {
     let glm = !variants.is_empty()
         && variants
             .iter()
             .all(|v| matches!(*v, "glm5_next" | "glm_ocr"));
     match (glm, source, precision) {
-        (true, "hf", Precision::HostF32) => Some(Box::new(CaseRunner {
+        (true, "hf", Arith::HostF32) => Some(Box::new(CaseRunner {
             variants,
             source,
             precision,
             run: glm_case,
         })),
-        (true, "hf", Precision::CudaF32 | Precision::CudaBf16) => Some(Box::new(GlmCudaRunner {
+        (true, "hf", Arith::Cuda(_)) => Some(Box::new(GlmCudaRunner {
             variants,
             source,
             precision,
@@ -97,7 +97,7 @@ fn stage_map(s: GlmStages) -> BTreeMap<String, Vec<f64>> {
 struct GlmCudaRunner {
     variants: &'static [&'static str],
     source: &'static str,
-    precision: Precision,
+    precision: Arith,
 }
 
 impl GlmCudaRunner {
@@ -107,10 +107,7 @@ impl GlmCudaRunner {
         fixtures: &Path,
         case: &Case,
     ) -> Result<BTreeMap<String, Vec<f64>>> {
-        let p = match self.precision {
-            Precision::CudaF32 => CudaPrecision::F32,
-            _ => CudaPrecision::Bf16,
-        };
+        let p = self.precision.precision();
         glm_inputs(fixtures, case, |tower, images| {
             let mut cuda = tower.to_cuda(dev, p)?;
             let (_, stages) = cuda.encode(images, true)?;
@@ -123,7 +120,7 @@ impl Runner for GlmCudaRunner {
     fn source(&self) -> &str {
         self.source
     }
-    fn precision(&self) -> Precision {
+    fn precision(&self) -> Arith {
         self.precision
     }
     fn applies(&self, variant: &str) -> bool {

@@ -1,25 +1,25 @@
 //! The Step-3.7 tower's parity runners: the host reference and (on a CUDA machine) the
 //! `StepCuda` path in both precisions, on each weight source (`vendor`, `sharded`, `hf-layout`).
 
-use crate::parity_case::{inputs_case, Case, CaseRunner, Outcome, Precision, Runner, Tensor};
+use crate::parity_case::{inputs_case, Arith, Case, CaseRunner, Outcome, Runner, Tensor};
 use anyhow::{bail, Context, Result};
 use gpu_core::DeviceTower;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tower_step::cuda::Device;
-use tower_step::{CudaPrecision, StepImage, StepProcessorOutput, StepRows, StepStages, StepTower};
+use tower_step::{StepImage, StepProcessorOutput, StepRows, StepStages, StepTower};
 
 /// The implemented runner for a (variants, source, precision) slot of the table, if any.
 pub fn runner(
     variants: &'static [&'static str],
     source: &'static str,
-    precision: Precision,
+    precision: Arith,
 ) -> Option<Box<dyn Runner>> {
     let step = !variants.is_empty() && variants.iter().all(|v| *v == "step3p7");
     let known = matches!(source, "vendor" | "sharded" | "hf-layout");
     match (step && known, precision) {
-        (true, Precision::HostF32) => Some(Box::new(CaseRunner {
+        (true, Arith::HostF32) => Some(Box::new(CaseRunner {
             variants,
             source,
             precision,
@@ -30,7 +30,7 @@ pub fn runner(
                 })
             },
         })),
-        (true, Precision::CudaF32 | Precision::CudaBf16) => Some(Box::new(StepCudaRunner {
+        (true, Arith::Cuda(_)) => Some(Box::new(StepCudaRunner {
             variants,
             source,
             precision,
@@ -133,7 +133,7 @@ fn stage_map(
 struct StepCudaRunner {
     variants: &'static [&'static str],
     source: &'static str,
-    precision: Precision,
+    precision: Arith,
 }
 
 impl StepCudaRunner {
@@ -143,10 +143,7 @@ impl StepCudaRunner {
         fixtures: &Path,
         case: &Case,
     ) -> Result<BTreeMap<String, Vec<f64>>> {
-        let p = match self.precision {
-            Precision::CudaF32 => CudaPrecision::F32,
-            _ => CudaPrecision::Bf16,
-        };
+        let p = self.precision.precision();
         step_inputs(fixtures, case, self.source, |tower, images| {
             let mut cuda = tower.to_cuda(dev, p)?;
             let (rows, stages) = cuda.encode(images, true)?;
@@ -159,7 +156,7 @@ impl Runner for StepCudaRunner {
     fn source(&self) -> &str {
         self.source
     }
-    fn precision(&self) -> Precision {
+    fn precision(&self) -> Arith {
         self.precision
     }
     fn applies(&self, variant: &str) -> bool {

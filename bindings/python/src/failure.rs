@@ -2,6 +2,7 @@
 //! which exception class, the `kind` it carries (the adversarial corpus's error classes), the
 //! image it is about, and the message (the command line's: the error and its causes on one line).
 
+use vision_towers::tower_core::{Classify, ErrorKind};
 use vision_towers::vision_prep::PrepError;
 use vision_towers::{ModelError, PrepOpenError, TowerError};
 
@@ -31,19 +32,6 @@ pub enum Class {
     Type,
     /// The builtin `BufferError`: a DLPack export that cannot be made as asked.
     Buffer,
-}
-
-/// What a call is doing when the library fails: decides which class a tower error is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// Opening a model: a tower or reader error is about the weight file.
-    Open,
-    /// Planning or encoding images: the images are the input.
-    Images,
-    /// Encoding processor tensors: the tensors are the input.
-    Tensors,
-    /// Planning or encoding a video: its frames and metadata are the input.
-    Video,
 }
 
 /// One failure, ready to be raised.
@@ -105,30 +93,13 @@ impl Failure {
         )
     }
 
-    /// The library's error from a call in `phase`.
-    pub fn model(e: &ModelError, phase: Phase) -> Failure {
-        let message = one_line(e);
-        let kind = kind_of_model(e);
-        let (class, index) = match e {
-            ModelError::Image { index, .. } => (Class::BadImage, Some(*index)),
-            ModelError::Prep(p) => match (p, phase) {
-                (PrepOpenError::Prep { source, .. }, Phase::Video) => video_class(source),
-                (PrepOpenError::Tokenizer(_) | PrepOpenError::Io { .. }, Phase::Video) => {
-                    (Class::BadModel, None)
-                }
-                (PrepOpenError::Prep { .. } | PrepOpenError::Tokenizer(_), Phase::Open) => {
-                    (Class::BadModel, None)
-                }
-                _ => (Class::BadImage, None),
-            },
-            ModelError::RowsOffPlan { index, .. } => (Class::Internal, Some(*index)),
-            ModelError::Tower(t) => tower_class(t, phase),
-        };
+    /// The library's error: the class of its kind ([`class_of`]), the image it names.
+    pub fn model(e: &ModelError) -> Failure {
         Failure {
-            class,
-            kind,
-            index,
-            message,
+            class: class_of(e.kind()),
+            kind: kind_of_model(e),
+            index: e.image_index(),
+            message: one_line(e),
         }
     }
 
@@ -158,45 +129,21 @@ impl Failure {
     }
 }
 
-/// A video refused by vision-prep: no video path for the family is `UnsupportedError`, a
-/// setting out of range `ValueError`, the model's video config `BadModelError`; the video itself
-/// (its metadata budgets, frames that do not fit together, a frame refused as an image would be,
-/// with the frame's index) `BadImageError`.
-fn video_class(e: &PrepError) -> (Class, Option<usize>) {
-    match e {
-        PrepError::NoVideoPath(_) => (Class::Unsupported, None),
-        PrepError::BadSetting(_) => (Class::Value, None),
-        PrepError::Config { .. } | PrepError::UnknownProcessor(_) => (Class::BadModel, None),
-        PrepError::VideoFrame { index, .. } => (Class::BadImage, Some(*index)),
-        _ => (Class::BadImage, None),
-    }
-}
-
-fn tower_class(t: &TowerError, phase: Phase) -> (Class, Option<usize>) {
-    match t {
-        TowerError::NoDevice { .. } => (Class::NoDevice, None),
-        TowerError::OutOfMemory { .. } => (Class::OutOfMemory, None),
-        TowerError::Unsupported(_) => (Class::Unsupported, None),
-        TowerError::Gpu { .. } => (Class::Device, None),
-        TowerError::OverPassCeiling { index, .. } => (Class::BadImage, Some(*index)),
-        TowerError::Pass { first, source, .. } => {
-            let (class, index) = tower_class(source, phase);
-            (class, index.map(|i| first + i))
-        }
-        TowerError::Open(_)
-        | TowerError::UnknownFamily { .. }
-        | TowerError::NotImplemented { .. }
-        | TowerError::Gemma { .. }
-        | TowerError::Glm { .. }
-        | TowerError::Step { .. }
-        | TowerError::Inputs { .. } => match phase {
-            Phase::Open => (Class::BadModel, None),
-            Phase::Tensors => (Class::BadInput, None),
-            // The tower refuses an image its own processor prepared (e.g. a grid past a small
-            // model's position table): an image this model cannot take; the tower's message
-            // names it, not by the request's index.
-            Phase::Images | Phase::Video => (Class::BadImage, None),
-        },
+/// The exception class of each kind of failure, one to one: the library's errors state their
+/// own kind, so nothing here guesses it from what the call was doing. A file that cannot be read
+/// in a model's call is the model's (`BadModelError`; an image file the caller names is read by
+/// [`Failure::image_read`]).
+pub fn class_of(kind: ErrorKind) -> Class {
+    match kind {
+        ErrorKind::Setting => Class::Value,
+        ErrorKind::Io | ErrorKind::Weights => Class::BadModel,
+        ErrorKind::Image | ErrorKind::ImageTooLarge => Class::BadImage,
+        ErrorKind::Input => Class::BadInput,
+        ErrorKind::NoDevice => Class::NoDevice,
+        ErrorKind::Unsupported => Class::Unsupported,
+        ErrorKind::OutOfMemory => Class::OutOfMemory,
+        ErrorKind::Device => Class::Device,
+        ErrorKind::Internal => Class::Internal,
     }
 }
 
@@ -245,9 +192,7 @@ fn kind_of_tower(e: &TowerError) -> String {
         TowerError::Gpu { .. } => "gpu".into(),
         TowerError::OverPassCeiling { .. } => "over_pass_ceiling".into(),
         TowerError::Pass { source, .. } => kind_of_tower(source),
-        TowerError::Gemma { source, .. } => format!("tower:{}", variant(source)),
-        TowerError::Glm { source, .. } => format!("tower:{}", variant(source)),
-        TowerError::Step { source, .. } => format!("tower:{}", variant(source)),
+        TowerError::Refused { source, .. } => format!("tower:{}", variant(source)),
         TowerError::Inputs { .. } => "inputs".into(),
     }
 }
@@ -263,7 +208,7 @@ fn kind_of_prep_open(e: &PrepOpenError) -> String {
 
 fn kind_of_model(e: &ModelError) -> String {
     match e {
-        ModelError::Tower(t) => kind_of_tower(t),
+        ModelError::Tower(t) | ModelError::ImageRefused(t) => kind_of_tower(t),
         ModelError::Prep(p) => kind_of_prep_open(p),
         ModelError::Image { source, .. } => format!("prep:{}", variant(source)),
         ModelError::RowsOffPlan { .. } => "bug:RowsOffPlan".into(),
@@ -277,13 +222,22 @@ mod tests {
     use vision_towers::vision_prep::PrepError;
     use vision_towers::Device;
 
+    /// The weights' refusals raise BadModelError and the inputs' BadInputError, whatever the call.
     #[test]
-    fn classes_follow_the_phase_and_the_variant() {
+    fn weights_and_inputs_have_their_own_classes() {
+        assert_eq!(class_of(ErrorKind::Weights), Class::BadModel);
+        assert_eq!(class_of(ErrorKind::Input), Class::BadInput);
+        assert_eq!(class_of(ErrorKind::Image), Class::BadImage);
+        assert_eq!(class_of(ErrorKind::Setting), Class::Value);
+    }
+
+    #[test]
+    fn classes_follow_the_kind() {
         let img = ModelError::Image {
             index: 3,
             source: PrepError::NotAnImage("magic 00".into()),
         };
-        let f = Failure::model(&img, Phase::Images);
+        let f = Failure::model(&img);
         assert_eq!(
             (f.class, f.kind.as_str(), f.index),
             (Class::BadImage, "prep:NotAnImage", Some(3))
@@ -294,7 +248,7 @@ mod tests {
             device: Device::Cuda(1),
             reason: "no driver".into(),
         });
-        let f = Failure::model(&nodev, Phase::Open);
+        let f = Failure::model(&nodev);
         assert_eq!((f.class, f.kind.as_str()), (Class::NoDevice, "no_device"));
         assert_eq!(f.message, "no usable CUDA device for cuda:1 (no driver)");
 
@@ -302,11 +256,7 @@ mod tests {
             path: PathBuf::from("<processor tensors>"),
             message: "no float tensor pixel_values".into(),
         });
-        assert_eq!(
-            Failure::model(&inputs, Phase::Tensors).class,
-            Class::BadInput
-        );
-        assert_eq!(Failure::model(&inputs, Phase::Open).class, Class::BadModel);
+        assert_eq!(Failure::model(&inputs).class, Class::BadInput);
 
         let ceiling = ModelError::Tower(TowerError::Pass {
             first: 4,
@@ -318,7 +268,7 @@ mod tests {
                 ceiling: 8,
             }),
         });
-        let f = Failure::model(&ceiling, Phase::Images);
+        let f = Failure::model(&ceiling);
         assert_eq!((f.class, f.index), (Class::BadImage, Some(5)));
 
         let config = ModelError::Prep(PrepOpenError::Prep {
@@ -328,14 +278,14 @@ mod tests {
                 reason: "patch_size 0".into(),
             },
         });
-        let f = Failure::model(&config, Phase::Open);
+        let f = Failure::model(&config);
         assert_eq!((f.class, f.kind.as_str()), (Class::BadModel, "prep:Config"));
         assert_eq!(
             f.message,
             "m: config error in preprocessor_config.json: patch_size 0"
         );
 
-        assert_eq!(Failure::model(&config, Phase::Video).class, Class::BadModel);
+        assert_eq!(Failure::model(&config).class, Class::BadModel);
 
         let video = |source| {
             ModelError::Prep(PrepOpenError::Prep {
@@ -343,10 +293,7 @@ mod tests {
                 source,
             })
         };
-        let f = Failure::model(
-            &video(PrepError::NoVideoPath("step3p7".into())),
-            Phase::Video,
-        );
+        let f = Failure::model(&video(PrepError::NoVideoPath("step3p7".into())));
         assert_eq!(
             (f.class, f.kind.as_str()),
             (Class::Unsupported, "prep:NoVideoPath")
@@ -356,7 +303,7 @@ mod tests {
             amount: 10_000,
             budget: 4096,
         };
-        let f = Failure::model(&video(over), Phase::Video);
+        let f = Failure::model(&video(over));
         assert_eq!(
             (f.class, f.kind.as_str()),
             (Class::BadImage, "prep:VideoOverBudget")
@@ -365,9 +312,9 @@ mod tests {
             index: 7,
             source: Box::new(PrepError::NotAnImage("magic 00".into())),
         };
-        let f = Failure::model(&video(frame), Phase::Video);
+        let f = Failure::model(&video(frame));
         assert_eq!((f.class, f.index), (Class::BadImage, Some(7)));
-        let f = Failure::model(&video(PrepError::BadSetting("fps".into())), Phase::Video);
+        let f = Failure::model(&video(PrepError::BadSetting("fps".into())));
         assert_eq!(f.class, Class::Value);
     }
 }

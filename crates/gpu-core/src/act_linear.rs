@@ -9,8 +9,8 @@
 
 use crate::upload::{HostSource, Stager};
 use crate::{
-    CudaPrecision, Device, Epilogue, FusedAct, GemmBuffer, GemmShape, GpuError, InterleavedGateUp,
-    Mat, Result,
+    Device, Epilogue, FusedAct, GemmBuffer, GemmShape, GpuError, InterleavedGateUp, Mat, Precision,
+    Result,
 };
 
 /// Whether an [`ActLinear`] of this kind runs fused (where the device and shape allow): gated layers
@@ -44,7 +44,7 @@ impl ActLinear {
     pub fn upload(
         st: &mut Stager,
         dev: &Device,
-        p: CudaPrecision,
+        p: Precision,
         w: &dyn HostSource,
         bias: Option<&[f32]>,
         n: usize,
@@ -62,7 +62,7 @@ impl ActLinear {
                 ),
             ));
         }
-        let fused = p == CudaPrecision::Bf16 && fuses(&act) && dev.fused_gemm_supports(&act, n, k);
+        let fused = p == Precision::Bf16 && fuses(&act) && dev.fused_gemm_supports(&act, n, k);
         let (w, bias) = if fused && matches!(act, FusedAct::Gated(_)) {
             let view = InterleavedGateUp::new(w, n / 2, k)?;
             let b = bias

@@ -1,6 +1,7 @@
 //! The crate's one error type.
 use cudarc::cublaslt::result::CublasError;
 use cudarc::driver::{sys::cudaError_enum, DriverError};
+use tower_core::{Classify, ErrorKind};
 
 /// Everything a gpu-core call can fail with. Callers match on the variant.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +95,46 @@ impl GpuError {
         GpuError::Shape {
             op,
             what: what.into(),
+        }
+    }
+}
+
+impl Classify for GpuError {
+    /// No device or an unusable CUDA stack is `NoDevice`; an exhausted device `OutOfMemory`;
+    /// every other failure (driver, launch, cuBLASLt, capture, a kernel's shape) `Device`.
+    fn kind(&self) -> ErrorKind {
+        match self {
+            GpuError::NoDevice(_) | GpuError::Unusable(_) | GpuError::Tier(_) => {
+                ErrorKind::NoDevice
+            }
+            e if e.is_out_of_memory() => ErrorKind::OutOfMemory,
+            _ => ErrorKind::Device,
+        }
+    }
+}
+
+/// A family tower's CUDA path error: the device failed, the family's own error `F` (the weights
+/// or the input are wrong), or a shape the CUDA kernels do not cover. One type for every
+/// family (`tower_gemma::CudaError` is `CudaError<GemmaError>`), so the facade maps it once.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError<F: std::error::Error + 'static> {
+    /// The device or a kernel launch failed (includes [`GpuError::NoDevice`]).
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// The family's tower refused its weights or its input.
+    #[error(transparent)]
+    Family(F),
+    /// A shape the CUDA kernels cannot run (e.g. a head dim over 96).
+    #[error("unsupported on the CUDA path: {0}")]
+    Unsupported(String),
+}
+
+impl<F: std::error::Error + Classify + 'static> Classify for CudaError<F> {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            CudaError::Gpu(e) => e.kind(),
+            CudaError::Family(e) => e.kind(),
+            CudaError::Unsupported(_) => ErrorKind::Unsupported,
         }
     }
 }

@@ -258,13 +258,13 @@ fn act_linear_paths_match_host() {
         } else {
             host::gemm_act(&x, wv, Some(bv), m, half, k, act)
         };
-        for p in [CudaPrecision::Bf16, CudaPrecision::F32] {
+        for p in [Precision::Bf16, Precision::F32] {
             let mut st = Stager::new(&d).unwrap();
             let wsrc = wv.to_vec();
             let lin = ActLinear::upload(&mut st, &d, p, &wsrc, Some(bv), rows_w, k, act).unwrap();
             assert_eq!(
                 lin.fused(),
-                p == CudaPrecision::Bf16 && is_hopper(&d) && gated,
+                p == Precision::Bf16 && is_hopper(&d) && gated,
                 "the fused path is taken exactly for gated layers in bf16 on sm_90"
             );
             let xb = GemmBuffer::upload(&d, p, &x).unwrap();
@@ -272,7 +272,7 @@ fn act_linear_paths_match_host() {
             let mut out = GemmBuffer::alloc(&d, p, m * rows_w).unwrap();
             lin.run(&d, &xb, m, Some(&mut scratch), &mut out).unwrap();
             let got = out.download_f32(&d, m * lin.out_cols()).unwrap();
-            let bound = if p == CudaPrecision::F32 {
+            let bound = if p == Precision::F32 {
                 1e-5
             } else {
                 FUSED_BOUND

@@ -107,11 +107,11 @@ fn a_capture_that_synchronises_fails_and_the_stream_runs_again() {
 fn staged_inputs_arrive_in_the_fixed_buffers_and_expire_after_two_more() {
     let d = dev();
     let mut up = Uploader::new(&d).unwrap();
-    let mut fixed = InputBuffers::alloc(&d, CudaPrecision::Bf16, 1 << 20, 1 << 12, 64).unwrap();
+    let mut fixed = InputBuffers::alloc(&d, Precision::Bf16, 1 << 20, 1 << 12, 64).unwrap();
     let mut r = Rng::new(9);
     let batches: Vec<HostInputs> = (0..5)
         .map(|i| HostInputs {
-            rows: HostGemm::from_f32(CudaPrecision::Bf16, r.vec(1000 * (i + 1) * 37, 2.0)),
+            rows: HostGemm::from_f32(Precision::Bf16, r.vec(1000 * (i + 1) * 37, 2.0)),
             pos: (0..(200 * (i + 1)) as i32).collect(),
             cu: vec![0, 7, 100 * (i as i32 + 1)],
         })
@@ -174,7 +174,7 @@ fn the_stager_uploads_many_chunks_in_either_precision() {
     assert_eq!(d.download(&f).unwrap(), v);
     let bytes: Vec<u8> = bf(&v).iter().flat_map(|x| x.to_le_bytes()).collect();
     let src = LeBytes::new(&bytes, LeDtype::Bf16).unwrap();
-    let g = st.upload_gemm(&d, CudaPrecision::Bf16, &src).unwrap();
+    let g = st.upload_gemm(&d, Precision::Bf16, &src).unwrap();
     let GemmBuffer::Bf16(g) = g else {
         unreachable!()
     };

@@ -18,7 +18,7 @@ use std::fmt;
 
 use cudarc::driver::{sys, CudaGraph};
 
-use crate::{CudaPrecision, Device, GpuError, Result};
+use crate::{Device, GpuError, Precision, Result};
 
 /// A captured, instantiated sequence of device work on a [`Device`]'s stream.
 pub struct Graph {
@@ -87,7 +87,7 @@ impl Device {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GraphKey {
     /// The tower's GEMM precision.
-    pub precision: CudaPrecision,
+    pub precision: Precision,
     /// The batch layout, as the tower spells it.
     pub layout: Vec<usize>,
 }
@@ -379,7 +379,7 @@ mod tests {
 
     fn key(l: &[usize]) -> GraphKey {
         GraphKey {
-            precision: CudaPrecision::Bf16,
+            precision: Precision::Bf16,
             layout: l.to_vec(),
         }
     }

@@ -3,7 +3,9 @@
 //! (row-major, channels last); see `kernels/README.md`.
 use rayon::prelude::*;
 
-use crate::ops::{Activation, Clamp, FusedAct, Gate, RopeLayout, GATE_UP_GROUP};
+use crate::ops::{Clamp, FusedAct, Gate, RopeLayout, GATE_UP_GROUP};
+use crate::Activation;
+pub use tower_core::rel_l2;
 
 fn clamp(x: f32, c: Clamp) -> f32 {
     x.max(c.lo).min(c.hi)
@@ -419,17 +421,6 @@ pub fn im2col_3x3s2(input: &[f32], batch: usize, gh: usize, gw: usize, c: usize)
         }
     }
     out
-}
-
-/// ‖a − b‖ / ‖b‖ in f64; NaN anywhere gives NaN (which fails every bound).
-pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len(), "rel_l2 of different lengths");
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (x, y) in a.iter().zip(b) {
-        num += (*x as f64 - *y as f64).powi(2);
-        den += (*y as f64).powi(2);
-    }
-    (num / den.max(1e-300)).sqrt()
 }
 
 #[cfg(test)]

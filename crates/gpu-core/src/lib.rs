@@ -51,7 +51,7 @@ pub use act_linear::{fuses, ActLinear};
 pub use device::{
     device_count, is_available, Device, DeviceBuffer, DeviceOptions, Elem, FAKE_DEVICE_ENV,
 };
-pub use error::{GpuError, Result};
+pub use error::{CudaError, GpuError, Result};
 pub use gemm::{
     Epilogue, GemmBias, GemmInputs, GemmOutput, GemmShape, GemmTuned, GemmTuning, GEMM_CANDIDATES,
 };
@@ -62,12 +62,12 @@ pub use graph::{
 pub use half::bf16;
 pub use kernels::{Kernel, Module, ModuleSource};
 pub use mixed::{
-    head_groups, pad_head_cols, pad_head_rows, CudaPrecision, GemmBuffer, BF16_ATTN_HEAD_DIMS,
+    attention_head_dim, head_groups, pad_head_cols, pad_head_rows, GemmBuffer, BF16_ATTN_HEAD_DIMS,
 };
 pub use ops::{
-    conv3x3s2_out, interleave_gate_up, rope_inv_freq, ActElem, Activation, AttnArgs, Clamp,
-    FlashVariant, FusedAct, Gate, InterleavedGateUp, Mat, NormOut, QkvSpec, RopeLayout, RopeSpec,
-    GATE_UP_GROUP, MAX_F32_ATTN_HEAD_DIM, MAX_NORM_WIDTH,
+    conv3x3s2_out, interleave_gate_up, rope_inv_freq, ActElem, AttnArgs, Clamp, FlashVariant,
+    FusedAct, Gate, InterleavedGateUp, Mat, NormOut, QkvSpec, RopeLayout, RopeSpec, GATE_UP_GROUP,
+    MAX_F32_ATTN_HEAD_DIM, MAX_NORM_WIDTH,
 };
 pub use profile::OpTime;
 pub use rows_out::{OwnedRows, RowsDtype, RowsTarget, PER_THREAD_DEFAULT_STREAM};
@@ -76,7 +76,9 @@ pub use staging::{
     recycled_bf16, DeviceInputs, HostGemm, HostInputs, InputBuffers, Uploader, UPLOAD_SLOTS,
 };
 pub use tier::{parse_tier, Arch, KernelSet, Tier, TierError, FORCE_TIER_ENV};
-pub use tower::{DeviceTower, LmAttention};
+pub use tower::DeviceTower;
+// The shared vocabulary, from the crate below every other (gpu-core's own paths kept).
+pub use tower_core::{Activation, LmAttention, Precision};
 pub use upload::{
     HostSource, HostTensor, LeBytes, LeDtype, StageElem, Stager, TensorStore, STAGING_BYTES,
 };

@@ -1,7 +1,7 @@
 //! The two precisions the towers' CUDA paths run in, and the buffers, GEMM operands and
 //! launches that follow one precision through a whole forward pass.
 //!
-//! A tower picks a [`CudaPrecision`] once: its linear weights and every activation buffer that
+//! A tower picks a [`Precision`] once: its linear weights and every activation buffer that
 //! feeds a GEMM (pre-norms, fused qkv, attention output, MLP activations) are then
 //! [`GemmBuffer`]s of that precision — bf16 on the tensor cores in the product mode, f32 in the
 //! exactness mode, where nothing on the path rounds to bf16. The residual stream, norms and
@@ -16,46 +16,35 @@ use rayon::prelude::*;
 
 use crate::{
     Activation, Clamp, Device, DeviceBuffer, Gate, GemmBias, GemmInputs, GemmOutput, GpuError, Mat,
-    Result, MAX_F32_ATTN_HEAD_DIM,
+    Precision, Result, MAX_F32_ATTN_HEAD_DIM,
 };
 
 /// Head dims the bf16 tensor-core flash-attention kernels exist for (`flash_attn_hd*_bf16`).
 pub const BF16_ATTN_HEAD_DIMS: [usize; 3] = [64, 72, 96];
 
-/// The arithmetic of a tower's GEMMs and of the buffers they read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CudaPrecision {
-    /// bf16 weights and GEMM inputs on the tensor cores, f32 accumulation (the product mode).
-    Bf16,
-    /// f32 weights and GEMMs (no TF32), f32 norm + rope, attention and activations: the
-    /// exactness mode.
-    F32,
-}
-
-impl CudaPrecision {
-    /// The head dim attention runs at for a model head dim `hd`: f32 runs `hd` itself (up to
-    /// [`MAX_F32_ATTN_HEAD_DIM`]); bf16 the smallest of [`BF16_ATTN_HEAD_DIMS`] that holds it.
-    pub fn attention_head_dim(self, hd: usize) -> Result<usize> {
-        let refuse = |what: String| GpuError::Shape {
-            op: "attention_head_dim",
-            what,
-        };
-        match self {
-            CudaPrecision::F32 if (1..=MAX_F32_ATTN_HEAD_DIM).contains(&hd) => Ok(hd),
-            CudaPrecision::F32 => Err(refuse(format!(
-                "head_dim {hd}: the f32 attention kernel takes 1..={MAX_F32_ATTN_HEAD_DIM}"
-            ))),
-            CudaPrecision::Bf16 => BF16_ATTN_HEAD_DIMS
-                .iter()
-                .copied()
-                .find(|&k| k >= hd && hd > 0)
-                .ok_or_else(|| {
-                    refuse(format!(
-                        "head_dim {hd}: the bf16 attention kernels stop at {}",
-                        BF16_ATTN_HEAD_DIMS[BF16_ATTN_HEAD_DIMS.len() - 1]
-                    ))
-                }),
-        }
+/// The head dim attention runs at for a model head dim `hd` in precision `p`: f32 runs `hd`
+/// itself (up to [`MAX_F32_ATTN_HEAD_DIM`]); bf16 the smallest of [`BF16_ATTN_HEAD_DIMS`] that
+/// holds it.
+pub fn attention_head_dim(p: Precision, hd: usize) -> Result<usize> {
+    let refuse = |what: String| GpuError::Shape {
+        op: "attention_head_dim",
+        what,
+    };
+    match p {
+        Precision::F32 if (1..=MAX_F32_ATTN_HEAD_DIM).contains(&hd) => Ok(hd),
+        Precision::F32 => Err(refuse(format!(
+            "head_dim {hd}: the f32 attention kernel takes 1..={MAX_F32_ATTN_HEAD_DIM}"
+        ))),
+        Precision::Bf16 => BF16_ATTN_HEAD_DIMS
+            .iter()
+            .copied()
+            .find(|&k| k >= hd && hd > 0)
+            .ok_or_else(|| {
+                refuse(format!(
+                    "head_dim {hd}: the bf16 attention kernels stop at {}",
+                    BF16_ATTN_HEAD_DIMS[BF16_ATTN_HEAD_DIMS.len() - 1]
+                ))
+            }),
     }
 }
 
@@ -77,38 +66,38 @@ fn mixed(op: &'static str) -> GpuError {
 
 impl GemmBuffer {
     /// Allocates `len` elements of unspecified contents in precision `p`.
-    pub fn alloc(dev: &Device, p: CudaPrecision, len: usize) -> Result<GemmBuffer> {
+    pub fn alloc(dev: &Device, p: Precision, len: usize) -> Result<GemmBuffer> {
         Ok(match p {
-            CudaPrecision::Bf16 => GemmBuffer::Bf16(dev.alloc(len)?),
-            CudaPrecision::F32 => GemmBuffer::F32(dev.alloc(len)?),
+            Precision::Bf16 => GemmBuffer::Bf16(dev.alloc(len)?),
+            Precision::F32 => GemmBuffer::F32(dev.alloc(len)?),
         })
     }
 
     /// Uploads f32 host values in precision `p` (bf16: rounded to nearest even, in parallel).
-    pub fn upload(dev: &Device, p: CudaPrecision, host: &[f32]) -> Result<GemmBuffer> {
+    pub fn upload(dev: &Device, p: Precision, host: &[f32]) -> Result<GemmBuffer> {
         Ok(match p {
-            CudaPrecision::Bf16 => {
+            Precision::Bf16 => {
                 let v: Vec<bf16> = host.par_iter().map(|&x| bf16::from_f32(x)).collect();
                 GemmBuffer::Bf16(dev.upload(&v)?)
             }
-            CudaPrecision::F32 => GemmBuffer::F32(dev.upload(host)?),
+            Precision::F32 => GemmBuffer::F32(dev.upload(host)?),
         })
     }
 
     /// [`GemmBuffer::upload`] of an optional tensor (e.g. a bias some checkpoints lack).
     pub fn upload_opt(
         dev: &Device,
-        p: CudaPrecision,
+        p: Precision,
         host: Option<&[f32]>,
     ) -> Result<Option<GemmBuffer>> {
         host.map(|h| GemmBuffer::upload(dev, p, h)).transpose()
     }
 
     /// The buffer's precision.
-    pub fn precision(&self) -> CudaPrecision {
+    pub fn precision(&self) -> Precision {
         match self {
-            GemmBuffer::Bf16(_) => CudaPrecision::Bf16,
-            GemmBuffer::F32(_) => CudaPrecision::F32,
+            GemmBuffer::Bf16(_) => Precision::Bf16,
+            GemmBuffer::F32(_) => Precision::F32,
         }
     }
 
@@ -377,22 +366,22 @@ mod tests {
 
     #[test]
     fn attention_head_dim_follows_the_kernels() {
-        let b = CudaPrecision::Bf16;
-        assert_eq!(b.attention_head_dim(16).ok(), Some(64));
-        assert_eq!(b.attention_head_dim(64).ok(), Some(64));
-        assert_eq!(b.attention_head_dim(65).ok(), Some(72));
-        assert_eq!(b.attention_head_dim(96).ok(), Some(96));
+        let b = Precision::Bf16;
+        assert_eq!(attention_head_dim(b, 16).ok(), Some(64));
+        assert_eq!(attention_head_dim(b, 64).ok(), Some(64));
+        assert_eq!(attention_head_dim(b, 65).ok(), Some(72));
+        assert_eq!(attention_head_dim(b, 96).ok(), Some(96));
         assert!(matches!(
-            b.attention_head_dim(97),
+            attention_head_dim(b, 97),
             Err(GpuError::Shape { .. })
         ));
-        assert!(b.attention_head_dim(0).is_err());
-        let f = CudaPrecision::F32;
-        assert_eq!(f.attention_head_dim(24).ok(), Some(24));
+        assert!(attention_head_dim(b, 0).is_err());
+        let f = Precision::F32;
+        assert_eq!(attention_head_dim(f, 24).ok(), Some(24));
         assert_eq!(
-            f.attention_head_dim(MAX_F32_ATTN_HEAD_DIM).ok(),
+            attention_head_dim(f, MAX_F32_ATTN_HEAD_DIM).ok(),
             Some(MAX_F32_ATTN_HEAD_DIM)
         );
-        assert!(f.attention_head_dim(MAX_F32_ATTN_HEAD_DIM + 1).is_err());
+        assert!(attention_head_dim(f, MAX_F32_ATTN_HEAD_DIM + 1).is_err());
     }
 }

@@ -3,7 +3,7 @@
 //! workspace layout (`W`), its planning and its op sequence; the lifecycle around them is here.
 
 use crate::{
-    CudaPrecision, Device, DeviceInputs, GraphStats, GraphStatus, Graphs, HostInputs, InputBuffers,
+    Device, DeviceInputs, GraphStats, GraphStatus, Graphs, HostInputs, InputBuffers, Precision,
     Result, Uploader,
 };
 
@@ -35,7 +35,7 @@ impl<W> PassRunner<W> {
     pub fn stage(
         &mut self,
         dev: &Device,
-        precision: CudaPrecision,
+        precision: Precision,
         host: &HostInputs,
     ) -> Result<DeviceInputs> {
         Uploader::stage_into(&mut self.uploader, dev, precision, host)

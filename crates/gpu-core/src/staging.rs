@@ -18,7 +18,7 @@ use cudarc::driver::{CudaEvent, CudaStream, PinnedHostSlice};
 use half::bf16;
 use rayon::prelude::*;
 
-use crate::{CudaPrecision, Device, DeviceBuffer, Elem, GemmBuffer, GpuError, Result};
+use crate::{Device, DeviceBuffer, Elem, GemmBuffer, GpuError, Precision, Result};
 
 /// Values per task when converting host values to bf16 in parallel.
 const CONVERT_CHUNK: usize = 1 << 14;
@@ -101,19 +101,19 @@ pub enum HostGemm {
 
 impl HostGemm {
     /// `v` in precision `p` (bf16: rounded to nearest even, in parallel).
-    pub fn from_f32(p: CudaPrecision, v: Vec<f32>) -> HostGemm {
+    pub fn from_f32(p: Precision, v: Vec<f32>) -> HostGemm {
         match p {
-            CudaPrecision::Bf16 => HostGemm::from_f32_parts(p, &[&v]),
-            CudaPrecision::F32 => HostGemm::F32(v),
+            Precision::Bf16 => HostGemm::from_f32_parts(p, &[&v]),
+            Precision::F32 => HostGemm::F32(v),
         }
     }
 
     /// `parts` stacked in order, in precision `p`: bf16 converted straight from the parts in
     /// parallel (no f32 copy of the batch first); f32 concatenated.
-    pub fn from_f32_parts(p: CudaPrecision, parts: &[&[f32]]) -> HostGemm {
+    pub fn from_f32_parts(p: Precision, parts: &[&[f32]]) -> HostGemm {
         let n = parts.iter().map(|s| s.len()).sum();
         match p {
-            CudaPrecision::Bf16 => {
+            Precision::Bf16 => {
                 let mut out = recycled_bf16(n);
                 let mut rest = &mut out[..];
                 let mut pairs = Vec::with_capacity(parts.len());
@@ -133,7 +133,7 @@ impl HostGemm {
                 });
                 HostGemm::Bf16(out)
             }
-            CudaPrecision::F32 => HostGemm::F32(parts.concat()),
+            Precision::F32 => HostGemm::F32(parts.concat()),
         }
     }
 
@@ -151,10 +151,10 @@ impl HostGemm {
     }
 
     /// Its precision.
-    pub fn precision(&self) -> CudaPrecision {
+    pub fn precision(&self) -> Precision {
         match self {
-            HostGemm::Bf16(_) => CudaPrecision::Bf16,
-            HostGemm::F32(_) => CudaPrecision::F32,
+            HostGemm::Bf16(_) => Precision::Bf16,
+            HostGemm::F32(_) => Precision::F32,
         }
     }
 }
@@ -233,13 +233,7 @@ pub struct InputBuffers {
 
 impl InputBuffers {
     /// Buffers for up to `rows`, `pos` and `cu` elements, in precision `p`.
-    pub fn alloc(
-        dev: &Device,
-        p: CudaPrecision,
-        rows: usize,
-        pos: usize,
-        cu: usize,
-    ) -> Result<Self> {
+    pub fn alloc(dev: &Device, p: Precision, rows: usize, pos: usize, cu: usize) -> Result<Self> {
         Ok(InputBuffers {
             rows: GemmBuffer::alloc(dev, p, rows)?,
             pos: dev.alloc(pos)?,
@@ -376,7 +370,7 @@ struct SlotDev {
 struct Slot {
     generation: u64,
     /// Capacities of rows, positions and segment bounds (elements), and the rows' precision.
-    cap: Option<([usize; 3], CudaPrecision)>,
+    cap: Option<([usize; 3], Precision)>,
     host: Option<SlotHost>,
     dev: Option<SlotDev>,
     /// Recorded on the copy stream after this slot's uploads.
@@ -429,7 +423,7 @@ impl Uploader {
     pub fn stage_into(
         slot: &mut Option<Uploader>,
         dev: &Device,
-        precision: CudaPrecision,
+        precision: Precision,
         host: &HostInputs,
     ) -> Result<DeviceInputs> {
         if host.rows.precision() != precision {
@@ -501,8 +495,8 @@ impl Uploader {
             s.dev = None;
             s.cap = None;
             let rows = match p {
-                CudaPrecision::Bf16 => PinnedRows::Bf16(pinned(dev, cap[0])?),
-                CudaPrecision::F32 => PinnedRows::F32(pinned(dev, cap[0])?),
+                Precision::Bf16 => PinnedRows::Bf16(pinned(dev, cap[0])?),
+                Precision::F32 => PinnedRows::F32(pinned(dev, cap[0])?),
             };
             s.host = Some(SlotHost {
                 rows,
@@ -584,7 +578,7 @@ mod tests {
     #[test]
     fn host_gemm_rounds_bf16_and_keeps_f32() {
         let v = vec![1.0f32, 1.0 + 1.0 / 512.0, -3.5];
-        match &HostGemm::from_f32(CudaPrecision::Bf16, v.clone()) {
+        match &HostGemm::from_f32(Precision::Bf16, v.clone()) {
             HostGemm::Bf16(b) => {
                 assert_eq!(
                     b.iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
@@ -593,10 +587,10 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let f = HostGemm::from_f32(CudaPrecision::F32, v.clone());
+        let f = HostGemm::from_f32(Precision::F32, v.clone());
         assert_eq!(f, HostGemm::F32(v));
         assert_eq!(f.len(), 3);
-        assert_eq!(f.precision(), CudaPrecision::F32);
+        assert_eq!(f.precision(), Precision::F32);
     }
 
     /// A dropped batch's bf16 buffer is the next conversion's (no fresh memory per encode), and
@@ -605,14 +599,14 @@ mod tests {
     fn a_dropped_bf16_buffer_is_reused_and_overwritten() {
         // Larger than any other test's rows, so no other test takes it in between.
         let n = 3 << 20;
-        let first = HostGemm::from_f32_parts(CudaPrecision::Bf16, &[&vec![2.0f32; n]]);
+        let first = HostGemm::from_f32_parts(Precision::Bf16, &[&vec![2.0f32; n]]);
         let HostGemm::Bf16(v) = &first else {
             panic!("{first:?}")
         };
         let ptr = v.as_ptr();
         drop(first);
         let short = vec![0.5f32; n - 5];
-        let second = HostGemm::from_f32_parts(CudaPrecision::Bf16, &[&short]);
+        let second = HostGemm::from_f32_parts(Precision::Bf16, &[&short]);
         let HostGemm::Bf16(w) = &second else {
             panic!("{second:?}")
         };
@@ -636,11 +630,11 @@ mod tests {
         let parts: [&[f32]; 4] = [&a, &[], &b, &c];
         let all = parts.concat();
         assert_eq!(
-            HostGemm::from_f32_parts(CudaPrecision::Bf16, &parts),
+            HostGemm::from_f32_parts(Precision::Bf16, &parts),
             HostGemm::Bf16(all.iter().map(|&x| bf16::from_f32(x)).collect())
         );
         assert_eq!(
-            HostGemm::from_f32_parts(CudaPrecision::F32, &parts),
+            HostGemm::from_f32_parts(Precision::F32, &parts),
             HostGemm::F32(all)
         );
     }

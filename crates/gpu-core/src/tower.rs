@@ -5,27 +5,9 @@
 use std::sync::Arc;
 
 use crate::{
-    CudaPrecision, Device, DeviceBuffer, DeviceInputs, GpuError, GraphKey, GraphStats, GraphStatus,
-    HostInputs, PassRunner, Ran, RowsTarget,
+    Device, DeviceBuffer, DeviceInputs, GpuError, GraphKey, GraphStats, GraphStatus, HostInputs,
+    PassRunner, Precision, Ran, RowsTarget,
 };
-
-/// How the language model attends over the rows of an image, so an engine can refuse a serving
-/// path that cannot honour it. One law per family, stated by its tower crate from the model's
-/// text config (`lm_attention`), and reported by the facade's `Model::lm_attention`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LmAttention {
-    /// Causal everywhere, image rows included (glm5_next, glm_ocr, step3p7, and gemma4 unless
-    /// its text config says otherwise).
-    Causal,
-    /// gemma4 with `text_config.use_bidirectional_attention = "vision"`: sliding-window layers
-    /// attend bidirectionally within one contiguous run of image soft tokens
-    /// (`AND(sliding_window, OR(causal, same_block))`; BOI/EOI are not part of the run); full
-    /// attention layers stay causal (modeling_gemma4.py, create_masks_for_vision_model).
-    BidirectionalImageRunsInSlidingLayers,
-    /// The whole text model is non-causal (gemma4 `"all"`; step3p7's
-    /// `use_bidirectional_attention = true`, which no release sets).
-    Bidirectional,
-}
 
 /// A family's tower on a CUDA device: a pass is prepared on the host ([`DeviceTower::prepare_host`],
 /// no device needed, so it can run on any thread), staged ([`DeviceTower::stage`]: an
@@ -64,7 +46,7 @@ pub trait DeviceTower: Send {
     /// one pass, without a device.
     fn prepare_host(
         config: &Self::Config,
-        precision: CudaPrecision,
+        precision: Precision,
         images: &[Self::Image<'_>],
     ) -> Result<Self::HostBatch, Self::Error>;
 
@@ -106,7 +88,7 @@ pub trait DeviceTower: Send {
     fn config(&self) -> &Self::Config;
 
     /// The precision the weights were uploaded in.
-    fn precision(&self) -> CudaPrecision;
+    fn precision(&self) -> Precision;
 
     /// The LM width of the rows.
     fn width(&self) -> usize;
@@ -247,7 +229,7 @@ pub trait DeviceTower: Send {
         keep: bool,
         mut forward: impl FnMut(&Self, &mut Self::Workspace, bool) -> Result<Option<S>, Self::Error>,
     ) -> Result<(Option<S>, Ran), Self::Error> {
-        if keep || self.precision() != CudaPrecision::Bf16 {
+        if keep || self.precision() != Precision::Bf16 {
             return Ok((forward(self, ws, keep)?, Ran::Eager));
         }
         let mut graphs = self.passes_mut().take_graphs();

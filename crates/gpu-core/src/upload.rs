@@ -6,7 +6,7 @@ use cudarc::driver::{CudaEvent, PinnedHostSlice};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use crate::{CudaPrecision, Device, DeviceBuffer, Elem, GemmBuffer, GpuError, Result};
+use crate::{Device, DeviceBuffer, Elem, GemmBuffer, GpuError, Precision, Result};
 
 /// Host values a device buffer is filled from, read in ranges (in parallel, so `Sync`).
 pub trait HostSource: Sync {
@@ -433,12 +433,12 @@ impl Stager {
     pub fn upload_gemm(
         &mut self,
         dev: &Device,
-        p: CudaPrecision,
+        p: Precision,
         src: &dyn HostSource,
     ) -> Result<GemmBuffer> {
         Ok(match p {
-            CudaPrecision::Bf16 => GemmBuffer::Bf16(self.upload(dev, src)?),
-            CudaPrecision::F32 => GemmBuffer::F32(self.upload(dev, src)?),
+            Precision::Bf16 => GemmBuffer::Bf16(self.upload(dev, src)?),
+            Precision::F32 => GemmBuffer::F32(self.upload(dev, src)?),
         })
     }
 }

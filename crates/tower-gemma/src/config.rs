@@ -2,8 +2,8 @@
 
 use crate::error::{GemmaError, Result};
 use gguf_reader::GgufFile;
-use gpu_core::Activation;
 use serde_json::Value;
+use tower_core::Activation;
 
 /// transformers `Gemma4VisionConfig.rms_norm_eps` default (configuration_gemma4.py).
 pub const DEFAULT_RMS_NORM_EPS: f64 = 1e-6;
@@ -243,17 +243,10 @@ impl GemmaConfig {
     }
 }
 
-/// transformers `ACT2FN` names this tower may meet.
+/// The activation `name` (`hidden_activation`) is, by the one table every family reads
+/// ([`tower_core::ACTIVATION_NAMES`]).
 fn activation_by_name(name: &str) -> Result<Activation> {
-    match name {
-        "gelu_pytorch_tanh" | "gelu_tanh" | "gelu_new" => Ok(Activation::GeluTanh),
-        "gelu" => Ok(Activation::GeluErf),
-        "quick_gelu" | "gelu_quick" => Ok(Activation::QuickGelu),
-        "silu" | "swish" => Ok(Activation::Silu),
-        other => Err(GemmaError::Config(format!(
-            "hidden_activation {other:?} is not supported"
-        ))),
-    }
+    Activation::from_name(name).map_err(|e| GemmaError::Config(format!("hidden_activation {e}")))
 }
 
 fn opt_usize(v: &Value, key: &str) -> Result<Option<usize>> {

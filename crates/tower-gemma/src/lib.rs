@@ -10,7 +10,7 @@ mod forward;
 mod weights;
 
 /// How the LM attends over the image rows (one type for every family, from gpu-core).
-pub use gpu_core::LmAttention;
+pub use tower_core::LmAttention;
 
 /// The LM attention law a gemma4 `config.json` states in
 /// `text_config.use_bidirectional_attention` (transformers 5.23): `"vision"` makes image runs
@@ -30,7 +30,7 @@ pub fn lm_attention(config: Option<&serde_json::Value>) -> LmAttention {
 }
 
 pub use config::{GemmaConfig, GgufActivation, MAX_LAYERS, MAX_PATCH_SIZE};
-pub use cuda::{CudaError, CudaPrecision, GemmaBatch, GemmaCuda, GemmaHostBatch};
+pub use cuda::{CudaError, GemmaBatch, GemmaCuda, GemmaHostBatch, Precision};
 pub use error::{GemmaError, Result};
 pub use forward::{forward_host, GemmaImage, GemmaStages, ATTENTION_SCALE};
 pub use weights::{
@@ -63,7 +63,7 @@ impl GemmaTower {
     pub fn to_cuda(
         &self,
         dev: std::sync::Arc<gpu_core::Device>,
-        precision: CudaPrecision,
+        precision: Precision,
     ) -> std::result::Result<GemmaCuda, CudaError> {
         GemmaCuda::new(dev, &self.config, &self.weights, precision)
     }

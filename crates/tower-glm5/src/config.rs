@@ -5,8 +5,8 @@
 //! (glm5_next `projection_intermediate_size`, glm_ocr `out_hidden_size · in_channels`).
 
 use crate::error::{GlmError, Result};
-use gpu_core::Activation;
 use serde_json::Value;
+use tower_core::Activation;
 
 /// transformers `Glm5NextVisionConfig` / `GlmOcrVisionConfig` `depth` default.
 pub const DEFAULT_DEPTH: usize = 24;
@@ -302,17 +302,10 @@ impl GlmConfig {
     }
 }
 
-/// transformers `ACT2FN` names the glm SwiGLU gate may use.
+/// The activation `name` (`hidden_act`) is, by the one table every family reads
+/// ([`tower_core::ACTIVATION_NAMES`]).
 fn activation_by_name(name: &str) -> Result<Activation> {
-    match name {
-        "silu" | "swish" => Ok(Activation::Silu),
-        "gelu" => Ok(Activation::GeluErf),
-        "gelu_pytorch_tanh" | "gelu_new" => Ok(Activation::GeluTanh),
-        "quick_gelu" => Ok(Activation::QuickGelu),
-        other => Err(GlmError::Config(format!(
-            "hidden_act {other:?} is not supported"
-        ))),
-    }
+    Activation::from_name(name).map_err(|e| GlmError::Config(format!("hidden_act {e}")))
 }
 
 fn opt_usize(v: &Value, key: &str) -> Result<Option<usize>> {

@@ -17,7 +17,7 @@ pub use config::{
     GlmConfig, GlmFamily, DEFAULT_PROJECTION_INTERMEDIATE_SIZE, DEFAULT_RMS_NORM_EPS,
     DEFAULT_ROPE_THETA, DEFAULT_SWIGLU_LIMIT, MAX_DIMENSION, MAX_LAYERS, MERGER_LAYER_NORM_EPS,
 };
-pub use cuda::{CudaError, CudaPrecision, GlmBatch, GlmCuda, GlmHostBatch};
+pub use cuda::{CudaError, GlmBatch, GlmCuda, GlmHostBatch, Precision};
 pub use error::{GlmError, Result};
 pub use forward::{
     attention_scale, forward_host, vision_cu_seqlens, vision_positions, GlmImage, GlmStages,
@@ -27,7 +27,7 @@ pub use weights::{
 };
 
 /// How the LM attends over the image rows (one type for every family, from gpu-core).
-pub use gpu_core::LmAttention;
+pub use tower_core::LmAttention;
 
 /// The LM attention law of a glm5_next or glm_ocr model, whatever its `config.json` says:
 /// causal (see [`GlmTower::lm_attention`]).
@@ -64,7 +64,7 @@ impl GlmTower {
     pub fn to_cuda(
         &self,
         dev: std::sync::Arc<cuda::Device>,
-        precision: CudaPrecision,
+        precision: Precision,
     ) -> std::result::Result<GlmCuda, CudaError> {
         GlmCuda::new(dev, &self.config, &self.weights, precision)
     }

@@ -2,8 +2,8 @@
 //! transformers 5.23 `Step3p7VisionConfig`, `configuration_step3p7.py:30-74`).
 
 use crate::error::{Result, StepError};
-use gpu_core::Activation;
 use serde_json::Value;
+use tower_core::Activation;
 
 /// `Step3p7VisionConfig.hidden_size` default (configuration_step3p7.py).
 pub const DEFAULT_HIDDEN: usize = 1536;
@@ -240,17 +240,10 @@ impl StepConfig {
     }
 }
 
-/// transformers `ACT2FN` names this tower may meet.
+/// The activation `name` (`hidden_act`) is, by the one table every family reads
+/// ([`tower_core::ACTIVATION_NAMES`]).
 fn activation_by_name(name: &str) -> Result<Activation> {
-    match name {
-        "quick_gelu" | "gelu_quick" => Ok(Activation::QuickGelu),
-        "gelu_pytorch_tanh" | "gelu_tanh" | "gelu_new" => Ok(Activation::GeluTanh),
-        "gelu" => Ok(Activation::GeluErf),
-        "silu" | "swish" => Ok(Activation::Silu),
-        other => Err(StepError::Config(format!(
-            "hidden_act {other:?} is not supported"
-        ))),
-    }
+    Activation::from_name(name).map_err(|e| StepError::Config(format!("hidden_act {e}")))
 }
 
 /// The legacy key when present (it wins, as `kwargs.pop(legacy, field)` does), else the field.

@@ -27,7 +27,7 @@ mod forward;
 mod weights;
 
 pub use config::{StepConfig, MAX_IMAGE_SIZE, MAX_LAYERS, MAX_PATCH_SIZE};
-pub use cuda::{CudaError, CudaPrecision, StepBatch, StepCuda, StepHostBatch};
+pub use cuda::{CudaError, Precision, StepBatch, StepCuda, StepHostBatch};
 pub use error::{Result, StepError};
 pub use forward::{
     attention_scale, forward_host, StepImage, StepProcessorOutput, StepRows, StepStages, StepView,
@@ -39,7 +39,7 @@ pub use weights::{
 };
 
 /// How the LM attends over the image rows (one type for every family, from gpu-core).
-pub use gpu_core::LmAttention;
+pub use tower_core::LmAttention;
 
 /// The former name of [`LmAttention`].
 #[deprecated(note = "one type for every family: use `LmAttention`")]
@@ -96,7 +96,7 @@ impl StepTower {
     pub fn to_cuda(
         &self,
         dev: std::sync::Arc<cuda::Device>,
-        precision: CudaPrecision,
+        precision: Precision,
     ) -> std::result::Result<StepCuda, CudaError> {
         StepCuda::new(dev, &self.config, &self.weights, precision)
     }

@@ -9,7 +9,7 @@ use gpu_core::DeviceTower;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tower_step::cuda::{Device, GpuError};
-use tower_step::{CudaPrecision, StepImage, StepStages, StepTower, StepView};
+use tower_step::{Precision, StepImage, StepStages, StepTower, StepView};
 
 fn fixtures() -> PathBuf {
     match std::env::var_os("VT_FIXTURES") {
@@ -98,7 +98,7 @@ fn cuda_matches_host_on_a_regrouped_batch() {
         let t = tower(dir);
         let (want, want_stages) = t.forward_host(&images, true).unwrap();
         let want_stages = want_stages.unwrap();
-        for (p, bound) in [(CudaPrecision::F32, 1e-4), (CudaPrecision::Bf16, 2e-2)] {
+        for (p, bound) in [(Precision::F32, 1e-4), (Precision::Bf16, 2e-2)] {
             let mut c = t.to_cuda(dev.clone(), p).unwrap();
             let (rows, stages) = c.encode(&images, true).unwrap();
             for (g, w) in rows.iter().zip(&want) {

@@ -139,3 +139,33 @@ pub enum PrepError {
 
 /// Result alias for this crate.
 pub type Result<T> = std::result::Result<T, PrepError>;
+
+impl tower_core::Classify for PrepError {
+    /// A budget over its limit is `ImageTooLarge`; a setting out of range `Setting`; the model's
+    /// processor config `Weights`; a video for a family without a video path `Unsupported`; a
+    /// refused video frame the frame's own kind; everything else (the bytes, the URI, the
+    /// decoded image, the video's metadata) `Image`.
+    fn kind(&self) -> tower_core::ErrorKind {
+        use tower_core::ErrorKind as K;
+        match self {
+            PrepError::OverBudget { .. }
+            | PrepError::DataUriTooLarge { .. }
+            | PrepError::OutputTooLarge { .. }
+            | PrepError::VideoOverBudget { .. } => K::ImageTooLarge,
+            PrepError::BadSetting(_) => K::Setting,
+            PrepError::Config { .. } | PrepError::UnknownProcessor(_) => K::Weights,
+            PrepError::NoVideoPath(_) => K::Unsupported,
+            PrepError::VideoFrame { source, .. } => source.kind(),
+            PrepError::NotAnImage(_)
+            | PrepError::UnsupportedFormat(_)
+            | PrepError::ZeroSized { .. }
+            | PrepError::BadDataUri(_)
+            | PrepError::SchemeRefused(_)
+            | PrepError::Decode { .. }
+            | PrepError::DimensionMismatch { .. }
+            | PrepError::UnsupportedPixelLayout(_)
+            | PrepError::Unplannable { .. }
+            | PrepError::BadVideo(_) => K::Image,
+        }
+    }
+}

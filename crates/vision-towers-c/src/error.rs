@@ -4,8 +4,8 @@ use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use vision_towers::vision_prep::PrepError;
-use vision_towers::{ModelError, PrepOpenError, TowerError};
+use vision_towers::tower_core::{Classify, ErrorKind};
+use vision_towers::ModelError;
 
 /// What a call gave. `VT_OK` is 0; every other value is a refusal whose message
 /// [`vt_last_error`] holds.
@@ -89,83 +89,38 @@ impl Failure {
     }
 }
 
-/// Where an error arose: a tower's own error means a bad model at open, bad inputs at encode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stage {
-    Open,
-    Encode,
-}
-
-/// The status of an image refusal from vision-prep.
-pub(crate) fn image_status(e: &PrepError) -> vt_status {
-    match e {
-        PrepError::OverBudget { .. }
-        | PrepError::DataUriTooLarge { .. }
-        | PrepError::OutputTooLarge { .. } => VT_ERR_IMAGE_TOO_LARGE,
-        _ => VT_ERR_IMAGE,
+/// The status of each kind of failure, one to one: the library's errors state their own kind
+/// ([`Classify`]), so no call here guesses it from what the call was doing.
+pub(crate) fn status_of(kind: ErrorKind) -> vt_status {
+    match kind {
+        ErrorKind::Setting => VT_ERR_INVALID_ARGUMENT,
+        ErrorKind::Io => VT_ERR_IO,
+        ErrorKind::Weights => VT_ERR_MODEL,
+        ErrorKind::Image => VT_ERR_IMAGE,
+        ErrorKind::ImageTooLarge => VT_ERR_IMAGE_TOO_LARGE,
+        ErrorKind::Input => VT_ERR_INPUT,
+        ErrorKind::NoDevice => VT_ERR_NO_DEVICE,
+        ErrorKind::Unsupported => VT_ERR_UNSUPPORTED,
+        ErrorKind::OutOfMemory => VT_ERR_OUT_OF_MEMORY,
+        ErrorKind::Device => VT_ERR_DEVICE,
+        ErrorKind::Internal => VT_ERR_INTERNAL,
     }
 }
 
-/// The status of a tower error and the image it names (request-wide).
-fn tower_status(e: &TowerError, stage: Stage) -> (vt_status, Option<usize>) {
-    use vision_towers::Error as E;
-    match e {
-        TowerError::Open(E::Io { .. }) => (VT_ERR_IO, None),
-        TowerError::Open(_)
-        | TowerError::UnknownFamily { .. }
-        | TowerError::NotImplemented { .. } => (VT_ERR_MODEL, None),
-        TowerError::Unsupported(_) => (VT_ERR_UNSUPPORTED, None),
-        TowerError::NoDevice { .. } => (VT_ERR_NO_DEVICE, None),
-        TowerError::OutOfMemory { .. } => (VT_ERR_OUT_OF_MEMORY, None),
-        TowerError::Gpu { .. } => (VT_ERR_DEVICE, None),
-        TowerError::OverPassCeiling { index, .. } => (VT_ERR_IMAGE_TOO_LARGE, Some(*index)),
-        TowerError::Pass { first, source, .. } => {
-            let (s, i) = tower_status(source, stage);
-            (s, i.map(|i| first + i))
-        }
-        TowerError::Inputs { .. } => (VT_ERR_INPUT, None),
-        TowerError::Gemma { .. } | TowerError::Glm { .. } | TowerError::Step { .. } => {
-            match stage {
-                Stage::Open => (VT_ERR_MODEL, None),
-                Stage::Encode => (VT_ERR_INPUT, None),
-            }
-        }
-    }
-}
-
-/// The status of a `Model` error; the message is the error's own (`Display`).
-pub(crate) fn model_failure(e: &ModelError, stage: Stage) -> Failure {
-    let (status, image) = match e {
-        ModelError::Tower(t) => tower_status(t, stage),
-        ModelError::Prep(PrepOpenError::Io { .. } | PrepOpenError::TooLarge { .. }) => {
-            (VT_ERR_IO, None)
-        }
-        ModelError::Prep(_) => (VT_ERR_MODEL, None),
-        ModelError::Image { index, source } => (image_status(source), Some(*index)),
-        ModelError::RowsOffPlan { index, .. } => (VT_ERR_INTERNAL, Some(*index)),
-    };
+/// A `Model` error as a refusal: the status of its kind, its own message (`Display`), the image
+/// it names.
+pub(crate) fn model_failure(e: &ModelError) -> Failure {
     Failure {
-        status,
+        status: status_of(e.kind()),
         message: e.to_string(),
-        image,
+        image: e.image_index(),
     }
-}
-
-/// Whether the processor refused a budget setting (the caller's option, or the model's config).
-pub(crate) fn is_bad_setting(e: &ModelError) -> bool {
-    matches!(
-        e,
-        ModelError::Prep(PrepOpenError::Prep {
-            source: PrepError::BadSetting(_),
-            ..
-        })
-    )
 }
 
 impl From<ModelError> for Failure {
     /// An error of an encode (or plan) call.
     fn from(e: ModelError) -> Failure {
-        model_failure(&e, Stage::Encode)
+        model_failure(&e)
     }
 }
 
@@ -288,4 +243,23 @@ pub extern "C" fn vt_status_name(status: u32) -> *const c_char {
 #[no_mangle]
 pub extern "C" fn vt_testing_panic() -> vt_status {
     guard(|| panic!("vt_testing_panic: a deliberate panic"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each kind has its own status (the header documents one per kind), and the library's
+    /// weights and input refusals land on VT_ERR_MODEL and VT_ERR_INPUT.
+    #[test]
+    fn every_kind_has_its_own_status() {
+        let statuses: std::collections::HashSet<_> = ErrorKind::ALL
+            .iter()
+            .map(|&k| status_of(k) as i32)
+            .collect();
+        assert_eq!(statuses.len(), ErrorKind::ALL.len());
+        assert_eq!(status_of(ErrorKind::Weights), VT_ERR_MODEL);
+        assert_eq!(status_of(ErrorKind::Input), VT_ERR_INPUT);
+        assert!(!statuses.contains(&(VT_OK as i32)));
+    }
 }

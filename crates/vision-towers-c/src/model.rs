@@ -8,8 +8,9 @@ use vision_towers::{
     Device, Family, LmAttention, Model, Precision, TowerOptions, DEFAULT_MAX_PATCHES_PER_PASS,
 };
 
-use crate::error::{guard, guard_value, is_bad_setting, model_failure, vt_status, Failure, Stage};
+use crate::error::{guard, guard_value, model_failure, vt_status, Failure};
 use crate::ffi::{c_str, need_out, utf8};
+use vision_towers::tower_core::{Classify, ErrorKind};
 
 /// A model: its image processor and its vision tower, on the CPU or a CUDA device. Made by
 /// [`vt_model_open`], freed by [`vt_model_free`].
@@ -217,10 +218,11 @@ pub unsafe extern "C" fn vt_model_open(
                 .map_err(|_| Failure::invalid("path is not valid UTF-8"))?,
         );
         let model = Model::open_with(path, &tower, settings).map_err(|e| {
-            let mut f = model_failure(&e, Stage::Open);
-            // A budget the processor refuses is the caller's when the caller set one.
-            if is_bad_setting(&e) && (o.max_soft_tokens != 0 || o.max_image_tokens != 0) {
-                f.status = vt_status::VT_ERR_INVALID_ARGUMENT;
+            let mut f = model_failure(&e);
+            // A budget the processor refuses is the caller's when the caller set one, else the
+            // model's config's.
+            if e.kind() == ErrorKind::Setting && o.max_soft_tokens == 0 && o.max_image_tokens == 0 {
+                f.status = vt_status::VT_ERR_MODEL;
             }
             f
         })?;

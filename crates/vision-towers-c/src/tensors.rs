@@ -6,7 +6,7 @@ use std::ffi::c_char;
 use vision_towers::{Family, Model, ProcessorTensors};
 
 use crate::encode::{device_out, device_target, offsets_arg, offsets_of, vt_rows};
-use crate::error::{guard, guard_value, model_failure, vt_status, Failure, Stage};
+use crate::error::{guard, guard_value, model_failure, vt_status, Failure};
 use crate::ffi::{need_out, slice, utf8, write_opt};
 use crate::model::{model_arg, vt_model};
 
@@ -192,7 +192,7 @@ unsafe fn tensors_arg<'a>(tensors: *const vt_tensors) -> Result<&'a vt_tensors, 
 }
 
 fn tensor_failure(e: vision_towers::ModelError) -> Failure {
-    model_failure(&e, Stage::Encode)
+    model_failure(&e)
 }
 
 /// Runs the tower on the processor's tensors `tensors` (instead of image bytes) and writes the

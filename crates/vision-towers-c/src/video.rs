@@ -11,7 +11,7 @@ use vision_towers::vision_prep::{
 use vision_towers::{EncodedVideo, Model, ModelError, PrepOpenError};
 
 use crate::encode::{device_out, device_target, image_source, offsets_of, vt_image, vt_rows};
-use crate::error::{guard, guard_value, image_status, model_failure, vt_status, Failure, Stage};
+use crate::error::{guard, guard_value, model_failure, vt_status, Failure};
 use crate::ffi::{check_extent, need_out, slice, slice_mut, write_opt};
 use crate::model::{model_arg, vt_model};
 use crate::plan::VT_TOKEN_UNKNOWN;
@@ -150,27 +150,12 @@ impl vt_video_plan {
     }
 }
 
-/// The status of a video refusal: no video path for the family `VT_ERR_UNSUPPORTED`, a
-/// metadata budget `VT_ERR_IMAGE_TOO_LARGE`, frames that do not fit the metadata
-/// `VT_ERR_IMAGE`, a frame refused as an image would be its image status (naming the frame), a
-/// setting out of range `VT_ERR_INVALID_ARGUMENT`; the rest as an encode's.
+/// A video refusal: the status of its kind (no video path for the family `VT_ERR_UNSUPPORTED`, a
+/// metadata budget `VT_ERR_IMAGE_TOO_LARGE`, frames that do not fit the metadata `VT_ERR_IMAGE`,
+/// a frame refused as an image would be its image status naming the frame, a setting out of
+/// range `VT_ERR_INVALID_ARGUMENT`), as any encode's.
 fn video_failure(e: ModelError) -> Failure {
-    let ModelError::Prep(PrepOpenError::Prep { source, .. }) = &e else {
-        return model_failure(&e, Stage::Encode);
-    };
-    let (status, image) = match source {
-        PrepError::NoVideoPath(_) => (vt_status::VT_ERR_UNSUPPORTED, None),
-        PrepError::VideoOverBudget { .. } => (vt_status::VT_ERR_IMAGE_TOO_LARGE, None),
-        PrepError::BadVideo(_) | PrepError::ZeroSized { .. } => (vt_status::VT_ERR_IMAGE, None),
-        PrepError::VideoFrame { index, source } => (image_status(source), Some(*index)),
-        PrepError::BadSetting(_) => (vt_status::VT_ERR_INVALID_ARGUMENT, None),
-        _ => return model_failure(&e, Stage::Encode),
-    };
-    Failure {
-        status,
-        message: e.to_string(),
-        image,
-    }
+    model_failure(&e)
 }
 
 /// A vision-prep refusal of the video, named by the model's path as the facade names it.

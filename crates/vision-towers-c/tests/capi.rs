@@ -549,16 +549,14 @@ fn class_model(e: &ModelError) -> String {
             TowerError::UnknownFamily { .. } => "family:UnknownFamily".into(),
             TowerError::NotImplemented { .. } => "family:NotImplemented".into(),
             TowerError::Unsupported(_) => "unsupported".into(),
-            TowerError::Gemma { source, .. } => format!("tower:{}", variant(source)),
-            TowerError::Glm { source, .. } => format!("tower:{}", variant(source)),
-            TowerError::Step { source, .. } => format!("tower:{}", variant(source)),
+            TowerError::Refused { source, .. } => format!("tower:{}", variant(source)),
             TowerError::Inputs { .. } => "inputs".into(),
             TowerError::Pass { source, .. } => tower(source),
             other => format!("facade:{}", variant(other)),
         }
     }
     match e {
-        ModelError::Tower(t) => tower(t),
+        ModelError::Tower(t) | ModelError::ImageRefused(t) => tower(t),
         ModelError::Prep(PrepOpenError::Prep { source, .. }) => format!("prep:{}", variant(source)),
         ModelError::Prep(PrepOpenError::Tokenizer(e)) => format!("safetensors:{}", variant(e)),
         ModelError::Prep(PrepOpenError::Io { .. }) => "io".into(),
@@ -589,6 +587,9 @@ fn statuses(class: &str, op: Op) -> Vec<&'static str> {
         ("prep", Op::Image) if name == "*" => vec!["VT_ERR_IMAGE", "VT_ERR_IMAGE_TOO_LARGE"],
         ("prep", Op::Image) if TOO_LARGE.contains(&name) => vec!["VT_ERR_IMAGE_TOO_LARGE"],
         ("prep", Op::Image) => vec!["VT_ERR_IMAGE"],
+        // the tower refused an image its own processor prepared (a grid past a tiny model's
+        // position table): the image's
+        ("tower", Op::Image) => vec!["VT_ERR_IMAGE"],
         ("prep" | "gguf" | "safetensors" | "tower" | "family" | "format", Op::Model) => {
             vec!["VT_ERR_MODEL"]
         }

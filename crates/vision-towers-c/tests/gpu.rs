@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use vision_towers::gpu_core::{self, GpuError};
+use vision_towers::tower_core::rel_l2;
 use vision_towers::vision_prep::{ImageSource, Video, VideoFrames};
 use vision_towers::{Model, Precision, RowsDtype};
 use vision_towers_c::*;
@@ -350,18 +351,6 @@ fn values(bytes: &[u8], dtype: RowsDtype) -> Vec<f32> {
             .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
             .collect(),
     }
-}
-
-fn rel_l2(got: &[f32], reference: &[f64]) -> f64 {
-    assert_eq!(got.len(), reference.len());
-    let (num, den) = got
-        .iter()
-        .zip(reference)
-        .fold((0f64, 0f64), |(a, b), (g, r)| {
-            let e = f64::from(*g) - r;
-            (a + e * e, b + r * r)
-        });
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
 /// The video tower cases through `vt_model_encode_video_device`, bf16 and f32 models, f32 and

@@ -6,63 +6,60 @@ use std::any::Any;
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use gpu_core::{CudaPrecision, DeviceTower, GraphStats, GraphStatus};
+use gpu_core::{DeviceTower, GraphStats, GraphStatus, Precision};
 use tower_gemma::GemmaCuda;
 use tower_glm5::GlmCuda;
 use tower_step::StepCuda;
 
 use crate::device_rows::{DeviceResult, Job};
 use crate::inputs::Images;
-use crate::tower_error::{gemma_cuda_err, glm_cuda_err, step_cuda_err, InputError};
+use crate::tower_error::{cuda_err, InputError};
+use tower_core::ClassifiedError;
 
 /// What the facade needs of a family's CUDA tower beyond the contract: its inputs among a
-/// request's, and its error as a pass error.
+/// request's. Its errors are gpu-core's one `CudaError` over the family's own error, mapped once
+/// (`cuda_err`).
 pub(crate) trait CudaFamily:
-    DeviceTower<HostBatch: 'static, Batch: 'static> + 'static
+    DeviceTower<HostBatch: 'static, Batch: 'static, Error = gpu_core::CudaError<Self::Refusal>>
+    + 'static
 {
+    /// The family's own error (the weights or the input are wrong).
+    type Refusal: ClassifiedError;
+
     /// The request's inputs when they are this family's.
     fn inputs<'b, 'a>(images: &'b Images<'a>) -> Option<&'b [Self::Image<'a>]>;
-
-    /// The family's error in a pass of `patches` patches.
-    fn in_pass(e: Self::Error, patches: usize) -> InputError;
 }
 
 impl CudaFamily for GemmaCuda {
+    type Refusal = tower_gemma::GemmaError;
+
     fn inputs<'b, 'a>(images: &'b Images<'a>) -> Option<&'b [Self::Image<'a>]> {
         match images {
             Images::Gemma4(v) => Some(v),
             _ => None,
         }
     }
-
-    fn in_pass(e: tower_gemma::CudaError, patches: usize) -> InputError {
-        gemma_cuda_err(e, patches)
-    }
 }
 
 impl CudaFamily for GlmCuda {
+    type Refusal = tower_glm5::GlmError;
+
     fn inputs<'b, 'a>(images: &'b Images<'a>) -> Option<&'b [Self::Image<'a>]> {
         match images {
             Images::Glm(v) => Some(v),
             _ => None,
         }
     }
-
-    fn in_pass(e: tower_glm5::CudaError, patches: usize) -> InputError {
-        glm_cuda_err(e, patches)
-    }
 }
 
 impl CudaFamily for StepCuda {
+    type Refusal = tower_step::StepError;
+
     fn inputs<'b, 'a>(images: &'b Images<'a>) -> Option<&'b [Self::Image<'a>]> {
         match images {
             Images::Step3p7(v) => Some(v),
             _ => None,
         }
-    }
-
-    fn in_pass(e: tower_step::CudaError, patches: usize) -> InputError {
-        step_cuda_err(e, patches)
     }
 }
 
@@ -99,7 +96,7 @@ pub(crate) trait CudaEngine {
     /// The host half of a pass (no device): a family's host batch, type-erased.
     fn pass_input(
         &self,
-        precision: CudaPrecision,
+        precision: Precision,
         images: &Images<'_>,
         patches: usize,
     ) -> Option<Result<Box<dyn Any + Send>, InputError>>;
@@ -142,12 +139,12 @@ impl<T: CudaFamily> CudaEngine for Cuda<T> {
             c.run_pass(&batch)?;
             c.pass_rows(&batch)
         };
-        Some(run(&mut c).map_err(|e| T::in_pass(e, patches)))
+        Some(run(&mut c).map_err(|e| cuda_err(e, patches)))
     }
 
     fn pass_input(
         &self,
-        precision: CudaPrecision,
+        precision: Precision,
         images: &Images<'_>,
         patches: usize,
     ) -> Option<Result<Box<dyn Any + Send>, InputError>> {
@@ -155,7 +152,7 @@ impl<T: CudaFamily> CudaEngine for Cuda<T> {
         Some(
             T::prepare_host(&self.config, precision, v)
                 .map(|b| Box::new(b) as Box<dyn Any + Send>)
-                .map_err(|e| T::in_pass(e, patches)),
+                .map_err(|e| cuda_err(e, patches)),
         )
     }
 
@@ -208,7 +205,7 @@ impl<T: CudaFamily> CudaSession for Held<'_, T> {
             self.tower
                 .stage(*host)
                 .map(|b| Box::new(b) as Box<dyn Any>)
-                .map_err(|e| T::in_pass(e, patches)),
+                .map_err(|e| cuda_err(e, patches)),
         )
     }
 
@@ -219,16 +216,14 @@ impl<T: CudaFamily> CudaSession for Held<'_, T> {
                 self.in_flight = Some(*batch);
                 Ok(())
             }
-            Err(e) => Err(T::in_pass(e, patches)),
+            Err(e) => Err(cuda_err(e, patches)),
         })
     }
 
     fn collect(&mut self, patches: usize) -> Result<Option<Vec<Vec<f32>>>, InputError> {
         match self.in_flight.take() {
             Some(b) => Ok(Some(
-                self.tower
-                    .pass_rows(&b)
-                    .map_err(|e| T::in_pass(e, patches))?,
+                self.tower.pass_rows(&b).map_err(|e| cuda_err(e, patches))?,
             )),
             None => Ok(None),
         }

@@ -9,7 +9,7 @@ use gpu_core::{OwnedRows, RowsDtype, RowsTarget};
 use crate::cuda_engine::CudaFamily;
 use crate::inputs::{pass_ranges, Images};
 use crate::tower::Tower;
-use crate::tower_error::InputError;
+use crate::tower_error::{cuda_err, InputError};
 use crate::{Precision, TowerError};
 
 /// One request's rows on a CUDA device: `[rows, width]` row-major in one buffer, image after
@@ -190,15 +190,12 @@ impl Tower {
     ) -> Result<DeviceResult, InputError> {
         let patches = self.patches(images)?;
         let passes = pass_ranges(&patches, self.max_patches_per_pass())?;
-        let precision = match self.precision() {
-            Precision::F32 => gpu_core::CudaPrecision::F32,
-            Precision::Bf16 => gpu_core::CudaPrecision::Bf16,
-        };
+        let precision = self.precision();
         let want = match dest {
             Dest::Owned(d) => d,
             Dest::Caller(out) => out.dtype,
         };
-        if precision == gpu_core::CudaPrecision::F32 && want == RowsDtype::Bf16 {
+        if precision == Precision::F32 && want == RowsDtype::Bf16 {
             return Err(InputError::Message(
                 "bf16 rows need a bf16 tower (cuBLASLt has no f32-input GEMM with a bf16 \
                  output); open the model in bf16 or ask for float32 rows"
@@ -231,7 +228,7 @@ impl Tower {
 pub(crate) struct Job<'a> {
     passes: &'a [Range<usize>],
     patches: &'a [usize],
-    precision: gpu_core::CudaPrecision,
+    precision: Precision,
     dest: Dest<'a>,
 }
 
@@ -267,7 +264,7 @@ impl Job<'_> {
         let mut rows_per_image = Vec::with_capacity(images.len());
         for range in self.passes {
             let host = T::prepare_host(config, self.precision, &images[range.clone()])
-                .map_err(|e| self.in_pass(range, T::in_pass(e, self.pass_patches(range))))?;
+                .map_err(|e| self.in_pass(range, cuda_err(e, self.pass_patches(range))))?;
             let rows = T::rows_per_image(&host);
             hosts.push((host, rows.iter().sum::<usize>()));
             rows_per_image.extend(rows);
@@ -315,9 +312,9 @@ impl Job<'_> {
         for ((host, rows), range) in hosts.into_iter().zip(self.passes) {
             let n = self.pass_patches(range);
             let pass = |tower: &mut T, target: &mut RowsTarget<'_>| -> Result<(), InputError> {
-                let batch = tower.stage(host).map_err(|e| T::in_pass(e, n))?;
+                let batch = tower.stage(host).map_err(|e| cuda_err(e, n))?;
                 let out = target.range(row * width, rows * width).map_err(gpu)?;
-                tower.run_into(&batch, out).map_err(|e| T::in_pass(e, n))?;
+                tower.run_into(&batch, out).map_err(|e| cuda_err(e, n))?;
                 Ok(())
             };
             result = pass(&mut tower, &mut target).map_err(|e| self.in_pass(range, e));

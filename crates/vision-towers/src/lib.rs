@@ -31,7 +31,6 @@ mod weights;
 
 pub use device_rows::{DeviceOut, DeviceRows};
 pub use family::{detect_family, family_from_gguf_projector, family_from_model_type, Family};
-pub use gpu_core::LmAttention;
 pub use gpu_core::{parse_tier, FAKE_DEVICE_ENV, FORCE_TIER_ENV};
 pub use gpu_core::{RowsDtype, PER_THREAD_DEFAULT_STREAM};
 pub use inputs::{gemma_image, glm_image, step_image};
@@ -45,6 +44,7 @@ pub use st_write::{safetensors_bytes, write_safetensors, OutDtype, OutTensor, Wr
 pub use stream::{BatchPolicy, PassStat, StreamStats};
 pub use tensors::{ProcessorTensors, TensorShapeError};
 pub use tower::{Rows, Tower};
+pub use tower_core::LmAttention;
 pub use tower_error::TowerError;
 pub use video::{video_preprocessor_for, DeviceEncodedVideo, EncodedVideo};
 pub use weights::WeightFile;
@@ -52,6 +52,7 @@ pub use weights::WeightFile;
 pub use gguf_reader;
 pub use gpu_core;
 pub use st_reader;
+pub use tower_core;
 pub use tower_gemma;
 pub use tower_glm5;
 pub use tower_step;

@@ -12,6 +12,7 @@ use crate::{
 };
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
+use tower_core::{Classify, ErrorKind};
 use vision_prep::{ImageSource, Plan, PrepSettings, Prepared, Preprocessor};
 
 /// One image's result: its plan and its rows in the LM width, in the order the plan lays out.
@@ -53,6 +54,10 @@ pub enum ModelError {
         #[source]
         source: vision_prep::PrepError,
     },
+    /// The tower refused an image its own processor prepared (e.g. a grid past a small model's
+    /// position table): an image this model cannot take. The tower's message names what.
+    #[error(transparent)]
+    ImageRefused(TowerError),
     /// The tower gave a row count other than the plan's (a bug, never expected).
     #[error("image {index}: the tower gave {got} rows, the plan says {planned}")]
     RowsOffPlan {
@@ -78,6 +83,41 @@ impl ModelError {
     /// Whether the device ran out of memory; after a failed pass the model stays usable.
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, ModelError::Tower(t) if t.is_out_of_memory())
+    }
+
+    /// The image of the request this error is about, where it names one.
+    pub fn image_index(&self) -> Option<usize> {
+        match self {
+            ModelError::Image { index, .. } | ModelError::RowsOffPlan { index, .. } => Some(*index),
+            ModelError::Tower(t) | ModelError::ImageRefused(t) => t.image_index(),
+            // a video's frame, by its index in the video
+            ModelError::Prep(PrepOpenError::Prep {
+                source: vision_prep::PrepError::VideoFrame { index, .. },
+                ..
+            }) => Some(*index),
+            ModelError::Prep(_) => None,
+        }
+    }
+
+    /// A tower error of a request of images: the tower's refusal of the input is the image's
+    /// ([`ModelError::ImageRefused`]), anything else the tower's.
+    pub(crate) fn of_images(e: TowerError) -> ModelError {
+        match e.kind() {
+            ErrorKind::Input => ModelError::ImageRefused(e),
+            _ => ModelError::Tower(e),
+        }
+    }
+}
+
+impl Classify for ModelError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            ModelError::Tower(t) => t.kind(),
+            ModelError::Prep(p) => p.kind(),
+            ModelError::Image { source, .. } => source.kind(),
+            ModelError::ImageRefused(_) => ErrorKind::Image,
+            ModelError::RowsOffPlan { .. } => ErrorKind::Internal,
+        }
     }
 }
 
@@ -300,9 +340,9 @@ impl Model {
         let inputs = self
             .tower
             .images_of(&prepared)
-            .map_err(|e| ModelError::Tower(e.at(&self.path)))?;
+            .map_err(|e| ModelError::of_images(e.at(&self.path)))?;
         let (out, counts) =
-            run(&self.tower, &inputs).map_err(|e| ModelError::Tower(e.at(&self.path)))?;
+            run(&self.tower, &inputs).map_err(|e| ModelError::of_images(e.at(&self.path)))?;
         drop(inputs);
         let mut plans = Vec::with_capacity(prepared.len());
         for (index, p) in prepared.into_iter().enumerate() {

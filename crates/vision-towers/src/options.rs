@@ -3,6 +3,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+pub use tower_core::Precision;
+
 /// Where a tower runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Device {
@@ -46,24 +48,6 @@ impl FromStr for Device {
                 .map(Device::Cuda)
                 .ok_or_else(|| ParseDeviceError(s.to_string())),
         }
-    }
-}
-
-/// The arithmetic of a tower.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precision {
-    /// f32 values: the host reference, or CUDA's exactness mode (f32 GEMMs, no TF32).
-    F32,
-    /// bf16 weights and GEMM inputs on the tensor cores, f32 accumulation (CUDA only).
-    Bf16,
-}
-
-impl fmt::Display for Precision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Precision::F32 => "f32",
-            Precision::Bf16 => "bf16",
-        })
     }
 }
 

@@ -44,6 +44,19 @@ pub enum PrepOpenError {
     },
 }
 
+impl tower_core::Classify for PrepOpenError {
+    /// The processor's own refusal keeps its kind ([`vision_prep::PrepError`]'s); the tokenizer
+    /// files are the model's (`Weights`); a file that cannot be read, or an image file over the
+    /// size limit, `Io`.
+    fn kind(&self) -> tower_core::ErrorKind {
+        match self {
+            PrepOpenError::Prep { source, .. } => source.kind(),
+            PrepOpenError::Tokenizer(_) => tower_core::ErrorKind::Weights,
+            PrepOpenError::Io { .. } | PrepOpenError::TooLarge { .. } => tower_core::ErrorKind::Io,
+        }
+    }
+}
+
 /// The preprocessor the model at `model` (already opened as `file`) asks for.
 ///
 /// Safetensors checkpoints name their image processor in `preprocessor_config.json` /

@@ -48,10 +48,7 @@ impl Tower {
         &self,
         prepared: Vec<Prepared>,
     ) -> Result<(PassInput, Vec<Prepared>), InputError> {
-        let p = match self.precision() {
-            crate::Precision::F32 => gpu_core::CudaPrecision::F32,
-            crate::Precision::Bf16 => gpu_core::CudaPrecision::Bf16,
-        };
+        let p = self.precision();
         let images = self.images_of(&prepared)?;
         let n = self
             .patches(&images)?

@@ -209,7 +209,7 @@ impl Model {
                 let patches = match self.patches_of(&p) {
                     Ok(n) => n,
                     Err(e) => {
-                        let error = ModelError::Tower(e.at(self.path()));
+                        let error = ModelError::of_images(e.at(self.path()));
                         if !self.flush(&mut open, &mut send) || !send(Unit::Failed { index, error })
                         {
                             return waited;
@@ -285,7 +285,7 @@ impl Model {
 
     /// A pass's failure, naming its images.
     fn pass_err(&self, first: usize, last: usize, e: InputError) -> ModelError {
-        ModelError::Tower(TowerError::Pass {
+        ModelError::of_images(TowerError::Pass {
             first,
             last,
             source: Box::new(e.at(self.path())),

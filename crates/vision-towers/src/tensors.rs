@@ -198,7 +198,7 @@ impl Tower {
                         Ok([d(g[0])?, d(g[1])?, d(g[2])?])
                     })
                     .collect::<Result<Vec<[usize; 3]>, InputError>>()?;
-                let images = GlmImage::split(config, pv, &grids).map_err(InputError::Glm)?;
+                let images = GlmImage::split(config, pv, &grids).map_err(InputError::family)?;
                 f(&Images::Glm(images))
             }
             Family::Step3p7 => {
@@ -234,7 +234,7 @@ impl Tower {
                     num_local_patches: &counts,
                     patch_newline_masks: masks.as_deref(),
                 };
-                let images = out.images().map_err(InputError::Step)?;
+                let images = out.images().map_err(InputError::family)?;
                 f(&Images::Step3p7(images))
             }
         }

@@ -373,15 +373,15 @@ impl Tower {
         }
         match (&self.engine, images) {
             (Engine::GemmaHost(t), Images::Gemma4(v)) => {
-                t.encode_host(&v[range]).map_err(InputError::Gemma)
+                t.encode_host(&v[range]).map_err(InputError::family)
             }
             (Engine::GlmHost(t), Images::Glm(v)) => {
-                t.encode_host(&v[range]).map_err(InputError::Glm)
+                t.encode_host(&v[range]).map_err(InputError::family)
             }
             (Engine::StepHost(t), Images::Step3p7(v)) => t
                 .encode_host(&v[range])
                 .map(|rows| rows.into_iter().map(|r| r.rows).collect())
-                .map_err(InputError::Step),
+                .map_err(InputError::family),
             (_, Images::Gemma4(_)) => Err(self.wrong_inputs("gemma4")),
             (_, Images::Glm(_)) => Err(self.wrong_inputs("glm")),
             (_, Images::Step3p7(_)) => Err(self.wrong_inputs("step3p7")),

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use gpu_core::GpuError;
+use tower_core::{ClassifiedError, Classify, ErrorKind, FamilyError};
 
 use crate::{Device, Error};
 
@@ -84,32 +85,18 @@ pub enum TowerError {
         #[source]
         source: Box<TowerError>,
     },
-    /// The Gemma-4 tower refused the weights or the inputs.
+    /// The family's tower refused the weights (a missing, unknown or misshapen tensor, a config
+    /// value out of range) or the inputs (a grid past its position table, an inconsistent
+    /// count): [`TowerError::kind`] says which, and [`FamilyError::downcast_ref`] gives the
+    /// family's own error (`tower_gemma::GemmaError`, `tower_glm5::GlmError`,
+    /// `tower_step::StepError`).
     #[error("{path}: {source}")]
-    Gemma {
-        /// The weight file.
-        path: PathBuf,
-        /// What the tower found wrong.
-        #[source]
-        source: Box<tower_gemma::GemmaError>,
-    },
-    /// The GLM tower refused the weights or the inputs.
-    #[error("{path}: {source}")]
-    Glm {
+    Refused {
         /// The weight file or inputs.
         path: PathBuf,
         /// What the tower found wrong.
         #[source]
-        source: Box<tower_glm5::GlmError>,
-    },
-    /// The Step tower refused the weights or the inputs.
-    #[error("{path}: {source}")]
-    Step {
-        /// The weight file or inputs.
-        path: PathBuf,
-        /// What the tower found wrong.
-        #[source]
-        source: Box<tower_step::StepError>,
+        source: FamilyError,
     },
     /// A prepared-input file is unreadable or lacks a tensor.
     #[error("{path}: {message}")]
@@ -121,7 +108,37 @@ pub enum TowerError {
     },
 }
 
+impl Classify for TowerError {
+    fn kind(&self) -> ErrorKind {
+        use crate::Error as E;
+        match self {
+            TowerError::Open(E::Io { .. }) => ErrorKind::Io,
+            TowerError::Open(_)
+            | TowerError::UnknownFamily { .. }
+            | TowerError::NotImplemented { .. } => ErrorKind::Weights,
+            TowerError::Unsupported(_) => ErrorKind::Unsupported,
+            TowerError::NoDevice { .. } => ErrorKind::NoDevice,
+            TowerError::OutOfMemory { .. } => ErrorKind::OutOfMemory,
+            TowerError::Gpu { .. } => ErrorKind::Device,
+            TowerError::OverPassCeiling { .. } => ErrorKind::ImageTooLarge,
+            TowerError::Pass { source, .. } => source.kind(),
+            TowerError::Refused { source, .. } => source.kind(),
+            TowerError::Inputs { .. } => ErrorKind::Input,
+        }
+    }
+}
+
 impl TowerError {
+    /// The image of the request this error is about, where it names one (an image over the pass
+    /// ceiling, counted across passes).
+    pub fn image_index(&self) -> Option<usize> {
+        match self {
+            TowerError::OverPassCeiling { index, .. } => Some(*index),
+            TowerError::Pass { first, source, .. } => source.image_index().map(|i| first + i),
+            _ => None,
+        }
+    }
+
     /// Whether this is a device out-of-memory error (also inside one pass of several).
     pub fn is_out_of_memory(&self) -> bool {
         match self {
@@ -136,9 +153,7 @@ impl TowerError {
 #[derive(Debug)]
 pub(crate) enum InputError {
     Message(String),
-    Gemma(tower_gemma::GemmaError),
-    Glm(tower_glm5::GlmError),
-    Step(tower_step::StepError),
+    Family(FamilyError),
     OverCeiling {
         index: usize,
         patches: usize,
@@ -165,22 +180,16 @@ impl InputError {
         }
     }
 
+    /// A family's own error (its host path's, or inside its CUDA error).
+    pub(crate) fn family(e: impl ClassifiedError) -> InputError {
+        InputError::Family(FamilyError::new(e))
+    }
+
     pub(crate) fn at(self, path: &Path) -> TowerError {
         let path = path.to_path_buf();
         match self {
             InputError::Message(message) => TowerError::Inputs { path, message },
-            InputError::Gemma(source) => TowerError::Gemma {
-                path,
-                source: Box::new(source),
-            },
-            InputError::Glm(source) => TowerError::Glm {
-                path,
-                source: Box::new(source),
-            },
-            InputError::Step(source) => TowerError::Step {
-                path,
-                source: Box::new(source),
-            },
+            InputError::Family(source) => TowerError::Refused { path, source },
             InputError::OverCeiling {
                 index,
                 patches,
@@ -213,32 +222,15 @@ impl InputError {
     }
 }
 
-/// A Gemma-4 CUDA path error in a pass of `patches` patches.
-pub(crate) fn gemma_cuda_err(e: tower_gemma::CudaError, patches: usize) -> InputError {
-    use tower_gemma::CudaError as E;
+/// A family's CUDA path error in a pass of `patches` patches: one mapping for every family.
+pub(crate) fn cuda_err<F: ClassifiedError>(
+    e: gpu_core::CudaError<F>,
+    patches: usize,
+) -> InputError {
+    use gpu_core::CudaError as E;
     match e {
         E::Gpu(e) => InputError::gpu(e, patches),
-        E::Gemma(e) => InputError::Gemma(e),
-        E::Unsupported(m) => InputError::Message(m),
-    }
-}
-
-/// A GLM CUDA path error in a pass of `patches` patches.
-pub(crate) fn glm_cuda_err(e: tower_glm5::CudaError, patches: usize) -> InputError {
-    use tower_glm5::CudaError as E;
-    match e {
-        E::Gpu(e) => InputError::gpu(e, patches),
-        E::Glm(e) => InputError::Glm(e),
-        E::Unsupported(m) => InputError::Message(m),
-    }
-}
-
-/// A Step-3.7 CUDA path error in a pass of `patches` patches.
-pub(crate) fn step_cuda_err(e: tower_step::CudaError, patches: usize) -> InputError {
-    use tower_step::CudaError as E;
-    match e {
-        E::Gpu(e) => InputError::gpu(e, patches),
-        E::Step(e) => InputError::Step(e),
+        E::Family(e) => InputError::family(e),
         E::Unsupported(m) => InputError::Message(m),
     }
 }

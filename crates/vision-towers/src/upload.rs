@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 // gpu-core's CUDA context; the facade's public `Device` is where a tower runs (Auto/Cpu/Cuda(N)).
 use gpu_core::Device as CudaDevice;
 use gpu_core::{DeviceTower, GpuError};
+use tower_core::FamilyError;
 use tower_gemma::{GemmaCuda, GemmaTower, GgufActivation};
 use tower_glm5::{GlmCuda, GlmTower};
 use tower_step::{StepCuda, StepTower};
@@ -89,10 +90,7 @@ pub(crate) fn upload_mapped(
     };
     let refused =
         |m: String, f: Family| Upload::Refused(format!("unsupported on the CUDA path: {m}"), f);
-    let p = match precision {
-        Precision::F32 => gpu_core::CudaPrecision::F32,
-        Precision::Bf16 => gpu_core::CudaPrecision::Bf16,
-    };
+    let p = precision;
     match (family, &file) {
         (Some(Family::Gemma4), file) => {
             use tower_gemma::CudaError as E;
@@ -107,9 +105,9 @@ pub(crate) fn upload_mapped(
                 })),
                 Err(E::Gpu(e)) => Err(failed(e)),
                 Err(E::Unsupported(m)) => Err(refused(m, Family::Gemma4)),
-                Err(E::Gemma(e)) => Err(Upload::Failed(TowerError::Gemma {
+                Err(E::Family(e)) => Err(Upload::Failed(TowerError::Refused {
                     path: path.to_path_buf(),
-                    source: Box::new(e),
+                    source: FamilyError::new(e),
                 })),
             }
         }
@@ -122,9 +120,9 @@ pub(crate) fn upload_mapped(
                 })),
                 Err(E::Gpu(e)) => Err(failed(e)),
                 Err(E::Unsupported(m)) => Err(refused(m, f)),
-                Err(E::Glm(e)) => Err(Upload::Failed(TowerError::Glm {
+                Err(E::Family(e)) => Err(Upload::Failed(TowerError::Refused {
                     path: path.to_path_buf(),
-                    source: Box::new(e),
+                    source: FamilyError::new(e),
                 })),
             }
         }
@@ -137,9 +135,9 @@ pub(crate) fn upload_mapped(
                 })),
                 Err(E::Gpu(e)) => Err(failed(e)),
                 Err(E::Unsupported(m)) => Err(refused(m, Family::Step3p7)),
-                Err(E::Step(e)) => Err(Upload::Failed(TowerError::Step {
+                Err(E::Family(e)) => Err(Upload::Failed(TowerError::Refused {
                     path: path.to_path_buf(),
-                    source: Box::new(e),
+                    source: FamilyError::new(e),
                 })),
             }
         }
@@ -158,10 +156,11 @@ pub(crate) fn upload_mapped(
 impl HostTower {
     pub(crate) fn load(path: &Path) -> Result<HostTower, TowerError> {
         let file = WeightFile::open(path)?;
-        let gemma_err = |source: tower_gemma::GemmaError| TowerError::Gemma {
+        let refused = |source: FamilyError| TowerError::Refused {
             path: path.to_path_buf(),
-            source: Box::new(source),
+            source,
         };
+        let gemma_err = |e: tower_gemma::GemmaError| refused(FamilyError::new(e));
         match (detect_family(&file), file) {
             (Some(Family::Gemma4), WeightFile::Gguf(g)) => {
                 GemmaTower::from_gguf(&g, GgufActivation::Model)
@@ -174,17 +173,11 @@ impl HostTower {
             (Some(Family::Glm5Next | Family::GlmOcr), WeightFile::SafeTensors(ck)) => {
                 GlmTower::from_checkpoint(&ck)
                     .map(HostTower::Glm)
-                    .map_err(|source| TowerError::Glm {
-                        path: path.to_path_buf(),
-                        source: Box::new(source),
-                    })
+                    .map_err(|e| refused(FamilyError::new(e)))
             }
             (Some(Family::Step3p7), WeightFile::SafeTensors(ck)) => StepTower::from_checkpoint(&ck)
                 .map(HostTower::Step3p7)
-                .map_err(|source| TowerError::Step {
-                    path: path.to_path_buf(),
-                    source: Box::new(source),
-                }),
+                .map_err(|e| refused(FamilyError::new(e))),
             (Some(f), _) => Err(TowerError::NotImplemented {
                 path: path.to_path_buf(),
                 family: f.name(),

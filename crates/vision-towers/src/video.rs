@@ -223,7 +223,8 @@ impl Model {
                 ))))
             }
         };
-        let (out, got) = run(self, &images).map_err(|e| ModelError::Tower(e.at(self.path())))?;
+        let (out, got) =
+            run(self, &images).map_err(|e| ModelError::of_images(e.at(self.path())))?;
         let planned = prepared.plan.rows as usize;
         if got != planned {
             return Err(ModelError::RowsOffPlan {

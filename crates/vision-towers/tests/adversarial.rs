@@ -97,9 +97,7 @@ fn class_tower(e: &TowerError) -> String {
         TowerError::UnknownFamily { .. } => "family:UnknownFamily".into(),
         TowerError::NotImplemented { .. } => "family:NotImplemented".into(),
         TowerError::Unsupported(_) => "unsupported".into(),
-        TowerError::Gemma { source, .. } => format!("tower:{}", variant(source)),
-        TowerError::Glm { source, .. } => format!("tower:{}", variant(source)),
-        TowerError::Step { source, .. } => format!("tower:{}", variant(source)),
+        TowerError::Refused { source, .. } => format!("tower:{}", variant(source)),
         TowerError::Inputs { .. } => "inputs".into(),
         TowerError::Pass { source, .. } => class_tower(source),
         // Device-side variants (no device, out of memory, …) never arise on the host path.
@@ -118,7 +116,7 @@ fn class_prep_open(e: &PrepOpenError) -> String {
 
 fn class_model(e: &ModelError) -> String {
     match e {
-        ModelError::Tower(t) => class_tower(t),
+        ModelError::Tower(t) | ModelError::ImageRefused(t) => class_tower(t),
         ModelError::Prep(p) => class_prep_open(p),
         ModelError::Image { source, .. } => format!("prep:{}", variant(source)),
         ModelError::RowsOffPlan { .. } => "bug:RowsOffPlan".into(),

@@ -4,23 +4,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use vision_towers::tower_core::rel_l2;
 
 /// The fixtures: `VT_FIXTURES` (a test binary run on another machine), else this checkout's.
 fn fixtures() -> PathBuf {
     std::env::var_os("VT_FIXTURES")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"))
-}
-
-fn rel_l2(out: &[f32], reference: &[f64]) -> f64 {
-    assert_eq!(out.len(), reference.len());
-    let num: f64 = out
-        .iter()
-        .zip(reference)
-        .map(|(o, r)| (*o as f64 - r).powi(2))
-        .sum();
-    let den: f64 = reference.iter().map(|r| r * r).sum();
-    (num / den).sqrt()
 }
 
 fn f64_tensor(ck: &st_reader::Checkpoint, name: &str) -> Vec<f64> {

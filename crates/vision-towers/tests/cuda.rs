@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use vision_towers::gpu_core;
+use vision_towers::tower_core::rel_l2;
 use vision_towers::vision_prep::ImageSource;
 use vision_towers::{Device, Encoded, Model, Precision};
 
@@ -31,17 +32,6 @@ fn open(model: &str, device: Device, precision: Option<Precision>, ceiling: usiz
 const BF16_BOUND: f64 = 2e-2;
 /// CUDA f32 (exactness mode) against the host f32 path.
 const F32_BOUND: f64 = 1e-4;
-
-fn rel_l2(out: &[f32], reference: &[f32]) -> f64 {
-    assert_eq!(out.len(), reference.len());
-    let num: f64 = out
-        .iter()
-        .zip(reference)
-        .map(|(o, r)| (f64::from(*o) - f64::from(*r)).powi(2))
-        .sum();
-    let den: f64 = reference.iter().map(|r| f64::from(*r).powi(2)).sum();
-    (num / den).sqrt()
-}
 
 fn bitwise(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use vision_towers::gpu_core::{self, DeviceTower, GraphStats, GraphStatus, Ran};
 use vision_towers::tower_gemma::{GemmaCuda, GemmaImage, GemmaTower};
 use vision_towers::tower_glm5::{GlmCuda, GlmImage, GlmTower};
-use vision_towers::tower_step::{CudaPrecision, StepCuda, StepImage, StepTower, StepView};
+use vision_towers::tower_step::{Precision, StepCuda, StepImage, StepTower, StepView};
 use vision_towers::vision_prep::{ImageSource, PrepSettings, Prepared};
 use vision_towers::{BatchPolicy, Device, Encoded, Model, TowerOptions};
 
@@ -190,9 +190,7 @@ graph_tower!(
 fn gemma_graph_replays_equal_eager_rows_bitwise() {
     let ck = checkpoint("gemma4");
     let tower = GemmaTower::from_checkpoint(&ck).expect("fixture tower");
-    let cuda = tower
-        .to_cuda(device(), CudaPrecision::Bf16)
-        .expect("upload");
+    let cuda = tower.to_cuda(device(), Precision::Bf16).expect("upload");
     let prepared = prepared("gemma4", &["coffee_144x96.jpg", "logo_rgba_112x84.png"]);
     let flipped = prepared
         .iter()
@@ -247,9 +245,7 @@ fn glm_graph_replays_equal_eager_rows_bitwise() {
     for model in ["glm5_next", "glm_ocr"] {
         let ck = checkpoint(model);
         let tower = GlmTower::from_checkpoint(&ck).expect("fixture tower");
-        let cuda = tower
-            .to_cuda(device(), CudaPrecision::Bf16)
-            .expect("upload");
+        let cuda = tower.to_cuda(device(), Precision::Bf16).expect("upload");
         let prepared = prepared(model, &["coffee_144x96.jpg", "tiny_20x15.png"]);
         let flipped = prepared
             .iter()
@@ -333,9 +329,7 @@ fn step_graph_replays_equal_eager_rows_bitwise() {
     for model in ["step3p7", "step3p7_hf"] {
         let ck = checkpoint(model);
         let tower = StepTower::from_checkpoint(&ck).expect("fixture tower");
-        let cuda = tower
-            .to_cuda(device(), CudaPrecision::Bf16)
-            .expect("upload");
+        let cuda = tower.to_cuda(device(), Precision::Bf16).expect("upload");
         let sizes = [112 * 112, 112 * 112, 112 * 112, 168 * 168, 140 * 126];
         let views = (0..10)
             .map(|i| pixels(3 * sizes[i % 5], 40 + i as u64))
@@ -349,7 +343,7 @@ fn step_graph_replays_equal_eager_rows_bitwise() {
 fn f32_mode_never_captures() {
     let ck = checkpoint("step3p7");
     let tower = StepTower::from_checkpoint(&ck).expect("fixture tower");
-    let cuda = tower.to_cuda(device(), CudaPrecision::F32).expect("upload");
+    let cuda = tower.to_cuda(device(), Precision::F32).expect("upload");
     let sizes = [112 * 112, 112 * 112, 112 * 112, 168 * 168, 140 * 126];
     let views = (0..10)
         .map(|i| pixels(3 * sizes[i % 5], 40 + i as u64))

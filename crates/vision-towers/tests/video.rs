@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+use vision_towers::tower_core::rel_l2;
 use vision_towers::vision_prep::video::VideoSettings;
 use vision_towers::vision_prep::{
     ImageSource, PrepError, PrepSettings, Video, VideoFrames, VideoMetadata,
@@ -19,17 +20,6 @@ fn fixtures() -> PathBuf {
     std::env::var_os("VT_FIXTURES")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"))
-}
-
-fn rel_l2(out: &[f32], reference: &[f64]) -> f64 {
-    assert_eq!(out.len(), reference.len());
-    let num: f64 = out
-        .iter()
-        .zip(reference)
-        .map(|(o, r)| (*o as f64 - r).powi(2))
-        .sum();
-    let den: f64 = reference.iter().map(|r| r * r).sum();
-    (num / den).sqrt()
 }
 
 /// The tower case: frames `[N, H, W, 3]`, metadata JSON, upstream indices, grid and f64 rows.

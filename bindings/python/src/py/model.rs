@@ -12,12 +12,13 @@ use vision_towers::{
     DEFAULT_MAX_PATCHES_PER_PASS,
 };
 
-use crate::failure::{Failure, Phase};
+use crate::failure::{Class, Failure};
 use crate::py::errors::detached;
 use crate::py::input::{self, Image, Out, Read};
 use crate::py::plan;
 use crate::py::rows::{ImageRows, PlanInfo};
 use crate::py::video::{self, Described, Sampling};
+use vision_towers::tower_core::{Classify, ErrorKind};
 
 /// A model: its image processor and its vision tower, on the CPU (the float32 reference) or a
 /// CUDA device. Thread-safe: share one between threads; the GIL is released while images are
@@ -53,14 +54,9 @@ impl<'py> IntoPyObject<'py> for Encoded {
 }
 
 fn parse_precision(p: Option<&str>) -> Result<Option<Precision>, Failure> {
-    match p.map(str::to_ascii_lowercase).as_deref() {
-        None => Ok(None),
-        Some("f32" | "float32" | "fp32") => Ok(Some(Precision::F32)),
-        Some("bf16" | "bfloat16") => Ok(Some(Precision::Bf16)),
-        Some(other) => Err(Failure::value(format!(
-            "precision must be \"f32\" or \"bf16\", got {other:?}"
-        ))),
-    }
+    p.map(|p| p.to_ascii_lowercase().parse::<Precision>())
+        .transpose()
+        .map_err(|e| Failure::value(e.to_string()))
 }
 
 impl PyModel {
@@ -187,6 +183,7 @@ impl PyModel {
             }
             settings.limits.max_pixels = (mp * 1e6).round().max(1.0) as u64;
         }
+        let caller_budget = max_soft_tokens.is_some() || max_image_tokens.is_some();
         let options = TowerOptions {
             device,
             precision,
@@ -195,7 +192,15 @@ impl PyModel {
             force_tier,
         };
         let model = detached(py, move || {
-            Model::open_with(&path, &options, settings).map_err(|e| Failure::model(&e, Phase::Open))
+            Model::open_with(&path, &options, settings).map_err(|e| {
+                let mut f = Failure::model(&e);
+                // A budget the processor refuses is the caller's when the caller set one, else the
+                // model's config's (the C ABI's rule).
+                if e.kind() == ErrorKind::Setting && !caller_budget {
+                    f.class = Class::BadModel;
+                }
+                f
+            })
         })?;
         // `auto` on the CPU although a CUDA device is present: a warning, never silent
         if let Some(why) = model.cpu_reason() {
@@ -289,7 +294,7 @@ impl PyModel {
                 vision_towers::ModelError::Image { source, .. } => {
                     input::plan_failure(&source, &read)
                 }
-                other => Failure::model(&other, Phase::Images),
+                other => Failure::model(&other),
             })
         })?;
         plan::to_dict(py, &planned)
@@ -349,7 +354,7 @@ impl PyModel {
                 .map(|(i, img)| input::read(img, Some(i)))
                 .collect::<Result<Vec<Read<'_>>, Failure>>()?;
             let sources: Vec<ImageSource<'_>> = reads.iter().map(Read::source).collect();
-            let failed = |e: vision_towers::ModelError| Failure::model(&e, Phase::Images);
+            let failed = |e: vision_towers::ModelError| Failure::model(&e);
             let info = |plan: vision_towers::vision_prep::Plan| Arc::new(PlanInfo::Image(plan));
             if let Some(out) = &out {
                 // The plans first (headers only): the output's shape is checked before anything
@@ -357,10 +362,9 @@ impl PyModel {
                 let mut total = 0usize;
                 for (i, s) in sources.iter().enumerate() {
                     let plan = model.plan(*s).map_err(|e| match e {
-                        vision_towers::ModelError::Image { source, .. } => Failure::model(
-                            &vision_towers::ModelError::Image { index: i, source },
-                            Phase::Images,
-                        ),
+                        vision_towers::ModelError::Image { source, .. } => {
+                            Failure::model(&vision_towers::ModelError::Image { index: i, source })
+                        }
                         other => failed(other),
                     })?;
                     total += plan.rows as usize;
@@ -421,7 +425,7 @@ impl PyModel {
         let dtype = self.rows_dtype(asked).map_err(|f| f.into_pyerr(py))?;
         let model = self.model.clone();
         let encoded = detached(py, || {
-            let failed = |e: vision_towers::ModelError| Failure::model(&e, Phase::Tensors);
+            let failed = |e: vision_towers::ModelError| Failure::model(&e);
             if let Some(out) = &out {
                 let target = self.device_out(out, asked, stream, None)?;
                 let counts = model.encode_tensors_into(&set, &target).map_err(failed)?;

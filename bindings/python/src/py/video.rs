@@ -11,7 +11,7 @@ use vision_towers::vision_prep::{ImageSource, PrepError, Video, VideoFrames};
 use vision_towers::{Model, ModelError, PrepOpenError};
 
 use crate::dlpack::{DLDataType, KDL_CPU, KDL_CUDA_HOST};
-use crate::failure::{Failure, Phase};
+use crate::failure::Failure;
 use crate::py::capsule;
 use crate::py::input::{self, Image, Read};
 
@@ -273,7 +273,7 @@ fn prep_failure(model: &Model, source: PrepError) -> Failure {
         path: model.path().to_path_buf(),
         source,
     });
-    Failure::model(&e, Phase::Video)
+    Failure::model(&e)
 }
 
 /// Builds the model's video preprocessor for `args`, reads the frames it samples (only those:
@@ -287,7 +287,7 @@ pub fn with_video<T>(
         &Video<'_>,
     ) -> Result<T, ModelError>,
 ) -> Result<T, Failure> {
-    let failed = |e: ModelError| Failure::model(&e, Phase::Video);
+    let failed = |e: ModelError| Failure::model(&e);
     let pre = model.video_preprocessor(args.settings).map_err(failed)?;
     let meta = args.metadata;
     match &args.frames {

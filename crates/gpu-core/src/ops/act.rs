@@ -8,32 +8,16 @@ use half::bf16;
 use super::common::{all_aligned, need_len, off, Mat};
 use crate::device::{grid_stride, DeviceBuffer, Elem};
 use crate::kernels::Kernel;
-use crate::{Device, GpuError, Result};
+use crate::{Activation, Device, GpuError, Result};
 
-/// Gated or plain activation; the numbers are the kernels' `mode` argument.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    /// `0.5x(1+tanh(√(2/π)(x+0.044715x³)))` (`gelu_pytorch_tanh`).
-    GeluTanh,
-    /// `x·σ(1.702x)` (`quick_gelu`, `gelu_quick`).
-    QuickGelu,
-    /// `0.5x(1+erf(x/√2))` (`nn.GELU()`).
-    GeluErf,
-    /// `x·σ(x)`.
-    Silu,
-    /// `x` (with clamps: a plain clamp).
-    Identity,
-}
-
-impl Activation {
-    pub(crate) fn mode(self) -> i32 {
-        match self {
-            Activation::GeluTanh => 0,
-            Activation::QuickGelu => 1,
-            Activation::GeluErf => 2,
-            Activation::Silu => 3,
-            Activation::Identity => 4,
-        }
+/// The kernels' `mode` argument for an activation (`act_math.cuh`'s switch).
+pub(crate) fn act_mode(act: Activation) -> i32 {
+    match act {
+        Activation::GeluTanh => 0,
+        Activation::QuickGelu => 1,
+        Activation::GeluErf => 2,
+        Activation::Silu => 3,
+        Activation::Identity => 4,
     }
 }
 
@@ -205,7 +189,7 @@ impl Device {
             om.ld as i64,
             gm.ld as i64,
             um.ld as i64,
-            g.act.mode(),
+            act_mode(g.act),
         );
         self.launch(T::GATED_ACT, cfg, |b| {
             b.arg(&oa)
@@ -292,7 +276,7 @@ impl Device {
             om.cols as i32,
             om.ld as i64,
             xm.ld as i64,
-            act.mode(),
+            act_mode(act),
         );
         self.launch(T::ACT, cfg, |b| {
             b.arg(&oa)

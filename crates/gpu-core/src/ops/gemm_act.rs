@@ -11,12 +11,13 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use super::act::{Activation, Clamp, Gate};
+use super::act::{Clamp, Gate};
 use super::common::{all_aligned, off, to_i32, Mat};
 use crate::device::DeviceBuffer;
 use crate::gemm::GemmBias;
 use crate::kernels::Kernel;
 use crate::upload::HostSource;
+use crate::Activation;
 use crate::{Device, GpuError, Result};
 
 /// Rows per gate or up run of an interleaved gate|up weight: rows `16g .. 16g + 7` are gates

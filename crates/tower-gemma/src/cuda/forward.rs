@@ -65,7 +65,7 @@ impl GemmaCuda {
         let (n, h, heads, kd) = (batch.n, c.hidden, c.heads, self.kd);
         let (wp, mi, pd) = (heads * kd, c.intermediate, c.patch_dim());
         let eps = c.eps as f32;
-        let bf16_mode = self.precision == CudaPrecision::Bf16;
+        let bf16_mode = self.precision == Precision::Bf16;
         let mut stages = keep.then(GemmaStages::default);
 
         // Patch projection (input law folded into weight and bias) + position tables.

@@ -6,8 +6,8 @@
 //! stages (when asked) and the final rows ([`DeviceTower::rows`]) come back.
 //!
 //! Layout on the device:
-//! - linear weights in bf16 ([`CudaPrecision::Bf16`], the product mode) or f32
-//!   ([`CudaPrecision::F32`], the exactness mode: f32 GEMMs); norms, tables, clamps, the
+//! - linear weights in bf16 ([`Precision::Bf16`], the product mode) or f32
+//!   ([`Precision::F32`], the exactness mode: f32 GEMMs); norms, tables, clamps, the
 //!   standardisation and the residual stream in f32;
 //! - q/k/v fused into one `[3·nh·kd, H]` weight when their input clamps agree (else one GEMM per
 //!   linear, each on its own clamped pre-norm), gate/up likewise into `[2I, H]`; a fused gate|up is
@@ -41,21 +41,11 @@ use crate::weights::{GemmaWeights, Linear};
 mod forward;
 
 /// The device type, its error and the precision of the GEMMs, re-exported for callers of this path.
-pub use gpu_core::{CudaPrecision, Device, GpuError};
+pub use gpu_core::{Device, GpuError, Precision};
 
-/// Errors of the CUDA path.
-#[derive(Debug, thiserror::Error)]
-pub enum CudaError {
-    /// The device or a kernel launch failed (includes [`GpuError::NoDevice`]).
-    #[error(transparent)]
-    Gpu(#[from] GpuError),
-    /// The tower refused its input or weights.
-    #[error(transparent)]
-    Gemma(#[from] GemmaError),
-    /// A shape the CUDA kernels cannot run (e.g. a head dim over 96).
-    #[error("unsupported on the CUDA path: {0}")]
-    Unsupported(String),
-}
+/// Everything the CUDA path can fail with: gpu-core's one CUDA error over this family's
+/// [`GemmaError`] (the weights or the input are wrong).
+pub type CudaError = gpu_core::CudaError<GemmaError>;
 
 /// Short for `Result<T, CudaError>`.
 pub type CudaResult<T> = std::result::Result<T, CudaError>;
@@ -183,7 +173,7 @@ impl GemmaBatch {
 pub struct GemmaCuda {
     dev: Arc<Device>,
     cfg: GemmaConfig,
-    precision: CudaPrecision,
+    precision: Precision,
     /// Head dim the attention kernels run at (`head_dim`, or the next kernel size when padded).
     kd: usize,
     patch_w: GemmBuffer,
@@ -235,7 +225,7 @@ type Part<'t, T> = (&'t Linear<T>, Option<Vec<f32>>, usize);
 fn groups<T: TensorStore>(
     st: &mut Stager,
     dev: &Device,
-    p: CudaPrecision,
+    p: Precision,
     parts: &[Part<'_, T>],
 ) -> CudaResult<Vec<Group>> {
     let same = parts.windows(2).all(|w| w[0].0.clamp_in == w[1].0.clamp_in);
@@ -273,11 +263,10 @@ impl GemmaCuda {
         dev: Arc<Device>,
         cfg: &GemmaConfig,
         w: &GemmaWeights<T>,
-        precision: CudaPrecision,
+        precision: Precision,
     ) -> CudaResult<GemmaCuda> {
         let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
-        let kd = precision
-            .attention_head_dim(hd)
+        let kd = gpu_core::attention_head_dim(precision, hd)
             .map_err(|e| CudaError::Unsupported(e.to_string()))?;
         let wp = heads * kd;
         let p = precision;
@@ -397,7 +386,7 @@ impl GemmaCuda {
     pub fn from_checkpoint(
         dev: Arc<Device>,
         ck: &st_reader::Checkpoint,
-        precision: CudaPrecision,
+        precision: Precision,
     ) -> CudaResult<GemmaCuda> {
         let (cfg, w) = crate::load_hf_mapped(ck)?;
         GemmaCuda::new(dev, &cfg, &w, precision)
@@ -409,7 +398,7 @@ impl GemmaCuda {
         dev: Arc<Device>,
         g: &gguf_reader::GgufFile,
         activation: crate::GgufActivation,
-        precision: CudaPrecision,
+        precision: Precision,
     ) -> CudaResult<GemmaCuda> {
         let (cfg, w) = crate::load_gguf_mapped(g, activation)?;
         GemmaCuda::new(dev, &cfg, &w, precision)
@@ -525,7 +514,7 @@ impl DeviceTower for GemmaCuda {
     /// segments, with no device involved.
     fn prepare_host(
         cfg: &GemmaConfig,
-        precision: CudaPrecision,
+        precision: Precision,
         images: &[GemmaImage<'_>],
     ) -> CudaResult<GemmaHostBatch> {
         let mut kept = Vec::with_capacity(images.len());
@@ -636,7 +625,7 @@ impl DeviceTower for GemmaCuda {
         &self.cfg
     }
 
-    fn precision(&self) -> CudaPrecision {
+    fn precision(&self) -> Precision {
         self.precision
     }
 

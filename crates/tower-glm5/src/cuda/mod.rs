@@ -6,8 +6,8 @@
 //! stages (when asked) and the final rows ([`DeviceTower::rows`]) come back.
 //!
 //! Layout on the device:
-//! - linear weights in bf16 ([`CudaPrecision::Bf16`], the product mode) or f32
-//!   ([`CudaPrecision::F32`], the exactness mode: f32 GEMMs, f32 norm + rope, f32 attention,
+//! - linear weights in bf16 ([`Precision::Bf16`], the product mode) or f32
+//!   ([`Precision::F32`], the exactness mode: f32 GEMMs, f32 norm + rope, f32 attention,
 //!   f32 gated activation); norms, biases and the residual stream in f32;
 //! - q|k|v is the checkpoint's fused `[3H, H]` weight; gate|up are fused into one `[2I, H]`
 //!   (and the merger's into `[2Pi, O]`), biases concatenated; a GEMM with an f32 output (into
@@ -46,21 +46,11 @@ use crate::weights::{GlmWeights, Linear};
 mod forward;
 
 /// The device type, its error and the precision of the GEMMs, re-exported for callers of this path.
-pub use gpu_core::{CudaPrecision, Device, GpuError};
+pub use gpu_core::{Device, GpuError, Precision};
 
-/// Errors of the CUDA path.
-#[derive(Debug, thiserror::Error)]
-pub enum CudaError {
-    /// The device or a kernel launch failed (includes [`GpuError::NoDevice`]).
-    #[error(transparent)]
-    Gpu(#[from] GpuError),
-    /// The tower refused its input or weights.
-    #[error(transparent)]
-    Glm(#[from] GlmError),
-    /// A shape or mode the CUDA kernels cannot run (e.g. a head dim over 96 in bf16).
-    #[error("unsupported on the CUDA path: {0}")]
-    Unsupported(String),
-}
+/// Everything the CUDA path can fail with: gpu-core's one CUDA error over this family's
+/// [`GlmError`] (the weights or the input are wrong).
+pub type CudaError = gpu_core::CudaError<GlmError>;
 
 /// Short for `Result<T, CudaError>`.
 pub type CudaResult<T> = std::result::Result<T, CudaError>;
@@ -193,7 +183,7 @@ impl GlmBatch {
 pub struct GlmCuda {
     dev: Arc<Device>,
     cfg: GlmConfig,
-    precision: CudaPrecision,
+    precision: Precision,
     /// Head dim the attention kernels run at (`head_dim`, or the next kernel size when padded).
     kd: usize,
     patch_w: GemmBuffer,
@@ -285,11 +275,10 @@ impl GlmCuda {
         dev: Arc<Device>,
         cfg: &GlmConfig,
         w: &GlmWeights<T>,
-        precision: CudaPrecision,
+        precision: Precision,
     ) -> CudaResult<GlmCuda> {
         let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
-        let kd = precision
-            .attention_head_dim(hd)
+        let kd = gpu_core::attention_head_dim(precision, hd)
             .map_err(|e| CudaError::Unsupported(e.to_string()))?;
         if cfg.merge == 0 || w.blocks.len() != cfg.layers {
             return Err(CudaError::Unsupported(format!(
@@ -395,7 +384,7 @@ impl GlmCuda {
     pub fn from_checkpoint(
         dev: Arc<Device>,
         ck: &st_reader::Checkpoint,
-        precision: CudaPrecision,
+        precision: Precision,
     ) -> CudaResult<GlmCuda> {
         let (cfg, w) = crate::load_hf_mapped(ck)?;
         GlmCuda::new(dev, &cfg, &w, precision)
@@ -468,8 +457,8 @@ impl GlmCuda {
                 },
                 ds: d.alloc(cap_p * o)?,
                 ds_b: match p {
-                    CudaPrecision::Bf16 => Some(d.alloc(cap_p * o)?),
-                    CudaPrecision::F32 => None,
+                    Precision::Bf16 => Some(d.alloc(cap_p * o)?),
+                    Precision::F32 => None,
                 },
                 m: d.alloc(cap_p * o)?,
                 mn: GemmBuffer::alloc(d, p, cap_p * o)?,
@@ -524,7 +513,7 @@ impl DeviceTower for GlmCuda {
     /// pair), with no device involved.
     fn prepare_host(
         cfg: &GlmConfig,
-        precision: CudaPrecision,
+        precision: Precision,
         images: &[GlmImage<'_>],
     ) -> CudaResult<GlmHostBatch> {
         if images.is_empty() {
@@ -620,7 +609,7 @@ impl DeviceTower for GlmCuda {
         &self.cfg
     }
 
-    fn precision(&self) -> CudaPrecision {
+    fn precision(&self) -> Precision {
         self.precision
     }
 

@@ -4,6 +4,8 @@
 use serde_json::{Map, Value};
 use st_reader::Checkpoint;
 use std::path::PathBuf;
+#[allow(unused_imports)] // not every test file measures rows
+pub use tower_core::rel_l2;
 
 /// `fixtures/` at the workspace root.
 pub fn fixtures() -> PathBuf {
@@ -117,12 +119,4 @@ pub fn oracle(variant: &str, case: &str, name: &str) -> (Vec<usize>, Vec<f64>) {
         other => panic!("dtype {other}"),
     };
     (e.shape, data)
-}
-
-/// ‖a − b‖ / ‖b‖.
-pub fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| y * y).sum();
-    (num / den).sqrt()
 }

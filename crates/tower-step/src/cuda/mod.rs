@@ -6,8 +6,8 @@
 //! stages (when asked) and the final rows ([`DeviceTower::rows`]) come back.
 //!
 //! Layout on the device:
-//! - linear weights in bf16 ([`CudaPrecision::Bf16`], the product mode) or f32
-//!   ([`CudaPrecision::F32`], the exactness mode: f32 GEMMs, rope, attention and activation);
+//! - linear weights in bf16 ([`Precision::Bf16`], the product mode) or f32
+//!   ([`Precision::F32`], the exactness mode: f32 GEMMs, rope, attention and activation);
 //!   norms, the position tables and the residual stream in f32;
 //! - LayerScale folded at upload (in f32, before any bf16 rounding): `λ ⊙ (a·Wᵀ + b)` =
 //!   `a·(λ ⊙ W)ᵀ + λ ⊙ b`, so out_proj and c_proj accumulate straight into the f32 residual
@@ -53,21 +53,11 @@ use fold::*;
 use plan::*;
 
 /// The device type, its error and the precision of the GEMMs, re-exported for callers of this path.
-pub use gpu_core::{CudaPrecision, Device, GpuError};
+pub use gpu_core::{Device, GpuError, Precision};
 
-/// Errors of the CUDA path.
-#[derive(Debug, thiserror::Error)]
-pub enum CudaError {
-    /// The device or a kernel launch failed (includes [`GpuError::NoDevice`]).
-    #[error(transparent)]
-    Gpu(#[from] GpuError),
-    /// The tower refused its input or weights.
-    #[error(transparent)]
-    Step(#[from] StepError),
-    /// A shape or mode the CUDA kernels cannot run (e.g. a head dim over 96 in bf16).
-    #[error("unsupported on the CUDA path: {0}")]
-    Unsupported(String),
-}
+/// Everything the CUDA path can fail with: gpu-core's one CUDA error over this family's
+/// [`StepError`] (the weights or the input are wrong).
+pub type CudaError = gpu_core::CudaError<StepError>;
 
 /// Short for `Result<T, CudaError>`.
 pub type CudaResult<T> = std::result::Result<T, CudaError>;
@@ -191,7 +181,7 @@ pub struct Workspace {
 pub struct StepCuda {
     dev: Arc<Device>,
     cfg: StepConfig,
-    precision: CudaPrecision,
+    precision: Precision,
     /// Head dim the attention kernels run at (`head_dim`, or the next kernel size when padded).
     kd: usize,
     /// The norm + rope launches over (possibly padded) heads: `(column offset, heads)`.
@@ -228,11 +218,10 @@ impl StepCuda {
         dev: Arc<Device>,
         cfg: &StepConfig,
         w: &StepWeights<T>,
-        precision: CudaPrecision,
+        precision: Precision,
     ) -> CudaResult<StepCuda> {
         let (h, hd) = (cfg.hidden, cfg.head_dim);
-        let kd = precision
-            .attention_head_dim(hd)
+        let kd = gpu_core::attention_head_dim(precision, hd)
             .map_err(|e| CudaError::Unsupported(e.to_string()))?;
         if w.layers.len() != cfg.layers {
             return Err(CudaError::Unsupported(format!(
@@ -299,8 +288,8 @@ impl StepCuda {
         }
         let mut conv = |wt: &T, c: usize| -> CudaResult<GemmBuffer> {
             Ok(match p {
-                CudaPrecision::Bf16 => st.upload_gemm(d, p, wt)?,
-                CudaPrecision::F32 => {
+                Precision::Bf16 => st.upload_gemm(d, p, wt)?,
+                Precision::F32 => {
                     st.upload_gemm(d, p, &taps_major(&wt.to_f32_vec(), c, CONV_TAPS))?
                 }
             })
@@ -340,7 +329,7 @@ impl StepCuda {
     pub fn from_checkpoint(
         dev: Arc<Device>,
         ck: &st_reader::Checkpoint,
-        precision: CudaPrecision,
+        precision: Precision,
     ) -> CudaResult<StepCuda> {
         let config = ck
             .config()
@@ -445,8 +434,8 @@ impl StepCuda {
                 d2: GemmBuffer::alloc(d, p, cap2 * c.out_width())?,
                 rows: d.alloc(cap2 * c.text_hidden)?,
                 zeros: match p {
-                    CudaPrecision::F32 => Some(d.alloc_zeros(capw * 2 * h)?),
-                    CudaPrecision::Bf16 => None,
+                    Precision::F32 => Some(d.alloc_zeros(capw * 2 * h)?),
+                    Precision::Bf16 => None,
                 },
             })
         })?;
@@ -502,7 +491,7 @@ impl DeviceTower for StepCuda {
     /// with no device involved.
     fn prepare_host(
         cfg: &StepConfig,
-        precision: CudaPrecision,
+        precision: Precision,
         images: &[StepImage<'_>],
     ) -> CudaResult<StepHostBatch> {
         let grids = validate_images(cfg, images)?;
@@ -517,7 +506,7 @@ impl DeviceTower for StepCuda {
         let k = cfg.patch_dim().next_multiple_of(8);
         let rows = match precision {
             // bf16 into a kept conversion buffer (no fresh memory per encode: docs/PERF.md v0.7)
-            CudaPrecision::Bf16 => HostGemm::Bf16(patch_rows(
+            Precision::Bf16 => HostGemm::Bf16(patch_rows(
                 &grids,
                 &plan.order,
                 cfg.patch,
@@ -525,7 +514,7 @@ impl DeviceTower for StepCuda {
                 bf16::from_f32,
                 gpu_core::recycled_bf16,
             )),
-            CudaPrecision::F32 => HostGemm::F32(patch_rows(
+            Precision::F32 => HostGemm::F32(patch_rows(
                 &grids,
                 &plan.order,
                 cfg.patch,
@@ -620,7 +609,7 @@ impl DeviceTower for StepCuda {
         &self.cfg
     }
 
-    fn precision(&self) -> CudaPrecision {
+    fn precision(&self) -> Precision {
         self.precision
     }
 

@@ -11,10 +11,10 @@ use std::borrow::Cow;
 /// A downsampler weight `[O, C·9]` in the layout the precision's im2col produces: bf16 as the
 /// checkpoint has it (gpu-core's im2col, columns (c, ky, kx)); f32 columns (ky, kx, c)
 /// ([`im2col_plan`]).
-fn conv_layout(p: CudaPrecision, w: &[f32], c: usize) -> Cow<'_, [f32]> {
+fn conv_layout(p: Precision, w: &[f32], c: usize) -> Cow<'_, [f32]> {
     match p {
-        CudaPrecision::Bf16 => Cow::Borrowed(w),
-        CudaPrecision::F32 => Cow::Owned(taps_major(w, c, CONV_TAPS)),
+        Precision::Bf16 => Cow::Borrowed(w),
+        Precision::F32 => Cow::Owned(taps_major(w, c, CONV_TAPS)),
     }
 }
 
@@ -152,11 +152,11 @@ fn fixture_tower() -> crate::StepTower {
 fn emulate(
     t: &crate::StepTower,
     images: &[StepImage<'_>],
-    p: CudaPrecision,
+    p: Precision,
 ) -> (Vec<StepRows>, StepStages) {
     let (c, w) = (&t.config, &t.weights);
     let (h, heads, hd, inner) = (c.hidden, c.heads, c.head_dim, c.intermediate);
-    let kd = p.attention_head_dim(hd).unwrap();
+    let kd = gpu_core::attention_head_dim(p, hd).unwrap();
     let wp = heads * kd;
     let eps = c.eps as f32;
     let grids = validate_images(c, images).unwrap();
@@ -251,8 +251,8 @@ fn emulate(
     );
     let im2col = |src: &[f32], views, gh, gw, ch, tok| -> Vec<f32> {
         match p {
-            CudaPrecision::Bf16 => host::im2col_3x3s2(&src[tok * ch..], views, gh, gw, ch),
-            CudaPrecision::F32 => {
+            Precision::Bf16 => host::im2col_3x3s2(&src[tok * ch..], views, gh, gw, ch),
+            Precision::F32 => {
                 let m = views * conv3x3s2_out(gh) * conv3x3s2_out(gw);
                 let mut col = vec![f32::NAN; m * CONV_TAPS * ch];
                 for q in im2col_plan(views, gh, gw, ch, tok) {
@@ -342,7 +342,7 @@ fn device_sequence_matches_the_host_reference() {
     ];
     let (want, ws) = t.forward_host(&images, true).unwrap();
     let ws = ws.unwrap();
-    for p in [CudaPrecision::Bf16, CudaPrecision::F32] {
+    for p in [Precision::Bf16, Precision::F32] {
         let (got, gs) = emulate(&t, &images, p);
         for (g, w) in got.iter().zip(&want) {
             assert_eq!(

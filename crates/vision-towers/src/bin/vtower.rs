@@ -106,8 +106,8 @@ enum Command {
         device: Device,
         /// Arithmetic: f32 (the host reference; CUDA's exactness mode) or bf16 (CUDA tensor
         /// cores). Default: f32 on the CPU, bf16 on CUDA.
-        #[arg(long, value_enum)]
-        precision: Option<PrecisionArg>,
+        #[arg(long)]
+        precision: Option<Precision>,
         /// The most patches one pass of the tower holds: more images run in several passes,
         /// which bounds activation memory; one image over it is refused.
         #[arg(long, default_value_t = DEFAULT_MAX_PATCHES_PER_PASS)]
@@ -189,12 +189,6 @@ impl Budget {
     }
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum PrecisionArg {
-    F32,
-    Bf16,
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -258,10 +252,7 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let options = TowerOptions {
                 device,
-                precision: precision.map(|p| match p {
-                    PrecisionArg::F32 => Precision::F32,
-                    PrecisionArg::Bf16 => Precision::Bf16,
-                }),
+                precision,
                 max_patches_per_pass,
                 // one encode is one pass per layout: a graph would be captured and never replayed
                 graphs: false,

@@ -1,0 +1,24 @@
+//! The contract every other crate of vision-towers agrees on, with no dependency of its own:
+//!
+//! - [`Precision`]: the arithmetic a tower runs in, one type for the towers, the GPU engine, the
+//!   facade, the bindings and xtask;
+//! - [`LmAttention`]: how the language model attends over an image's rows;
+//! - [`Activation`]: the activation functions the towers' MLPs use, by their transformers names;
+//! - [`ErrorKind`] and [`Classify`]: whose fault a failure is (the weights, the input, the
+//!   device…), stated by the error itself so that no binding guesses it from the call;
+//! - [`rel_l2`]: the one distance every check of rows against a reference uses.
+//!
+//! The crate sits below vision-prep, gpu-core and the tower crates (ripgrep's `grep-matcher` is
+//! the model): a law of one family never lives here, only the vocabulary the families share.
+
+mod act;
+mod error;
+mod lm;
+mod metric;
+mod precision;
+
+pub use act::{Activation, UnknownActivation, ACTIVATION_NAMES};
+pub use error::{ClassifiedError, Classify, ErrorKind, FamilyError};
+pub use lm::LmAttention;
+pub use metric::rel_l2;
+pub use precision::{ParsePrecisionError, Precision};
