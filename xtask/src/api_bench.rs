@@ -10,14 +10,26 @@
 //! printed, one JSON object per batch size, with the time until `encode_device` returned (the
 //! work queued, not done), the host half alone (`Preprocessor::prepare` of the batch, parallel as
 //! in the encode) to split the time, and how the forwards ran (graphs replayed or eager).
-use anyhow::{bail, Context, Result};
-use std::path::PathBuf;
+//!
+//! Then the breakdown of one request per batch size (issue 43), each stage timed alone, median
+//! of `iters`: admission (`Preprocessor::plan`), decode (`Preprocessor::decode`: a large baseline
+//! JPEG in row bands), prep (the rest of `Preprocessor::prepare`: resize, normalise, patchify),
+//! and, on a second copy of the family's CUDA tower opened from the same directory, to bf16 (the
+//! tower's `prepare_host`: layout and conversion), upload (plain, synchronised), tower (the
+//! forward and projection, synchronised) and rows back (the rows downloaded to the host, which
+//! `encode_device` does not do: its rows stay on the device). A table of the breakdown prints last.
+use anyhow::{anyhow, bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
+
+use gpu_core::DeviceTower;
 
 use rayon::prelude::*;
 
-use vision_towers::vision_prep::{ImageSource, PrepSettings};
-use vision_towers::{Device, Model, RowsDtype, TowerOptions};
+use vision_towers::vision_prep::{ImageSource, PrepSettings, Prepared};
+use vision_towers::TowerOptions;
+use vision_towers::{gemma_image, glm_image, step_image, Device, Family, Model, RowsDtype};
 
 struct Args {
     model: PathBuf,
@@ -82,6 +94,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let bytes =
         std::fs::read(&a.image).with_context(|| format!("reading {}", a.image.display()))?;
     let mut lines = Vec::new();
+    let mut table = Vec::new();
     for &b in &a.batches {
         let sources = vec![ImageSource::Bytes(&bytes); b];
         // Each request's rows dropped right after its sync, or held until the next request's are
@@ -148,9 +161,174 @@ pub fn run(args: &[String]) -> Result<()> {
         });
         println!("{line}");
         lines.push(line);
+        let parts = breakdown(&model, &sources, a.iters)?;
+        table.push((b, times[times.len() / 2], parts));
+    }
+    // The device stages on a tower opened again from the same directory (the model's own is not
+    // reachable from here), after the model's is freed.
+    let (pre, family) = (model.preprocessor().clone(), model.family());
+    drop(model);
+    let dev = Arc::new(gpu_core::Device::new(0)?);
+    for (b, _, parts) in &mut table {
+        let prepared: Vec<Prepared> = (0..*b)
+            .map(|_| pre.prepare(ImageSource::Bytes(&bytes)))
+            .collect::<Result<_, _>>()?;
+        parts.device = Some(device_stages(&dev, family, &a.model, &prepared, a.iters)?);
+    }
+    for (b, e2e, parts) in &table {
+        println!(
+            "{}",
+            serde_json::json!({"breakdown": true, "batch": b, "end_to_end_ms": e2e,
+            "admission_ms": parts.admission, "decode_ms": parts.decode, "prep_ms": parts.prep,
+            "device_ms": parts.device.map(|d| serde_json::json!({"to_bf16": d[0], "upload": d[1],
+                "tower": d[2], "rows_back": d[3]}))})
+        );
     }
     if let Some(path) = &a.json {
         std::fs::write(path, serde_json::to_string_pretty(&lines)?)?;
     }
+    println!(
+        "\n{} ({}), each stage alone, median of {} calls, ms ({} rayon threads)",
+        a.model.display(),
+        a.image.display(),
+        a.iters,
+        rayon::current_num_threads()
+    );
+    println!("| batch | end to end (encode_device) | admission | decode | prep | to bf16 | upload | tower | rows back (to host) |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (b, e2e, p) in &table {
+        let d = |i: usize| p.device.map_or("—".into(), |d| format!("{:.2}", d[i]));
+        println!(
+            "| {b} | {e2e:.2} | {:.3} | {:.2} | {:.2} | {} | {} | {} | {} |",
+            p.admission,
+            p.decode,
+            p.prep,
+            d(0),
+            d(1),
+            d(2),
+            d(3)
+        );
+    }
     Ok(())
+}
+
+/// One request's stages, ms (medians of separate runs of each).
+struct Parts {
+    admission: f64,
+    decode: f64,
+    prep: f64,
+    /// to bf16, upload, tower, rows back.
+    device: Option<[f64; 4]>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Times `f` `iters` times, ms each.
+fn timed(iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
+    (0..iters)
+        .map(|_| {
+            let t = Instant::now();
+            f()?;
+            Ok(t.elapsed().as_secs_f64() * 1e3)
+        })
+        .collect()
+}
+
+/// The host stages of one request of `sources` (images in parallel, as `encode_device` does).
+fn breakdown(model: &Model, sources: &[ImageSource<'_>], iters: usize) -> Result<Parts> {
+    let pre = model.preprocessor();
+    let admission = median(timed(iters, || {
+        sources
+            .par_iter()
+            .try_for_each(|s| pre.plan(*s).map(drop))?;
+        Ok(())
+    })?);
+    let decode = median(timed(iters, || {
+        sources
+            .par_iter()
+            .try_for_each(|s| pre.decode(*s).map(drop))?;
+        Ok(())
+    })?);
+    let prepare = median(timed(iters, || {
+        let done: Vec<_> = sources
+            .par_iter()
+            .map(|s| pre.prepare(*s))
+            .collect::<Result<_, _>>()?;
+        done.into_iter().for_each(|p| pre.recycle(p));
+        Ok(())
+    })?);
+    Ok(Parts {
+        admission,
+        decode,
+        prep: (prepare - admission - decode).max(0.0),
+        device: None,
+    })
+}
+
+/// to bf16, upload, tower, rows back (ms, medians) of `prepared` on `family`'s CUDA tower opened
+/// from `dir`.
+fn device_stages(
+    dev: &Arc<gpu_core::Device>,
+    family: Family,
+    dir: &Path,
+    prepared: &[Prepared],
+    iters: usize,
+) -> Result<[f64; 4]> {
+    use crate::bench_towers as bt;
+    let missing = || anyhow!("a prepared image lacks its family's tensors");
+    match family {
+        Family::Gemma4 => {
+            let images = prepared
+                .iter()
+                .map(|p| p.gemma4().map(gemma_image).ok_or_else(missing))
+                .collect::<Result<Vec<_>>>()?;
+            stages(&mut bt::gemma_cuda(dev, dir)?.tower, &images, iters)
+        }
+        Family::Glm5Next | Family::GlmOcr => {
+            let images = prepared
+                .iter()
+                .map(|p| p.glm().map(glm_image).ok_or_else(missing))
+                .collect::<Result<Vec<_>>>()?;
+            stages(&mut bt::glm_cuda(dev, dir)?.tower, &images, iters)
+        }
+        Family::Step3p7 => {
+            let images = prepared
+                .iter()
+                .map(|p| p.step3p7().map(step_image).ok_or_else(missing))
+                .collect::<Result<Vec<_>>>()?;
+            stages(&mut bt::step_cuda(dev, dir)?.tower, &images, iters)
+        }
+    }
+}
+
+/// The device half of one request on `t`, each stage synchronised before the next is timed.
+fn stages<T: DeviceTower>(t: &mut T, images: &[T::Image<'_>], iters: usize) -> Result<[f64; 4]> {
+    let e = |e: T::Error| anyhow!("{e}");
+    let mut out = [(); 4].map(|_| Vec::with_capacity(iters));
+    for i in 0..iters + 2 {
+        let t0 = Instant::now();
+        let host = T::prepare_host(t.config(), t.precision(), images).map_err(e)?;
+        let t1 = Instant::now();
+        let batch = T::upload_with(host, |inputs| t.device().upload_inputs(inputs)).map_err(e)?;
+        t.device().synchronize()?;
+        let t2 = Instant::now();
+        t.run(&batch, false).map_err(e)?;
+        t.device().synchronize()?;
+        let t3 = Instant::now();
+        std::hint::black_box(t.rows(&batch).map_err(e)?);
+        let t4 = Instant::now();
+        // two warm-up calls: the first sees the layout eagerly, the second captures its graph
+        if i >= 2 {
+            for (k, (a, b)) in [(t0, t1), (t1, t2), (t2, t3), (t3, t4)]
+                .into_iter()
+                .enumerate()
+            {
+                out[k].push((b - a).as_secs_f64() * 1e3);
+            }
+        }
+    }
+    Ok(out.map(median))
 }

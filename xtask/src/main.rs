@@ -14,6 +14,7 @@ mod kernel_bench;
 mod parity;
 mod parity_case;
 mod pipeline;
+mod prep_breakdown;
 mod progress;
 mod rows_digest;
 mod step_check;
@@ -52,6 +53,9 @@ commands:
   bench      our towers against PyTorch (eager, torch.compile) on the anchors' shapes (GPU machine)
   pipeline   encode_stream on step3p7: end-to-end images/s vs the tower alone, graphs on/off (GPU machine)
   api-bench  Model::encode_device end to end per call (bytes to rows ready on the device; GPU machine)
+  prep-breakdown  one image's host stages timed alone (admission, decode, resize, norm+patch,
+             to tower) per family on generated 1920x1080 / 1304x896 JPEGs; no GPU needed
+             [--iters N] [--family F] [--save DIR: write the JPEGs and release processor configs]
   kernel-bench  gpu-core's kernels timed alone: attention, GEMM, memory-bound ops, the floors
              (GPU machine; BENCH_ONLY=attn,gemm,mem,floor narrows it)
   gemma-check <repo> <case>  a full-size Gemma-4 checkpoint on CUDA: rel-L2 against the upstream
@@ -84,6 +88,7 @@ fn main() -> Result<()> {
         "bench" => bench::run(rest),
         "pipeline" => pipeline::run(rest),
         "api-bench" => api_bench::run(rest),
+        "prep-breakdown" => prep_breakdown::run(rest),
         "kernel-bench" => kernel_bench::run(rest),
         "gemma-check" => gemma_check::run(rest),
         "glm-check" => glm_check::run(rest),

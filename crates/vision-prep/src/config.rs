@@ -58,7 +58,8 @@ pub struct PrepSettings {
     pub max_image_tokens: Option<u64>,
     /// Admission limits.
     pub limits: crate::source::AdmissionLimits,
-    /// Split resize rows and step3p7 tiles over the rayon pool (default true; false = one thread).
+    /// Split a large baseline JPEG's decode into row bands, resize rows and step3p7 tiles over
+    /// the rayon pool (default true; false = one thread). The bytes are the same either way.
     pub parallel: bool,
     /// Refuse to prepare when the output tensors would exceed this many bytes (default 2 GiB).
     pub max_output_bytes: u64,

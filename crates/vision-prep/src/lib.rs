@@ -242,10 +242,27 @@ impl Preprocessor {
         let header = source::admit(&bytes, &self.settings.limits)?;
         let plan = self.plan_size(header.width, header.height)?;
         self.check_output(&plan)?;
-        let rgb = source::decode_in(&bytes, &header, &self.scratch)?;
+        let rgb = self.decode_admitted(&bytes, &header)?;
         let prepared = prepare::prepare_in(&self.law, plan, &rgb, self.cx());
         self.scratch.give(rgb.data);
         Ok(prepared)
+    }
+
+    /// Admit and decode to RGB as [`Preprocessor::prepare`] does (a large baseline JPEG in row
+    /// bands on the rayon pool when [`PrepSettings::parallel`] is on), without resizing.
+    pub fn decode(&self, source: ImageSource<'_>) -> Result<RgbImage> {
+        let bytes = source.bytes(&self.settings.limits)?;
+        let header = source::admit(&bytes, &self.settings.limits)?;
+        self.decode_admitted(&bytes, &header)
+    }
+
+    fn decode_admitted(&self, bytes: &[u8], header: &source::Header) -> Result<RgbImage> {
+        let bands = if self.settings.parallel {
+            rayon::current_num_threads()
+        } else {
+            1
+        };
+        source::decode_in(bytes, header, &self.scratch, bands)
     }
 
     fn cx(&self) -> prepare::Cx<'_> {

@@ -211,21 +211,31 @@ pub fn admit(bytes: &[u8], limits: &AdmissionLimits) -> Result<Header> {
 /// libjpeg-turbo exactly as Pillow decodes it (`jpeg` module); 8-bit RGB PNG through the
 /// `pngfast` module where it takes the file whole; the rest through `image`.
 pub fn decode(bytes: &[u8], header: &Header) -> Result<RgbImage> {
-    decode_in(bytes, header, crate::pages::Scratch::none())
+    decode_in(bytes, header, crate::pages::Scratch::none(), 1)
 }
 
-/// [`decode`] with the RGB buffer from `scratch` (JPEG, and formats the decoder gives as RGB8).
+/// [`decode`] with the RGB buffer from `scratch` (JPEG, and formats the decoder gives as RGB8);
+/// a baseline JPEG of a megapixel or more is decoded in up to `bands` row bands at once on the
+/// rayon pool (the same bytes: `jpeg::decode_banded`).
 pub(crate) fn decode_in(
     bytes: &[u8],
     header: &Header,
     scratch: &crate::pages::Scratch,
+    bands: usize,
 ) -> Result<RgbImage> {
     let fmt = header.format.name();
     // Largest decoded layout is RGBA16 (8 bytes/pixel); leave room for decoder scratch.
     let pixels = u64::from(header.width) * u64::from(header.height);
     let max_alloc = pixels.saturating_mul(16).saturating_add(64 << 20);
     if header.format == SourceFormat::Jpeg {
-        return crate::jpeg::decode(bytes, header.width, header.height, max_alloc, scratch);
+        return crate::jpeg::decode_banded(
+            bytes,
+            header.width,
+            header.height,
+            max_alloc,
+            scratch,
+            bands,
+        );
     }
     if header.format == SourceFormat::Png {
         if let Some(img) = crate::pngfast::decode_rgb8(bytes, header.width, header.height, scratch)

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# One GPU-machine call for issue 43 (time to rows at batch 1): where one image's time goes, from
+# its bytes to rows on the device, for gemma4, glm5_next and step3p7 at full size.
+#   1. `xtask prep-breakdown --save`: writes the two JPEGs (1920×1080 and 1304×896, quality 90,
+#      the fixture photo upscaled) and times the host stages alone on this machine's cores
+#      (admission, decode, resize, norm+patch, the tower's host conversion to bf16);
+#   2. full-size random weights for the three families with the release processor configs
+#      (xtask/bench/py_e2e.py `build`: torch_anchor.py's families, upstream's processor classes);
+#   3. `xtask api-bench --batch 1` per family (gemma4 and glm5_next on the 1920×1080 JPEG,
+#      step3p7 on the 1304×896 one: six 504 crops and the 728 global view): end to end through
+#      Model::encode_device, then the per-request breakdown (admission, decode, prep, to bf16,
+#      upload, tower, rows back), each stage timed alone.
+# The tables print last.
+#
+# Build and stage here (a machine with cargo and nasm; no GPU needed), from the repository root:
+#   CARGO_TARGET_DIR=/work/main/target bash xtask/bench/ttr_device.sh --stage
+# which runs `cargo build --release --locked -p xtask` and copies the binary, stripped, to
+# .device/ttr/xtask. Then on the device (no cargo there), from the repository root:
+#   OUT=$OUT bash xtask/bench/ttr_device.sh
+# carry [".device/ttr", ".whl"] (.whl/transformers-5.23.0-*.whl, as bench_device.sh; the tree
+# itself travels: fixtures/, xtask/bench/).
+#
+# Environment (all optional): ITERS (timed calls per measurement, default 30), FAMILIES (default
+# gemma4,glm5_next,step3p7), API_S (each api-bench's limit in seconds, default 150).
+# Logs go to $OUT.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+D="$ROOT/.device/ttr"
+
+if [ "${1:-}" = "--stage" ]; then
+    set -e
+    cd "$ROOT"
+    T="${CARGO_TARGET_DIR:-$ROOT/target}"
+    command -v nasm > /dev/null || echo "warning: no nasm: libjpeg-turbo builds without SIMD (slower decode)"
+    cargo build --release --locked -p xtask
+    rm -rf "$D" && mkdir -p "$D"
+    cp "$T/release/xtask" "$D/xtask"
+    strip --strip-debug "$D/xtask" 2> /dev/null || true
+    ls -l "$D"
+    exit 0
+fi
+
+OUT=${OUT:-/tmp/ttr_out}
+WORK=/tmp/vt-ttr
+ITERS=${ITERS:-30}
+mkdir -p "$OUT" "$WORK"
+cd "$ROOT"
+chmod +x "$D/xtask"
+export VT_FIXTURES="$ROOT/fixtures" RUST_BACKTRACE=1 PYTHONUNBUFFERED=1
+T0=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/transformers-5.23.0-*.whl || exit 1
+export PYTHONPATH=/tmp/site
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,memory.used --format=csv
+echo "$(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB; setup $(( $(date +%s) - T0 )) s"
+
+"$D/xtask" prep-breakdown --iters "$ITERS" --save "$WORK/images" > "$OUT/prep_breakdown.txt" 2>&1
+echo "prep-breakdown rc=$? ($(( $(date +%s) - T0 )) s)"
+
+FAMILIES=${FAMILIES:-gemma4,glm5_next,step3p7}
+python3 - "$WORK" "$FAMILIES" > "$OUT/weights_log.txt" 2>&1 <<'EOF'
+import sys, time
+sys.path.insert(0, "xtask/bench")
+import py_e2e
+import torch
+work, families = sys.argv[1], sys.argv[2].split(",")
+for family in families:
+    t0 = time.time()
+    d, fam = py_e2e.build(family, work, False, "cuda")
+    del fam
+    torch.cuda.empty_cache()
+    print(f"{family}: full-size random weights and release processor config in {d} ({time.time() - t0:.1f} s)")
+EOF
+echo "weights rc=$? ($(( $(date +%s) - T0 )) s)"
+cat "$OUT/weights_log.txt" | grep -v Warning | tail -5
+
+for family in ${FAMILIES//,/ }; do
+    image="$WORK/images/photo_1920x1080.jpg"
+    [ "$family" = step3p7 ] && image="$WORK/images/photo_1304x896.jpg"
+    timeout "${API_S:-150}" "$D/xtask" api-bench --model "$WORK/$family" --image "$image" \
+        --batch 1 --iters "$ITERS" --warmup 5 > "$OUT/api_bench_$family.txt" 2>&1
+    echo "api-bench $family rc=$? ($(( $(date +%s) - T0 )) s)"
+done
+
+echo
+echo "=== host stages alone, this machine (xtask prep-breakdown) ==="
+sed -n '/^prep breakdown/,$p' "$OUT/prep_breakdown.txt"
+for family in ${FAMILIES//,/ }; do
+    echo
+    echo "=== $family b1: api-bench ==="
+    grep -E '^\{"batch|^\{"family' "$OUT/api_bench_$family.txt" | cut -c1-400
+    sed -n '/each stage alone/,$p' "$OUT/api_bench_$family.txt"
+    grep -iE 'error|panicked' "$OUT/api_bench_$family.txt" | head -5
+done
+echo "total $(( $(date +%s) - T0 )) s"
