@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use gpu_core::{CudaPrecision, DeviceTower};
+use gpu_core::{DeviceTower, Precision};
 use tower_gemma::{GemmaConfig, GemmaCuda};
 use tower_glm5::{GlmConfig, GlmCuda};
 use tower_step::{StepConfig, StepCuda};
@@ -159,7 +159,7 @@ fn to_tower(
             let cfg = GemmaConfig::from_hf(config, 10240, false)?;
             min_ms(iters, || {
                 let img = gemma_image(p.gemma4().ok_or_else(missing)?);
-                let host = GemmaCuda::prepare_host(&cfg, CudaPrecision::Bf16, &[img])
+                let host = GemmaCuda::prepare_host(&cfg, Precision::Bf16, &[img])
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
                 std::hint::black_box(host);
                 Ok(())
@@ -169,7 +169,7 @@ fn to_tower(
             let cfg = GlmConfig::from_hf(config)?;
             min_ms(iters, || {
                 let img = glm_image(p.glm().ok_or_else(missing)?);
-                let host = GlmCuda::prepare_host(&cfg, CudaPrecision::Bf16, &[img])
+                let host = GlmCuda::prepare_host(&cfg, Precision::Bf16, &[img])
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
                 std::hint::black_box(host);
                 Ok(())
@@ -180,7 +180,7 @@ fn to_tower(
             let cfg = StepConfig::from_hf(config, text)?;
             min_ms(iters, || {
                 let img = step_image(p.step3p7().ok_or_else(missing)?);
-                let host = StepCuda::prepare_host(&cfg, CudaPrecision::Bf16, &[img])
+                let host = StepCuda::prepare_host(&cfg, Precision::Bf16, &[img])
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
                 std::hint::black_box(host);
                 Ok(())
