@@ -8,7 +8,7 @@ use cudarc::driver::{
 use half::bf16;
 
 use crate::kernels::{module_images, Kernel, Module, ModuleImage, ModuleSource};
-use crate::{GpuError, Result};
+use crate::{GpuError, Precision, Result};
 
 /// Element types a [`DeviceBuffer`] holds. Sealed: f32, bf16, i32.
 pub trait Elem: DeviceRepr + Copy + Default + Send + Sync + 'static + sealed::Sealed {
@@ -393,6 +393,20 @@ impl Device {
     /// capability 8.0 and newer).
     pub fn supports_bf16(&self) -> bool {
         self.tier.arch.precisions.bf16
+    }
+
+    /// Why this device cannot run a tower in `p`, or `None` when it can: bf16 needs bf16 tensor
+    /// cores (compute capability 8.0 and newer). Each tower asks before uploading a weight, so
+    /// a tier without them refuses at the upload, not at the first attention launch.
+    pub fn precision_refusal(&self, p: Precision) -> Option<String> {
+        match p {
+            Precision::Bf16 if !self.supports_bf16() => Some(format!(
+                "bf16 needs bf16 tensor cores (compute capability 8.0 or newer); this device runs \
+                 tier {}: use f32",
+                self.tier
+            )),
+            Precision::Bf16 | Precision::F32 => None,
+        }
     }
 
     /// The device's name as the driver reports it.

@@ -27,6 +27,15 @@ fn open(model: &str, device: Device, precision: Option<Precision>, ceiling: usiz
     common::open(model, device, precision, ceiling, true)
 }
 
+/// The dtype of the model's own rows: bf16 for a bf16 tower, f32 for an f32 one (the default on a
+/// tier without bf16 tensor cores, 7.5).
+fn lm_dtype(m: &Model) -> RowsDtype {
+    match m.precision() {
+        Precision::Bf16 => RowsDtype::Bf16,
+        Precision::F32 => RowsDtype::F32,
+    }
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -48,6 +57,9 @@ fn device_rows_are_the_downloaded_rows_for_every_fixture_model() {
             (None, usize::MAX),
             (Some(Precision::F32), usize::MAX),
             (None, several),
+            // f32 in several passes: forced 7.5 (f32 by default) found image 3's device rows
+            // off the downloaded ones there (2026-12-06); this row asks every tier
+            (Some(Precision::F32), several),
         ] {
             let m = open(model, Device::Cuda(0), precision, ceiling);
             let what = format!("{model} {} ceiling {ceiling}", m.precision());
@@ -123,6 +135,14 @@ fn rows_go_into_a_callers_buffer_in_its_stream_order() {
     let caller = Caller::new();
     for model in ["models/gemma4", "models/glm5_next", "models/step3p7"] {
         let m = open(model, Device::Cuda(0), None, usize::MAX);
+        if m.precision() == Precision::F32 {
+            // a tier without bf16 (7.5) opens f32 by default: bf16 rows are refused, by design
+            let Err(e) = m.encode_device(&sources, RowsDtype::Bf16) else {
+                panic!("{model}: bf16 rows from an f32 tower must be refused")
+            };
+            println!("{model}: f32 tower, bf16 rows refused as they must be ({e})");
+            continue;
+        }
         let want = m.encode_device(&sources, RowsDtype::Bf16).unwrap();
         let want_bytes = want.rows.to_host_bytes().unwrap();
         let n = want.rows.rows() * m.width();
@@ -201,15 +221,15 @@ fn out_of_memory_for_device_rows_is_an_error_and_the_model_stays_usable() {
     let bytes = image_bytes();
     let sources: Vec<ImageSource<'_>> = bytes.iter().map(|b| ImageSource::Bytes(b)).collect();
     let m = open("models/glm5_next", Device::Cuda(0), None, usize::MAX);
-    let before = m.encode_device(&sources, RowsDtype::Bf16).unwrap();
+    let before = m.encode_device(&sources, lm_dtype(&m)).unwrap();
     let before = before.rows.to_host_bytes().unwrap();
     let dev = gpu_core::Device::new(0).unwrap();
     let (ballast, _held) = fill_the_card(&dev);
-    let err = m.encode_device(&sources, RowsDtype::Bf16).unwrap_err();
+    let err = m.encode_device(&sources, lm_dtype(&m)).unwrap_err();
     assert!(err.is_out_of_memory(), "expected out of memory, got {err}");
     drop(ballast);
     dev.synchronize().unwrap();
-    let after = m.encode_device(&sources, RowsDtype::Bf16).unwrap();
+    let after = m.encode_device(&sources, lm_dtype(&m)).unwrap();
     assert_eq!(
         after.rows.to_host_bytes().unwrap(),
         before,

@@ -278,6 +278,9 @@ impl GlmCuda {
         precision: Precision,
     ) -> CudaResult<GlmCuda> {
         let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
+        if let Some(why) = dev.precision_refusal(precision) {
+            return Err(CudaError::Unsupported(why));
+        }
         let kd = gpu_core::attention_head_dim(precision, hd)
             .map_err(|e| CudaError::Unsupported(e.to_string()))?;
         if cfg.merge == 0 || w.blocks.len() != cfg.layers {

@@ -221,6 +221,9 @@ impl StepCuda {
         precision: Precision,
     ) -> CudaResult<StepCuda> {
         let (h, hd) = (cfg.hidden, cfg.head_dim);
+        if let Some(why) = dev.precision_refusal(precision) {
+            return Err(CudaError::Unsupported(why));
+        }
         let kd = gpu_core::attention_head_dim(precision, hd)
             .map_err(|e| CudaError::Unsupported(e.to_string()))?;
         if w.layers.len() != cfg.layers {
