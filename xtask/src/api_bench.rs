@@ -29,7 +29,7 @@ use rayon::prelude::*;
 
 use vision_towers::vision_prep::{ImageSource, PrepSettings, Prepared};
 use vision_towers::TowerOptions;
-use vision_towers::{gemma_image, glm_image, step_image, Device, Family, Model, RowsDtype};
+use vision_towers::{Device, Family, Model, RowsDtype};
 
 struct Args {
     model: PathBuf,
@@ -283,21 +283,21 @@ fn device_stages(
         Family::Gemma4 => {
             let images = prepared
                 .iter()
-                .map(|p| p.gemma4().map(gemma_image).ok_or_else(missing))
+                .map(|p| p.gemma4().ok_or_else(missing))
                 .collect::<Result<Vec<_>>>()?;
             stages(&mut bt::gemma_cuda(dev, dir)?.tower, &images, iters)
         }
         Family::Glm5Next | Family::GlmOcr => {
             let images = prepared
                 .iter()
-                .map(|p| p.glm().map(glm_image).ok_or_else(missing))
+                .map(|p| p.glm().ok_or_else(missing))
                 .collect::<Result<Vec<_>>>()?;
             stages(&mut bt::glm_cuda(dev, dir)?.tower, &images, iters)
         }
         Family::Step3p7 => {
             let images = prepared
                 .iter()
-                .map(|p| p.step3p7().map(step_image).ok_or_else(missing))
+                .map(|p| p.step3p7().ok_or_else(missing))
                 .collect::<Result<Vec<_>>>()?;
             stages(&mut bt::step_cuda(dev, dir)?.tower, &images, iters)
         }

@@ -477,12 +477,10 @@ fn fingerprint(rows: &[f32]) -> u64 {
     })
 }
 
-/// The step3p7 views of one prepared image, as the facade builds them.
+/// The step3p7 views of one prepared image (vision-prep's typed input).
 fn step_image(p: &Prepared) -> Result<StepImage<'_>> {
-    let s = p
-        .step3p7()
-        .context("a prepared image without step3p7 inputs")?;
-    Ok(vision_towers::step_image(s))
+    p.step3p7()
+        .context("a prepared image without step3p7 inputs")
 }
 
 /// One row of the throughput table.

@@ -33,7 +33,6 @@ use tower_gemma::{GemmaConfig, GemmaCuda};
 use tower_glm5::{GlmConfig, GlmCuda};
 use tower_step::{StepConfig, StepCuda};
 use vision_towers::vision_prep::{ImageSource, ModelConfigs, PrepSettings, Preprocessor};
-use vision_towers::{gemma_image, glm_image, step_image};
 
 /// The families measured, as their fixture model directories are named.
 const FAMILIES: [&str; 3] = ["gemma4", "glm5_next", "step3p7"];
@@ -158,7 +157,7 @@ fn to_tower(
             // The position table of the release (Gemma4VisionConfig.position_embedding_size).
             let cfg = GemmaConfig::from_hf(config, 10240, false)?;
             min_ms(iters, || {
-                let img = gemma_image(p.gemma4().ok_or_else(missing)?);
+                let img = p.gemma4().ok_or_else(missing)?;
                 let host = GemmaCuda::prepare_host(&cfg, Precision::Bf16, &[img])
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
                 std::hint::black_box(host);
@@ -168,7 +167,7 @@ fn to_tower(
         "glm5_next" => {
             let cfg = GlmConfig::from_hf(config)?;
             min_ms(iters, || {
-                let img = glm_image(p.glm().ok_or_else(missing)?);
+                let img = p.glm().ok_or_else(missing)?;
                 let host = GlmCuda::prepare_host(&cfg, Precision::Bf16, &[img])
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
                 std::hint::black_box(host);
@@ -179,7 +178,7 @@ fn to_tower(
             let text = config["text_config"]["hidden_size"].as_u64().unwrap_or(0) as usize;
             let cfg = StepConfig::from_hf(config, text)?;
             min_ms(iters, || {
-                let img = step_image(p.step3p7().ok_or_else(missing)?);
+                let img = p.step3p7().ok_or_else(missing)?;
                 let host = StepCuda::prepare_host(&cfg, Precision::Bf16, &[img])
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
                 std::hint::black_box(host);

@@ -73,7 +73,7 @@ fn glm_inputs<T>(
         .map(|g| [g[0] as usize, g[1] as usize, g[2] as usize])
         .collect();
     let pv32: Vec<f32> = pv.data.iter().map(|&v| v as f32).collect();
-    let images = GlmImage::split(&tower.config, &pv32, &grids)?;
+    let images = tower_glm5::split_images(&tower.config, &pv32, &grids)?;
     f(&tower, &images)
 }
 

@@ -6,18 +6,10 @@ use crate::error::{GemmaError, Result};
 use crate::weights::{GemmaWeights, Linear};
 use gpu_core::{host, rope_inv_freq, Clamp, Gate, RopeLayout};
 use std::borrow::Cow;
+pub use tower_core::GemmaImage;
 
 /// transformers `Gemma4VisionAttention.scaling = 1.0`: q/k are RMS-normed per head instead.
 pub const ATTENTION_SCALE: f32 = 1.0;
-
-/// One image's tower input: what the Gemma-4 processor emits, without padding rows.
-#[derive(Debug, Clone, Copy)]
-pub struct GemmaImage<'a> {
-    /// `[P, 3·p²]` pixel patches in [0, 1], raster order, each row (ky, kx, c).
-    pub patches: &'a [f32],
-    /// `[P, 2]` patch positions (x, y); rows of (−1, −1) are padding and are dropped.
-    pub positions: &'a [i64],
-}
 
 /// Activations at each stage, valid rows of all images concatenated (for parity checks).
 #[derive(Debug, Clone, Default)]

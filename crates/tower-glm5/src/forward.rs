@@ -6,6 +6,7 @@ use crate::config::{GlmConfig, MERGER_LAYER_NORM_EPS};
 use crate::error::{GlmError, Result};
 use crate::weights::{GlmWeights, Linear};
 use gpu_core::{host, rope_inv_freq, Activation, Clamp, Gate, RopeLayout};
+pub use tower_core::GlmImage;
 
 /// transformers glm vision attention `scaling = head_dim ** -0.5` (modeling_glm5_next.py,
 /// `Glm5NextVisionAttention.__init__`; modeling_glm_ocr.py:350).
@@ -13,55 +14,43 @@ pub fn attention_scale(head_dim: usize) -> f32 {
     (1.0 / (head_dim as f64).sqrt()) as f32
 }
 
-/// One image (or video) as the glm processor emits it.
-#[derive(Debug, Clone, Copy)]
-pub struct GlmImage<'a> {
-    /// `[t·h·w, C·T·p²]` pixel rows, each (c, t, ky, kx), normalised; per frame, block-major
-    /// over m×m blocks (block_row, block_col, in_row, in_col).
-    pub patches: &'a [f32],
-    /// `image_grid_thw` row: temporal patches t, patch rows h, patch columns w.
-    pub grid_thw: [usize; 3],
-}
-
-impl<'a> GlmImage<'a> {
-    /// Splits the processor's batch (`pixel_values [N, C·T·p²]`, `image_grid_thw [n, 3]`) into
-    /// images, checking that the rows add up.
-    pub fn split(
-        cfg: &GlmConfig,
-        pixel_values: &'a [f32],
-        grid_thw: &[[usize; 3]],
-    ) -> Result<Vec<GlmImage<'a>>> {
-        let pd = cfg.patch_dim();
-        let mut out = Vec::with_capacity(grid_thw.len());
-        let mut start = 0usize;
-        for (i, &g) in grid_thw.iter().enumerate() {
-            let rows = grid_rows(g)
-                .ok_or_else(|| GlmError::Input(format!("image {i}: grid_thw {g:?} overflows")))?;
-            let end = rows
-                .checked_mul(pd)
-                .and_then(|n| n.checked_add(start))
-                .filter(|&e| e <= pixel_values.len())
-                .ok_or_else(|| {
-                    GlmError::Input(format!(
-                        "image {i}: grid_thw {g:?} needs rows past the {} pixel values given",
-                        pixel_values.len()
-                    ))
-                })?;
-            out.push(GlmImage {
-                patches: &pixel_values[start..end],
-                grid_thw: g,
-            });
-            start = end;
-        }
-        if start != pixel_values.len() {
-            return Err(GlmError::Input(format!(
-                "grid_thw accounts for {} of {} pixel values",
-                start,
-                pixel_values.len()
-            )));
-        }
-        Ok(out)
+/// Splits the processor's batch (`pixel_values [N, C·T·p²]`, `image_grid_thw [n, 3]`) into
+/// images, checking that the rows add up.
+pub fn split_images<'a>(
+    cfg: &GlmConfig,
+    pixel_values: &'a [f32],
+    grid_thw: &[[usize; 3]],
+) -> Result<Vec<GlmImage<'a>>> {
+    let pd = cfg.patch_dim();
+    let mut out = Vec::with_capacity(grid_thw.len());
+    let mut start = 0usize;
+    for (i, &g) in grid_thw.iter().enumerate() {
+        let rows = grid_rows(g)
+            .ok_or_else(|| GlmError::Input(format!("image {i}: grid_thw {g:?} overflows")))?;
+        let end = rows
+            .checked_mul(pd)
+            .and_then(|n| n.checked_add(start))
+            .filter(|&e| e <= pixel_values.len())
+            .ok_or_else(|| {
+                GlmError::Input(format!(
+                    "image {i}: grid_thw {g:?} needs rows past the {} pixel values given",
+                    pixel_values.len()
+                ))
+            })?;
+        out.push(GlmImage {
+            patches: &pixel_values[start..end],
+            grid_thw: g,
+        });
+        start = end;
     }
+    if start != pixel_values.len() {
+        return Err(GlmError::Input(format!(
+            "grid_thw accounts for {} of {} pixel values",
+            start,
+            pixel_values.len()
+        )));
+    }
+    Ok(out)
 }
 
 /// `t·h·w`, or `None` on overflow.

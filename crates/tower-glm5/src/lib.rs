@@ -20,7 +20,8 @@ pub use config::{
 pub use cuda::{CudaError, GlmBatch, GlmCuda, GlmHostBatch, Precision};
 pub use error::{GlmError, Result};
 pub use forward::{
-    attention_scale, forward_host, vision_cu_seqlens, vision_positions, GlmImage, GlmStages,
+    attention_scale, forward_host, split_images, vision_cu_seqlens, vision_positions, GlmImage,
+    GlmStages,
 };
 pub use weights::{
     load_hf, load_hf_mapped, load_hf_with_config, Block, GlmWeights, Linear, PROBE_TENSOR,

@@ -32,7 +32,7 @@ fn encode_host_returns_each_images_rows_in_order() {
     ] {
         let t = tower(variant);
         let (pv, grids) = inputs(variant, case);
-        let images = GlmImage::split(t.config(), &pv, &grids).expect("split");
+        let images = tower_glm5::split_images(t.config(), &pv, &grids).expect("split");
         let rows = t.encode_host(&images).expect("encode");
         let (shape, want) = oracle(variant, case, "f64/rows");
         assert_eq!(shape[1], t.config().text_hidden);
@@ -119,15 +119,15 @@ fn inconsistent_inputs_are_typed_errors() {
     let pv = vec![0.1f32; 16 * pd];
     // rows do not add up
     assert!(matches!(
-        GlmImage::split(c, &pv, &[[1, 2, 2]]),
+        tower_glm5::split_images(c, &pv, &[[1, 2, 2]]),
         Err(GlmError::Input(_))
     ));
     assert!(matches!(
-        GlmImage::split(c, &pv, &[[1, 4, 8]]),
+        tower_glm5::split_images(c, &pv, &[[1, 4, 8]]),
         Err(GlmError::Input(_))
     ));
     assert!(matches!(
-        GlmImage::split(c, &pv, &[[usize::MAX, 4, 4]]),
+        tower_glm5::split_images(c, &pv, &[[usize::MAX, 4, 4]]),
         Err(GlmError::Input(_))
     ));
     // odd grid (not a multiple of the merge)

@@ -11,33 +11,11 @@ use crate::error::{Result, StepError};
 use crate::weights::StepWeights;
 use gpu_core::{conv3x3s2_out, host, rope_inv_freq, Clamp};
 use std::collections::BTreeMap;
+pub use tower_core::{StepImage, StepView};
 
 /// `Step3p7VisionAttention.scale = head_dim ** -0.5` (modeling_step3p7.py:199).
 pub fn attention_scale(head_dim: usize) -> f32 {
     (1.0 / (head_dim as f64).sqrt()) as f32
-}
-
-/// One view `[3, height, width]` (channel-major, normalised) as the processor emits it.
-#[derive(Debug, Clone, Copy)]
-pub struct StepView<'a> {
-    /// `[3, height, width]` pixel values.
-    pub pixels: &'a [f32],
-    /// Rows of pixels.
-    pub height: usize,
-    /// Columns of pixels.
-    pub width: usize,
-}
-
-/// One image's tower input: its crop tiles (possibly none) and its global view.
-#[derive(Debug, Clone)]
-pub struct StepImage<'a> {
-    /// Crop tiles in the processor's (row-major) order.
-    pub crops: Vec<StepView<'a>>,
-    /// The global view.
-    pub global: StepView<'a>,
-    /// The processor's `patch_newline_masks` for this image, one flag per crop: a
-    /// `<patch_newline>` follows that crop's rows in the prompt. Passed through untouched.
-    pub newline_mask: Vec<bool>,
 }
 
 /// What the Step-3.7 processor emits for a batch, as flat slices (upstream names).

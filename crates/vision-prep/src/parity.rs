@@ -287,14 +287,14 @@ fn processor_fixtures() {
                 }
             }
             if let (Some(n), Some(ours)) = (i64s(&st, "num_local_patches"), prep.step3p7()) {
-                if n[b] as usize != ours.num_local {
-                    failures.push(format!("{ctx}: num_local {} vs {}", n[b], ours.num_local));
+                if n[b] as usize != ours.crops.len() {
+                    failures.push(format!("{ctx}: num_local {} vs {}", n[b], ours.crops.len()));
                 }
                 if let Some(m) = meta["patch_newline_masks"].get(b).and_then(Value::as_array) {
-                    let theirs: Vec<u8> = m
+                    let theirs: Vec<bool> = m
                         .iter()
-                        .take(ours.num_local)
-                        .map(|v| u8::from(v.as_bool() == Some(true)))
+                        .take(ours.crops.len())
+                        .map(|v| v.as_bool() == Some(true))
                         .collect();
                     if theirs != ours.newline_mask {
                         failures.push(format!(
@@ -324,13 +324,16 @@ fn processor_fixtures() {
                             (g.patches.to_vec(), s.to_vec())
                         }
                         (_, Some(g), _) => {
-                            let s = pv[glm_row..glm_row + g.rows.len()].to_vec();
-                            glm_row += g.rows.len();
-                            (g.rows.to_vec(), s)
+                            let s = pv[glm_row..glm_row + g.patches.len()].to_vec();
+                            glm_row += g.patches.len();
+                            (g.patches.to_vec(), s)
                         }
                         (_, _, Some(s)) => {
                             let per = pv.len() / images.len();
-                            (s.global.to_vec(), pv[b * per..(b + 1) * per].to_vec())
+                            (
+                                s.global.pixels.to_vec(),
+                                pv[b * per..(b + 1) * per].to_vec(),
+                            )
                         }
                         _ => (Vec::new(), Vec::new()),
                     };
@@ -343,9 +346,14 @@ fn processor_fixtures() {
                 }
             }
             if let (Some(pl), Some(s)) = (f32s(&st, "pixel_values_local"), prep.step3p7()) {
-                let n = s.local.len();
+                let local: Vec<f32> = s
+                    .crops
+                    .iter()
+                    .flat_map(|c| c.pixels.iter().copied())
+                    .collect();
+                let n = local.len();
                 if n > 0
-                    && s.local
+                    && local
                         .iter()
                         .map(|x| x.to_bits())
                         .ne(pl[local_row..local_row + n].iter().map(|x| x.to_bits()))

@@ -601,24 +601,26 @@ pub(crate) mod tests {
                 let ctx = format!("{name} {w}x{h}");
                 if let Some(g) = prep.gemma4() {
                     let grid = plan.grid();
-                    assert_eq!(g.num_patches as u64, grid[0] * grid[1], "{ctx}");
-                    assert_eq!(g.num_patches as u64, plan.rows * 9, "{ctx}");
-                    assert_eq!(g.patches.len(), g.num_patches * 768, "{ctx}");
+                    assert_eq!(g.num_patches() as u64, grid[0] * grid[1], "{ctx}");
+                    assert_eq!(g.num_patches() as u64, plan.rows * 9, "{ctx}");
+                    assert_eq!(g.patches.len(), g.num_patches() * 768, "{ctx}");
                 } else if let Some(g) = prep.glm() {
                     assert_eq!(
                         g.grid_thw.iter().map(|&x| x as u64).collect::<Vec<_>>(),
                         plan.grid(),
                         "{ctx}"
                     );
-                    assert_eq!(g.rows.len() as u64, plan.rows * 4 * 1176, "{ctx}");
+                    assert_eq!(g.patches.len() as u64, plan.rows * 4 * 1176, "{ctx}");
                 } else if let Some(s) = prep.step3p7() {
-                    assert_eq!(s.global.len(), 3 * 728 * 728, "{ctx}");
-                    assert_eq!((s.num_local * 81 + 169) as u64, plan.rows, "{ctx}");
-                    assert_eq!(s.local.len(), s.num_local * 3 * 504 * 504, "{ctx}");
-                    assert_eq!(s.newline_mask.len(), s.num_local, "{ctx}");
-                    let local_side = if s.num_local > 0 { 504 } else { 0 };
-                    assert_eq!((s.global_side, s.local_side), (728, local_side), "{ctx}");
-                    assert_eq!(s.crops().count(), s.num_local, "{ctx}");
+                    let k = s.crops.len();
+                    assert_eq!(s.global.pixels.len(), 3 * 728 * 728, "{ctx}");
+                    assert_eq!((s.global.height, s.global.width), (728, 728), "{ctx}");
+                    assert_eq!((k * 81 + 169) as u64, plan.rows, "{ctx}");
+                    assert_eq!(s.newline_mask.len(), k, "{ctx}");
+                    for c in &s.crops {
+                        assert_eq!((c.height, c.width), (504, 504), "{ctx}");
+                        assert_eq!(c.pixels.len(), 3 * 504 * 504, "{ctx}");
+                    }
                 } else {
                     panic!("{ctx}: no family view");
                 }

@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 
 use rayon::prelude::*;
+use tower_core::{GemmaImage, GlmImage, StepImage, StepView};
 
 use crate::law::{Glm5NextLaw as Glm5, Law};
 use crate::norm::{Normalize, Window};
@@ -84,51 +85,6 @@ pub struct Prepared {
     pub tensors: Vec<NamedTensor>,
 }
 
-/// gemma4 tower inputs (borrowed).
-#[derive(Debug, Clone, Copy)]
-pub struct Gemma4Inputs<'a> {
-    /// `[P, 3·p²]` rows, (ky, kx, c) flattened, values in [0, 1], no padding rows.
-    pub patches: &'a [f32],
-    /// `[P, 2]` (x, y).
-    pub positions: &'a [i64],
-    /// P.
-    pub num_patches: usize,
-}
-
-/// glm (glm5_next / GLM-OCR) tower inputs (borrowed).
-#[derive(Debug, Clone, Copy)]
-pub struct GlmInputs<'a> {
-    /// `[N, 3·t·p²]` rows (c, t, kh, kw), 2×2 block-major.
-    pub rows: &'a [f32],
-    /// `[t, gh, gw]` (upstream's `image_grid_thw` / `video_grid_thw` row, non-negative).
-    pub grid_thw: [usize; 3],
-}
-
-/// step3p7 tower inputs (borrowed), with the side of each view from its tensor's shape.
-#[derive(Debug, Clone, Copy)]
-pub struct Step3p7Inputs<'a> {
-    /// `[1, 3, S, S]` global view.
-    pub global: &'a [f32],
-    /// S.
-    pub global_side: usize,
-    /// `[k, 3, s, s]` local crops (empty when k = 0).
-    pub local: &'a [f32],
-    /// s (0 when k = 0).
-    pub local_side: usize,
-    /// k.
-    pub num_local: usize,
-    /// `[k]` newline flags.
-    pub newline_mask: &'a [u8],
-}
-
-impl<'a> Step3p7Inputs<'a> {
-    /// The k crops, each `[3, s, s]`, in order.
-    pub fn crops(&self) -> impl Iterator<Item = &'a [f32]> + 'a {
-        let each = (3 * self.local_side * self.local_side).max(1);
-        self.local.chunks_exact(each).take(self.num_local)
-    }
-}
-
 impl Prepared {
     /// Tensor by upstream name.
     pub fn tensor(&self, name: &str) -> Option<&NamedTensor> {
@@ -147,40 +103,52 @@ impl Prepared {
         }
     }
     /// gemma4 view (`None` for other families).
-    pub fn gemma4(&self) -> Option<Gemma4Inputs<'_>> {
-        let positions = self.i64s("image_position_ids")?;
-        Some(Gemma4Inputs {
+    pub fn gemma4(&self) -> Option<GemmaImage<'_>> {
+        Some(GemmaImage {
             patches: self.f32s("pixel_values")?,
-            positions,
-            num_patches: positions.len() / 2,
+            positions: self.i64s("image_position_ids")?,
         })
     }
     /// glm view (`None` for other families).
-    pub fn glm(&self) -> Option<GlmInputs<'_>> {
-        Some(GlmInputs {
-            rows: self.f32s("pixel_values")?,
+    pub fn glm(&self) -> Option<GlmImage<'_>> {
+        Some(GlmImage {
+            patches: self.f32s("pixel_values")?,
             grid_thw: grid_row(self.i64s("image_grid_thw")?)?,
         })
     }
     /// step3p7 view (`None` for other families).
-    pub fn step3p7(&self) -> Option<Step3p7Inputs<'_>> {
-        let k = *self.i64s("num_local_patches")?.first()? as usize;
+    pub fn step3p7(&self) -> Option<StepImage<'_>> {
+        let k = usize::try_from(*self.i64s("num_local_patches")?.first()?).ok()?;
         let mask = match self.tensor("patch_newline_masks").map(|t| &t.data) {
             Some(TensorData::U8(v)) => v.as_slice(),
             _ => &[],
         };
-        let local = self.f32s("pixel_values_local").unwrap_or(&[]);
-        let local_side = match k {
-            0 => 0,
-            _ => square_side(&self.tensor("pixel_values_local")?.shape, k)?,
+        let view = |pixels, side| StepView {
+            pixels,
+            height: side,
+            width: side,
         };
-        Some(Step3p7Inputs {
-            global: self.f32s("pixel_values")?,
-            global_side: square_side(&self.tensor("pixel_values")?.shape, 1)?,
-            local,
-            local_side,
-            num_local: k,
-            newline_mask: mask,
+        let crops = match k {
+            0 => Vec::new(),
+            _ => {
+                let side = square_side(&self.tensor("pixel_values_local")?.shape, k)?;
+                let local = self.f32s("pixel_values_local")?;
+                local
+                    .chunks_exact((3 * side * side).max(1))
+                    .take(k)
+                    .map(|c| view(c, side))
+                    .collect()
+            }
+        };
+        Some(StepImage {
+            global: view(
+                self.f32s("pixel_values")?,
+                square_side(&self.tensor("pixel_values")?.shape, 1)?,
+            ),
+            crops,
+            newline_mask: (0..k)
+                .map(|i| mask.get(i).is_some_and(|&m| m != 0))
+                .collect(),
         })
     }
 }
@@ -802,22 +770,47 @@ mod tests {
     #[test]
     fn step_crops_split_the_local_tensor_in_order() {
         let local: Vec<f32> = (0..2 * 3 * 4).map(|i| i as f32).collect();
-        let s = Step3p7Inputs {
-            global: &[],
-            global_side: 0,
-            local: &local,
-            local_side: 2,
-            num_local: 2,
-            newline_mask: &[0, 1],
+        let tensor =
+            |name: &'static str, shape: Vec<usize>, data| NamedTensor { name, shape, data };
+        let mut p = Prepared {
+            // any plan: step3p7() reads the tensors only
+            plan: Plan {
+                family: crate::Family::Step3p7,
+                processor_class: "test",
+                width: 2,
+                height: 2,
+                target: (2, 2),
+                geometry: crate::plan::Geometry::Gemma4 {
+                    gh: 1,
+                    gw: 1,
+                    pool: 1,
+                },
+                rows: 0,
+                prompt_runs: Vec::new(),
+            },
+            tensors: vec![
+                tensor(
+                    "pixel_values",
+                    vec![1, 3, 2, 2],
+                    TensorData::F32(vec![0.0; 12]),
+                ),
+                tensor("num_local_patches", vec![1], TensorData::I64(vec![2])),
+                tensor(
+                    "pixel_values_local",
+                    vec![2, 3, 2, 2],
+                    TensorData::F32(local.clone()),
+                ),
+                tensor("patch_newline_masks", vec![2], TensorData::U8(vec![0, 1])),
+            ],
         };
-        let crops: Vec<&[f32]> = s.crops().collect();
+        let s = p.step3p7().expect("a step3p7 view");
+        let crops: Vec<&[f32]> = s.crops.iter().map(|c| c.pixels).collect();
         assert_eq!(crops, vec![&local[..12], &local[12..]]);
-        let none = Step3p7Inputs {
-            local: &[],
-            local_side: 0,
-            num_local: 0,
-            ..s
-        };
-        assert_eq!(none.crops().count(), 0);
+        assert_eq!(s.newline_mask, vec![false, true]);
+        assert_eq!((s.global.height, s.crops[1].width), (2, 2));
+        p.tensors[1] = tensor("num_local_patches", vec![1], TensorData::I64(vec![0]));
+        assert_eq!(p.step3p7().expect("no crops").crops.len(), 0);
+        p.tensors[1] = tensor("num_local_patches", vec![1], TensorData::I64(vec![-1]));
+        assert!(p.step3p7().is_none(), "a negative crop count");
     }
 }

@@ -1,12 +1,9 @@
-//! A request's tower inputs: vision-prep's prepared tensors translated into each family's image
-//! type (the one place the facade does so), their patch counts, and the split into passes.
+//! A request's tower inputs: vision-prep's typed inputs (tower-core's image types) gathered per
+//! family, their patch counts, and the split into passes.
 
 use std::ops::Range;
 
-use tower_gemma::GemmaImage;
-use tower_glm5::GlmImage;
-use tower_step::{StepImage, StepView};
-use vision_prep::prepare::{Gemma4Inputs, GlmInputs, Step3p7Inputs};
+use tower_core::{GemmaImage, GlmImage, StepImage};
 use vision_prep::Prepared;
 
 use crate::tower::{Rows, Tower};
@@ -24,37 +21,14 @@ impl Tower {
     /// Patches (tower tokens before any merge or pooling) of each image.
     pub(crate) fn patches(&self, images: &Images<'_>) -> Result<Vec<usize>, InputError> {
         Ok(match images {
-            Images::Gemma4(v) => v
-                .iter()
-                .map(|i| {
-                    i.positions
-                        .chunks_exact(2)
-                        .filter(|p| p != &[-1, -1])
-                        .count()
-                })
-                .collect(),
-            Images::Glm(v) => v
-                .iter()
-                .map(|i| {
-                    let [t, h, w] = i.grid_thw;
-                    t.saturating_mul(h).saturating_mul(w)
-                })
-                .collect(),
+            Images::Gemma4(v) => v.iter().map(GemmaImage::num_patches).collect(),
+            Images::Glm(v) => v.iter().map(GlmImage::num_patches).collect(),
             Images::Step3p7(v) => {
-                let ps = self
+                let patch = self
                     .step_config()
                     .ok_or_else(|| self.wrong_inputs("step3p7"))?
-                    .patch
-                    .max(1);
-                let view =
-                    |w: &tower_step::StepView<'_>| (w.height / ps).saturating_mul(w.width / ps);
-                v.iter()
-                    .map(|i| {
-                        i.crops
-                            .iter()
-                            .fold(view(&i.global), |a, c| a.saturating_add(view(c)))
-                    })
-                    .collect()
+                    .patch;
+                v.iter().map(|i| i.num_patches(patch)).collect()
             }
         })
     }
@@ -102,59 +76,22 @@ impl Tower {
             Family::Gemma4 => Images::Gemma4(
                 prepared
                     .iter()
-                    .map(|p| p.gemma4().map(gemma_image).ok_or_else(|| missing("gemma4")))
+                    .map(|p| p.gemma4().ok_or_else(|| missing("gemma4")))
                     .collect::<Result<Vec<_>, _>>()?,
             ),
             Family::Glm5Next | Family::GlmOcr => Images::Glm(
                 prepared
                     .iter()
-                    .map(|p| p.glm().map(glm_image).ok_or_else(|| missing("glm")))
+                    .map(|p| p.glm().ok_or_else(|| missing("glm")))
                     .collect::<Result<Vec<_>, _>>()?,
             ),
             Family::Step3p7 => Images::Step3p7(
                 prepared
                     .iter()
-                    .map(|p| {
-                        p.step3p7()
-                            .map(step_image)
-                            .ok_or_else(|| missing("step3p7"))
-                    })
+                    .map(|p| p.step3p7().ok_or_else(|| missing("step3p7")))
                     .collect::<Result<Vec<_>, _>>()?,
             ),
         })
-    }
-}
-
-/// A gemma4 image of vision-prep's inputs (its real patches and their positions).
-pub fn gemma_image(g: Gemma4Inputs<'_>) -> GemmaImage<'_> {
-    GemmaImage {
-        patches: g.patches,
-        positions: g.positions,
-    }
-}
-
-/// A glm image (or video: `t` frame pairs) of vision-prep's inputs.
-pub fn glm_image(g: GlmInputs<'_>) -> GlmImage<'_> {
-    GlmImage {
-        patches: g.rows,
-        grid_thw: g.grid_thw,
-    }
-}
-
-/// The step3p7 views of vision-prep's inputs: the global view and the crops, each square with the
-/// side its tensor's shape gives.
-pub fn step_image(s: Step3p7Inputs<'_>) -> StepImage<'_> {
-    let view = |pixels, side| StepView {
-        pixels,
-        height: side,
-        width: side,
-    };
-    StepImage {
-        global: view(s.global, s.global_side),
-        crops: s.crops().map(|c| view(c, s.local_side)).collect(),
-        newline_mask: (0..s.num_local)
-            .map(|i| s.newline_mask.get(i).is_some_and(|&m| m != 0))
-            .collect(),
     }
 }
 

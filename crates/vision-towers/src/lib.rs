@@ -33,7 +33,6 @@ pub use device_rows::{DeviceOut, DeviceRows};
 pub use family::{detect_family, family_from_gguf_projector, family_from_model_type, Family};
 pub use gpu_core::{parse_tier, FAKE_DEVICE_ENV, FORCE_TIER_ENV};
 pub use gpu_core::{RowsDtype, PER_THREAD_DEFAULT_STREAM};
-pub use inputs::{gemma_image, glm_image, step_image};
 pub use inspect::inspect_json;
 pub use model::{DeviceEncoded, Encoded, Model, ModelError};
 pub use options::{

@@ -3,7 +3,6 @@
 
 use st_reader::Checkpoint;
 use tower_gemma::GemmaImage;
-use tower_glm5::GlmImage;
 use tower_step::StepProcessorOutput;
 
 use crate::inputs::Images;
@@ -198,7 +197,8 @@ impl Tower {
                         Ok([d(g[0])?, d(g[1])?, d(g[2])?])
                     })
                     .collect::<Result<Vec<[usize; 3]>, InputError>>()?;
-                let images = GlmImage::split(config, pv, &grids).map_err(InputError::family)?;
+                let images =
+                    tower_glm5::split_images(config, pv, &grids).map_err(InputError::family)?;
                 f(&Images::Glm(images))
             }
             Family::Step3p7 => {

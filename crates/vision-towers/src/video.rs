@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use crate::device_rows::Dest;
-use crate::inputs::{gemma_image, glm_image, Images};
+use crate::inputs::Images;
 use crate::tower_error::InputError;
 use crate::{DeviceOut, DeviceRows};
 use crate::{Family, Model, ModelError, PrepOpenError, RowsDtype, TowerError, WeightFile};
@@ -207,15 +207,8 @@ impl Model {
             ))
         };
         let images = match self.family() {
-            Family::Glm5Next => Images::Glm(vec![glm_image(prepared.glm().ok_or_else(missing)?)]),
-            Family::Gemma4 => Images::Gemma4(
-                prepared
-                    .gemma4_frames()
-                    .ok_or_else(missing)?
-                    .into_iter()
-                    .map(gemma_image)
-                    .collect(),
-            ),
+            Family::Glm5Next => Images::Glm(vec![prepared.glm().ok_or_else(missing)?]),
+            Family::Gemma4 => Images::Gemma4(prepared.gemma4_frames().ok_or_else(missing)?),
             other => {
                 return Err(self.video_err(PrepError::NoVideoPath(format!(
                     "the {} tower",

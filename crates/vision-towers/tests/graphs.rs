@@ -237,7 +237,7 @@ impl Glm {
         let g = |i: usize, flip: bool| {
             let p = self.prepared[i].glm().expect("glm inputs");
             GlmImage {
-                patches: if flip { &self.flipped[i] } else { p.rows },
+                patches: if flip { &self.flipped[i] } else { p.patches },
                 grid_thw: p.grid_thw,
             }
         };
@@ -271,7 +271,7 @@ fn glm_graph_replays_equal_eager_rows_bitwise() {
             .map(|p| {
                 p.glm()
                     .expect("glm inputs")
-                    .rows
+                    .patches
                     .iter()
                     .map(|v| -v)
                     .collect()

@@ -34,8 +34,9 @@ use serde_json::Value;
 
 use crate::config::Token;
 use crate::plan::{Family, PromptRun};
-use crate::prepare::{grid_row, Gemma4Inputs, GlmInputs, NamedTensor, TensorData};
+use crate::prepare::{grid_row, NamedTensor, TensorData};
 use crate::source::{AdmissionLimits, ImageSource};
+use tower_core::{GemmaImage, GlmImage};
 
 /// Default cap on the frames a video may have (its metadata's `total_num_frames`): 4096, a bit
 /// over two minutes at 30 fps. Ours, not upstream's (which has none).
@@ -318,7 +319,7 @@ impl PreparedVideo {
 
     /// The glm tower inputs: the rows and `[t, h, w]` (the tower runs `t` attention segments,
     /// one per frame pair, as upstream's `get_video_features` does).
-    pub fn glm(&self) -> Option<GlmInputs<'_>> {
+    pub fn glm(&self) -> Option<GlmImage<'_>> {
         let rows = match &self.tensor("pixel_values_videos")?.data {
             TensorData::F32(v) => v.as_slice(),
             _ => return None,
@@ -327,14 +328,14 @@ impl PreparedVideo {
             TensorData::I64(v) => v,
             _ => return None,
         };
-        Some(GlmInputs {
-            rows,
+        Some(GlmImage {
+            patches: rows,
             grid_thw: grid_row(g)?,
         })
     }
 
     /// The gemma4 tower inputs, one image per frame (its real patches, no padding rows).
-    pub fn gemma4_frames(&self) -> Option<Vec<Gemma4Inputs<'_>>> {
+    pub fn gemma4_frames(&self) -> Option<Vec<GemmaImage<'_>>> {
         let pv = match &self.tensor("pixel_values_videos")?.data {
             TensorData::F32(v) => v.as_slice(),
             _ => return None,
@@ -350,10 +351,9 @@ impl PreparedVideo {
             .map(|f| {
                 let p = pos.get(f * max_patches * 2..(f + 1) * max_patches * 2)?;
                 let n = p.chunks_exact(2).take_while(|xy| xy != &[-1, -1]).count();
-                Some(Gemma4Inputs {
+                Some(GemmaImage {
                     patches: pv.get(f * max_patches * row..(f * max_patches + n) * row)?,
                     positions: p.get(..n * 2)?,
-                    num_patches: n,
                 })
             })
             .collect()
