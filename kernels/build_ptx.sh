@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Compile kernels/*.cu to PTX (sm_90; `*_sm90a.cu` for sm_90a, the wgmma kernels) and write the manifest
-# the gpu-core tests check. The portable modules (every `.cu` but `*_sm90a.cu`) are also compiled for the
+# Compile gpu-core's kernels (crates/gpu-core/kernels/*.cu) to PTX (sm_90; `*_sm90a.cu` for sm_90a, the
+# wgmma kernels) and write the manifest the gpu-core tests check. The portable modules (every `.cu` but `*_sm90a.cu`) are also compiled for the
 # lowest compute capability of each older tier (gpu_core::tier): compute_80 (Ampere, Ada) into sm80/ and
 # compute_75 (Turing) into sm75/; kernels/build_sass.sh packs those into the tiers' fatbins.
-# Usage: kernels/build_ptx.sh [OUT_DIR]   (default: kernels/ptx next to this script)
+# Usage: kernels/build_ptx.sh [OUT_DIR]   (default: crates/gpu-core/kernels/ptx, the committed PTX)
 # Environment: NVCC (default: nvcc on PATH). All nvcc flags live here and nowhere else.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-OUT="${1:-$HERE/ptx}"
+# the shipped kernels live inside gpu-core's package (a .crate holds only files under its crate)
+SRC="$HERE/../crates/gpu-core/kernels"
+OUT="${1:-$SRC/ptx}"
 NVCC="${NVCC:-nvcc}"
 FLAGS=(-arch=sm_90 -O3 -std=c++17 --ptx -lineinfo)
 REPORT_FLAGS=(-arch=sm_90 -O3 -std=c++17 -cubin -Xptxas -v)
@@ -18,7 +20,8 @@ REPORT_FLAGS_90A=(-gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -cubin -X
 TIERS=(80 75)
 mkdir -p "$OUT"
 VERSION="$("$NVCC" --version | tail -n 2 | head -n 1)"
-cd "$HERE"
+mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"  # absolute: nvcc runs inside $SRC
+cd "$SRC"
 sources=$(ls *.cu | sort)
 : > "$OUT/RESOURCES.txt"
 for src in $sources; do

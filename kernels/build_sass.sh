@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Assemble the committed PTX (kernels/ptx/*.ptx) into SASS for the GPUs gpu-core ships compiled code
-# for: one compressed fatbin per module in kernels/sass/, and kernels/sass/MANIFEST.json (ptxas and
+# Assemble the committed PTX (crates/gpu-core/kernels/ptx/*.ptx) into SASS for the GPUs gpu-core ships
+# compiled code for: one compressed fatbin per module in crates/gpu-core/kernels/sass/, and its
+# MANIFEST.json (ptxas and
 # fatbinary versions, the architectures, the sha256 of every PTX it was assembled from and of every
 # fatbin). gpu-core embeds the fatbins and loads the one that matches the device (no JIT); the PTX stays
 # the fallback for any other device. A gpu-core test fails when a PTX no longer matches the manifest.
@@ -12,11 +13,12 @@
 # compressed): sass/sm80/<module>.fatbin holds SASS for sm_80, sm_86 and sm_89 and the compute_80 PTX
 # (the driver JIT-compiles it on any other Ampere/Ada part, and on a newer card forced to that tier),
 # sass/sm75/<module>.fatbin SASS for sm_75 and the compute_75 PTX.
-# Usage: kernels/build_sass.sh [OUT_DIR]   (default: kernels/sass next to this script)
+# Usage: kernels/build_sass.sh [OUT_DIR]   (default: crates/gpu-core/kernels/sass, the committed SASS)
 # Environment: PTXAS, FATBINARY (default: on PATH). All ptxas flags live here and nowhere else.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-OUT="${1:-$HERE/sass}"
+SRC="$HERE/../crates/gpu-core/kernels"  # the shipped kernels, inside gpu-core's package
+OUT="${1:-$SRC/sass}"
 PTXAS="${PTXAS:-ptxas}"
 FATBINARY="${FATBINARY:-fatbinary}"
 read -r -a ARCHS <<< "${SASS_ARCHS:-90 100 120}"  # SASS_ARCHS narrows the list (e.g. an older toolkit)
@@ -29,7 +31,7 @@ TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"  # absolute: the fatbinary step runs inside $TMP
-cd "$HERE/ptx"
+cd "$SRC/ptx"
 for ptx in $(ls *.ptx | sort); do
     name="${ptx%.ptx}"
     archs=("${ARCHS[@]}")

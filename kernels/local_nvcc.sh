@@ -2,7 +2,7 @@
 # Installs NVIDIA's nvcc 13.0.88 (the GPU machine's version) from PyPI wheels into a virtual environment, so
 # kernels/build_ptx.sh and ptxas reports (registers, spills, wgmma serialisation warnings) work on a machine
 # without the CUDA toolkit or a GPU; the PTX it writes is identical to the GPU machine's (checked 2026-12-01:
-# every kernels/ptx/*.ptx the same but for the toolkit path in `.file` lines). cuobjdump and nvdisasm come
+# every crates/gpu-core/kernels/ptx/*.ptx the same but for the toolkit path in `.file` lines). cuobjdump and nvdisasm come
 # along for SASS listings (`cuobjdump -sass x.cubin`).
 # Usage: source <(bash kernels/local_nvcc.sh)      # prints the `export PATH=...` line; NVCC_ENV overrides the venv
 set -euo pipefail

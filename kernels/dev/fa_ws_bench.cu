@@ -1,5 +1,5 @@
 // Development harness (not part of gpu-core): checks the warp-specialised TMA kernels of
-// kernels/flash_attn_sm90a.cu against an f32 reference — every row of ragged segment sets and sampled rows of the
+// crates/gpu-core/kernels/flash_attn_sm90a.cu against an f32 reference — every row of ragged segment sets and sampled rows of the
 // tower shapes — and times every configuration against the previous wgmma kernel (dev/flash_attn_sw_sm90a.cu,
 // "sw w2") on the tower shapes, without the Rust stack. Build and run on the GPU machine:
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 kernels/dev/fa_ws_bench.cu -lcuda -o /tmp/faws && /tmp/faws
@@ -17,7 +17,7 @@
 
 #include "flash_attn_sw_sm90a.cu"
 #define FLASH_WS_NO_ENTRIES
-#include "../flash_attn_sm90a.cu"
+#include "../../crates/gpu-core/kernels/flash_attn_sm90a.cu"
 
 #define CK(x)                                                                                    \
     do {                                                                                         \

@@ -1,4 +1,4 @@
-// Development baseline (not built into gpu-core since v0.3; kernels/flash_attn_sm90a.cu replaced it): the v0.2
+// Development baseline (not built into gpu-core since v0.3; crates/gpu-core/kernels/flash_attn_sm90a.cu replaced it): the v0.2
 // non-causal variable-length flash attention on Hopper warpgroup MMAs (wgmma, sm_90a only: gpu-core
 // loads this module when the device runs it and falls back to flash_attn.cu's mma.sync kernels otherwise).
 // bf16 in, f32 accumulation and online softmax; no n x n matrix is ever stored.
@@ -10,8 +10,8 @@
 // (the S accumulator layout is the A-fragment layout); O += P·V by 4 wgmma m64nHDk16 (V from shared
 // memory, N-major). head_dim 72: Q·Kᵀ runs over 80 columns (the pad chunk zeroed), P·V with N = 72.
 // kernels/dev/fa_bench.cu is the harness that checked and timed the variants (docs/notes/gpu-core.md).
-#include "../common.cuh"
-#include "../wgmma_ops.cuh"
+#include "../../crates/gpu-core/kernels/common.cuh"
+#include "../../crates/gpu-core/kernels/wgmma_ops.cuh"
 
 namespace fa_wg {
 

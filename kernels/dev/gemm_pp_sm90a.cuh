@@ -3,7 +3,7 @@
 // the tensor cores (named barriers 1 and 2) so one's epilogue runs under the other's products. Measured
 // 0.61–0.88× of cuBLASLt + the activation pass on the H200 (docs/PERF.md v0.10): 128×128 tiles read
 // 32 KB per k-block for 2.1 MFLOP, about twice the cooperative 128×256 tile's L2 traffic per FLOP.
-// Include after ../gemm_sm90a.cu.
+// Include after crates/gpu-core/kernels/gemm_sm90a.cu.
 namespace gemm_ws {
 
 template <> struct Mma<128> {

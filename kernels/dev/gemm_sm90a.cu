@@ -1,4 +1,4 @@
-// Development variants of the fused-activation GEMM (kernels/gemm_sm90a.cu, the one gpu-core loads), built
+// Development variants of the fused-activation GEMM (crates/gpu-core/kernels/gemm_sm90a.cu, the one gpu-core loads), built
 // by gemm_ws_bench.cu only, kept for their measurements (docs/PERF.md v0.10–v0.11):
 // - gemm_coop: the same cooperative mainloop with the epilogue stored straight from the accumulator registers
 //   (16-byte pieces of rows; 0.74–0.93× of cuBLASLt + the separate activation pass), optionally in clusters of
@@ -10,7 +10,7 @@
 // - gemm_act_sb: the production body with a branch-free epilogue (bias staged in shared memory): 0–13 % behind
 //   production's per-tile choice of the bias kind (PERF v0.12), whose 256-thread barrier per tile it does not need.
 // The production kernel's bulk-store epilogue beat all of them (1.07–1.39×).
-#include "../gemm_sm90a.cu"
+#include "../../crates/gpu-core/kernels/gemm_sm90a.cu"
 
 namespace gemm_ws {
 using namespace sm90;

@@ -23,7 +23,7 @@
 #define SM90_MBAR_TRAP_AFTER 20000000LL
 #include "gemm_sm90a.cu"
 #include "gemm_pp_sm90a.cuh"
-#include "../act.cu"
+#include "../../crates/gpu-core/kernels/act.cu"
 
 #define CK(x)                                                                          \
     do {                                                                               \
@@ -308,7 +308,7 @@ int main(int argc, char** argv) {
         bool fast;
         bool noepi = false;
         bool epiwg = false;  // the epilogue-warps variant (3 stages)
-        bool ts = false;     // the production kernel (kernels/gemm_sm90a.cu: bulk-store epilogue)
+        bool ts = false;     // the production kernel (crates/gpu-core/kernels/gemm_sm90a.cu: bulk-store epilogue)
         bool bf = false;     // (with ts) its body with the bias type fixed at compile time (`gab`)
         bool sb = false;     // (with ts) the branch-free epilogue candidate (`gsb`)
     };

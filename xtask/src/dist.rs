@@ -87,7 +87,8 @@ fn header_path() -> PathBuf {
     workspace_root().join("crates/vision-towers-c/include/vision_towers.h")
 }
 
-fn target_dir() -> PathBuf {
+/// The cargo target directory: `$CARGO_TARGET_DIR`, else the workspace's `target/`.
+pub(crate) fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"))

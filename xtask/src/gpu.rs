@@ -36,11 +36,12 @@ const STAGED_GPU_TESTS: [(&str, &str); 5] = [
 
 /// Entry point of `cargo xtask ptx`: runs `kernels/build_ptx.sh`, then `kernels/build_sass.sh`
 /// (needs nvcc, ptxas and fatbinary, or `NVCC=/path/to/nvcc`), so the SASS always follows the PTX.
+/// Both write into `crates/gpu-core/kernels/` (`ptx/`, `sass/`), inside gpu-core's package.
 pub fn ptx(args: &[String]) -> Result<()> {
     let root = workspace_root();
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
     if Command::new(&nvcc).arg("--version").output().is_err() {
-        bail!("`{nvcc}` not found: install the CUDA toolkit (or set NVCC), or run kernels/build_ptx.sh on a CUDA machine and copy kernels/ptx/ back");
+        bail!("`{nvcc}` not found: install the CUDA toolkit (or set NVCC), or run kernels/build_ptx.sh on a CUDA machine and copy crates/gpu-core/kernels/ptx/ back");
     }
     let status = Command::new("bash")
         .arg(root.join("kernels/build_ptx.sh"))
@@ -533,7 +534,7 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 OUT="${OUT:-/tmp/capi-out}"
 mkdir -p "$OUT" /tmp/capi-scratch
 export VT_FIXTURES="${VT_FIXTURES:-$ROOT/fixtures}" VT_CAPI_LIB_DIR="$HERE" VT_CTEST="$HERE/vt_ctest"     VT_CAPI_SCRATCH=/tmp/capi-scratch
-# The PTX the kernels/*.cu of this tree give where it differs from the committed one (else the
+# The PTX the crates/gpu-core/kernels/*.cu of this tree give where it differs from the committed one (else the
 # embedded SASS, what a user loads), unless GPU_CORE_PTX_DIR already names one.
 if [ -z "${GPU_CORE_PTX_DIR:-}" ] && command -v "${NVCC:-nvcc}" >/dev/null; then
     fresh=$(bash "$ROOT/kernels/ptx_override.sh" /tmp/capi-ptx) && [ -n "$fresh" ] && export GPU_CORE_PTX_DIR="$fresh"
@@ -574,7 +575,7 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 OUT="${{OUT:-/tmp/facade-out}}"
 mkdir -p "$OUT"
 export VT_FIXTURES="$ROOT/fixtures" VT_VTOWER="$HERE/vtower"
-# The PTX the kernels/*.cu of this tree give where it differs from the committed one (else the
+# The PTX the crates/gpu-core/kernels/*.cu of this tree give where it differs from the committed one (else the
 # embedded SASS, what a user loads), unless GPU_CORE_PTX_DIR already names one (e.g. the one
 # kernels/device_run.sh built).
 if [ -z "${{GPU_CORE_PTX_DIR:-}}" ] && command -v "${{NVCC:-nvcc}}" >/dev/null; then

@@ -11,6 +11,7 @@ mod gemma_check;
 mod glm_check;
 mod gpu;
 mod kernel_bench;
+mod package;
 mod parity;
 mod parity_case;
 mod pipeline;
@@ -32,13 +33,18 @@ const USAGE: &str = "usage: cargo xtask <command> [args]
 commands:
   test       the whole suite CI runs: cargo test --workspace --locked, parity, the Python
              package's tests against the manylinux wheel installed in a fresh venv (--no-python
-             skips them, --python-only runs only them), dist --check (--no-dist skips it), then
+             skips them, --python-only runs only them), package (--no-package skips it), dist
+             --check (--no-dist skips it), then
              every fuzz target for 60 s on top of the committed corpus (cargo xtask fuzz;
              --no-fuzz skips it)
   dist       the C library as target/dist/vision-towers-<version>-x86_64-linux.tar.gz (lib/,
              include/, pkg-config, CMake config) [--check: unpack it elsewhere, build the C
              example with pkg-config and the C++ one with CMake against it, compare their rows
              with upstream's]
+  package    every library crate as the .crate cargo publish would upload (target/package/):
+             sizes and file counts, fails over crates.io's 10 MiB or when gpu-core's lacks a
+             kernel file it needs, then builds the crates from those .crate files alone
+             [--allow-dirty: package uncommitted changes too]
   fuzz       the cargo-fuzz targets of fuzz/, each for a bounded time on the committed corpus;
              new inputs to target/fuzz/new, a crash fails it with the reproducer's path
              [--seconds N] [--target T] [--jobs J] [--merge [--seeds]] [--reproduce FILE]
@@ -47,7 +53,8 @@ commands:
              [--require-cuda: a CUDA row that did not run fails; implied where a GPU is present]
   rows-digest  one sha256 of the host (CPU) rows per fixture model and image, through the facade
              (alone and batched): diff the output before and after a refactor
-  ptx        compile kernels/*.cu to committed PTX (nvcc) and that PTX to committed SASS fatbins (CUDA machine only)
+  ptx        compile crates/gpu-core/kernels/*.cu to committed PTX (nvcc) and that PTX to committed
+             SASS fatbins (CUDA machine only)
   gpu-test   every GPU (ignored) test of the workspace, then parity --require-cuda; needs a
              CUDA device and fails when no GPU test ran [--prepare: stage binaries in .device/]
   bench      our towers against PyTorch (eager, torch.compile) on the anchors' shapes (GPU machine)
@@ -81,6 +88,7 @@ fn main() -> Result<()> {
         "dist" => dist::run(rest),
         "fixtures" => fixtures::run(rest),
         "fuzz" => fuzz::run(rest),
+        "package" => package::run(rest),
         "parity" => parity::run(rest),
         "rows-digest" => rows_digest::run(rest),
         "ptx" => gpu::ptx(rest),

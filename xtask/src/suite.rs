@@ -1,6 +1,7 @@
 //! `cargo xtask test`: the whole suite CI runs (`.ci/run`), in one command —
 //! `cargo test --workspace --locked`, the parity table (`cargo xtask parity`), the Python
-//! package's tests (`bindings/python/tests`, pytest) against the wheel we would ship, and the C
+//! package's tests (`bindings/python/tests`, pytest) against the wheel we would ship, every
+//! library crate packaged and built from its `.crate` alone (`cargo xtask package`), and the C
 //! release tarball checked from the outside (`cargo xtask dist --check`).
 //!
 //! The Python step builds the manylinux abi3 wheel (`maturin build --release --zig`), installs
@@ -13,17 +14,19 @@ use std::time::Instant;
 
 use crate::workspace_root;
 
-/// Entry point of `cargo xtask test [--no-python | --python-only] [--no-dist] [--no-fuzz]`.
+/// Entry point of `cargo xtask test [--no-python | --python-only] [--no-package] [--no-dist]
+/// [--no-fuzz]`.
 pub fn run(args: &[String]) -> Result<()> {
-    let (mut rust, mut python, mut dist, mut fuzz) = (true, true, true, true);
+    let (mut rust, mut python, mut package, mut dist, mut fuzz) = (true, true, true, true, true);
     for a in args {
         match a.as_str() {
             "--no-python" => python = false,
-            "--python-only" => (rust, dist, fuzz) = (false, false, false),
+            "--python-only" => (rust, package, dist, fuzz) = (false, false, false, false),
+            "--no-package" => package = false,
             "--no-dist" => dist = false,
             "--no-fuzz" => fuzz = false,
             other => bail!(
-                "usage: cargo xtask test [--no-python | --python-only] [--no-dist] [--no-fuzz] (unknown argument {other})"
+                "usage: cargo xtask test [--no-python | --python-only] [--no-package] [--no-dist] [--no-fuzz] (unknown argument {other})"
             ),
         }
     }
@@ -32,6 +35,14 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     if python {
         timed("the Python step", || python_tests(&[]))?;
+    }
+    // What is checked is what the tree holds: CI's clean clone, or a checkout's edits (cargo's
+    // refusal of uncommitted files guards `cargo publish`, not this build).
+    if package {
+        step("cargo xtask package --allow-dirty");
+        timed("the packaging step", || {
+            crate::package::run(&["--allow-dirty".into()])
+        })?;
     }
     if dist {
         timed("the C tarball step", || {

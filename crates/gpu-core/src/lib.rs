@@ -12,8 +12,10 @@
 //!   over interleaved gate|up rows) in the epilogue, our own wgmma kernel; [`ActLinear`] uploads an MLP's
 //!   gate|up for it where the device has it, else (and every plain fc1, [`fuses`]) for cuBLASLt + the
 //!   activation pass.
-//! - Kernels live in `kernels/*.cu`; their PTX is committed in `kernels/ptx/` and embedded with
-//!   `include_str!` (override at run time with `GPU_CORE_PTX_DIR`). See [`kernels`].
+//! - Kernels live in this crate's `kernels/*.cu`; their PTX (`kernels/ptx/`) and SASS fatbins
+//!   (`kernels/sass/`) are committed beside them, shipped in the package and embedded with
+//!   `include_str!` / `include_bytes!`, so no build needs nvcc (override the PTX at run time with
+//!   `GPU_CORE_PTX_DIR`). See [`kernels`].
 //!
 //! **Architecture Invariant:** every device operation has a host twin in [`host`] with the same
 //! layout; the GPU tests (`#[ignore = "needs a CUDA device"]`, run by `cargo xtask gpu-test`)

@@ -55,7 +55,7 @@ impl CodeSet {
         }
     }
 
-    /// The SASS architectures this code set's fatbins hold (`kernels/build_sass.sh`).
+    /// The SASS architectures this code set's fatbins hold (the repository's `kernels/build_sass.sh`).
     pub fn sass_archs(self) -> &'static [u32] {
         match self {
             CodeSet::Sm90 => &[90, 100, 120],

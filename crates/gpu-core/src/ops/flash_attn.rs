@@ -84,7 +84,7 @@ fn no_bf16_attention(head_dim: usize) -> GpuError {
 }
 
 /// Head-dim-64 throughput of the two warp-specialised kernels when the grid fills many waves (TFLOP/s on the
-/// H200, `kernels/dev/fa_ws_bench.cu`, n = 12288): the wave model in [`ws_default`] weighs them.
+/// H200, the repository's `kernels/dev/fa_ws_bench.cu`, n = 12288): the wave model in [`ws_default`] weighs them.
 const WS3_HD64_TFLOPS: f64 = 532.0;
 /// See [`WS3_HD64_TFLOPS`].
 const WS2_HD64_TFLOPS: f64 = 466.0;
