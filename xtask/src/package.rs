@@ -16,6 +16,11 @@
 //!    `cargo build --workspace` there (libraries and the `vtower` binary, default features), in
 //!    its own target directory (`target/package/verify-target`, kept between runs). Nothing of
 //!    the repository outside the `.crate`s is in reach of that build.
+//! 4. A scratch crate in that workspace (`scratch-encode`, not published) depends on
+//!    `vision-towers` by version, as an engine would from a registry (the patch resolves it to the
+//!    packaged sources), and runs the README's encode (`Model::open` on the CPU, `encode` of one
+//!    image) on each fixture family; its rows must be bitwise the rows this repository's library
+//!    gives for the same model and image (what `vtower encode --device cpu` writes).
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::BTreeSet;
 use std::fs;
@@ -182,6 +187,8 @@ fn verify(root: &Path, out: &Path, version: &str, crates: &[(&str, PathBuf)]) ->
         members.push_str(&format!("    \"{name}-{version}\",\n"));
         patches.push_str(&format!("{name} = {{ path = \"{name}-{version}\" }}\n"));
     }
+    write_scratch(&work, version)?;
+    members.push_str(&format!("    \"{SCRATCH}\",\n"));
     fs::write(
         work.join("Cargo.toml"),
         format!(
@@ -208,6 +215,99 @@ fn verify(root: &Path, out: &Path, version: &str, crates: &[(&str, PathBuf)]) ->
         crates.len(),
         out.display()
     );
+    scratch_encodes(root, &target)
+}
+
+/// The scratch crate's name (a member of the verify workspace, never published).
+const SCRATCH: &str = "scratch-encode";
+
+/// The fixture models and image the scratch crate encodes, one per family's program.
+const SCRATCH_CASES: [&str; 4] = ["gemma4", "glm5_next", "glm_ocr", "step3p7"];
+const SCRATCH_IMAGE: &str = "fixtures/images/coffee_144x96.jpg";
+
+/// Writes the scratch crate: a binary that depends on `vision-towers` by version (as an engine
+/// from a registry) and writes the README's CPU encode of one image as little-endian f32.
+fn write_scratch(work: &Path, version: &str) -> Result<()> {
+    let dir = work.join(SCRATCH);
+    fs::create_dir_all(dir.join("src"))?;
+    fs::write(
+        dir.join("Cargo.toml"),
+        format!(
+            "[package]\nname = \"{SCRATCH}\"\nversion = \"0.0.0\"\nedition = \"2021\"\npublish = false\n\n\
+             [dependencies]\nvision-towers = {{ version = \"{version}\", default-features = false }}\n"
+        ),
+    )?;
+    fs::write(
+        dir.join("src/main.rs"),
+        r#"//! The README's encode, from the packaged crates: MODEL IMAGE OUT (rows as f32 LE).
+use std::io::Write;
+use std::path::Path;
+use vision_towers::vision_prep::{ImageSource, PrepSettings};
+use vision_towers::{Device, Model};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, model, image, out] = args.as_slice() else {
+        return Err("usage: scratch-encode MODEL IMAGE OUT".into());
+    };
+    let model = Model::open(Path::new(model), Device::Cpu, PrepSettings::default())?;
+    let bytes = std::fs::read(image)?;
+    let encoded = model.encode(&[ImageSource::Bytes(&bytes)])?;
+    let mut file = std::io::BufWriter::new(std::fs::File::create(out)?);
+    for e in &encoded {
+        for v in &e.rows {
+            file.write_all(&v.to_le_bytes())?;
+        }
+    }
+    file.flush()?;
+    Ok(())
+}
+"#,
+    )?;
+    Ok(())
+}
+
+/// Runs the scratch crate's encode on every fixture family and compares its rows, bitwise, with
+/// this repository's library on the same model and image.
+fn scratch_encodes(root: &Path, target: &Path) -> Result<()> {
+    use vision_towers::vision_prep::{ImageSource, PrepSettings};
+    let exe = target.join("debug").join(SCRATCH);
+    let image = root.join(SCRATCH_IMAGE);
+    let bytes = fs::read(&image).with_context(|| format!("reading {}", image.display()))?;
+    println!("\n| fixture model | rows × width | scratch crate vs repository |\n|---|---|---|");
+    for case in SCRATCH_CASES {
+        let model = root.join("fixtures/models").join(case);
+        let out = target.join(format!("scratch-{case}.f32"));
+        let status = Command::new(&exe)
+            .arg(&model)
+            .arg(&image)
+            .arg(&out)
+            .status()
+            .with_context(|| format!("running {}", exe.display()))?;
+        ensure!(
+            status.success(),
+            "the scratch crate's encode of {case} failed ({status})"
+        );
+        let got = fs::read(&out)?;
+        let m = vision_towers::Model::open(
+            &model,
+            vision_towers::Device::Cpu,
+            PrepSettings::default(),
+        )?;
+        let want: Vec<u8> = m
+            .encode(&[ImageSource::Bytes(&bytes)])?
+            .iter()
+            .flat_map(|e| e.rows.iter().flat_map(|v| v.to_le_bytes()))
+            .collect();
+        let rows = want.len() / 4 / m.width().max(1);
+        ensure!(
+            got == want,
+            "{case}: the packaged crates' rows differ from the repository's ({} vs {} bytes)",
+            got.len(),
+            want.len()
+        );
+        println!("| {case} | {rows} × {} | bitwise equal |", m.width());
+    }
     Ok(())
 }
 
