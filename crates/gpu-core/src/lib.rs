@@ -48,6 +48,8 @@ mod gpu_tests_attn;
 mod gpu_tests_fused;
 #[cfg(test)]
 mod gpu_tests_graph;
+#[cfg(test)]
+mod gpu_tests_layout;
 
 pub use act_linear::{fuses, ActLinear};
 pub use device::{
