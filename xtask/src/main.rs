@@ -14,6 +14,7 @@ mod kernel_bench;
 mod package;
 mod parity;
 mod parity_case;
+mod parity_device;
 mod pipeline;
 mod prep_breakdown;
 mod progress;

@@ -52,7 +52,10 @@ pub fn runners() -> Vec<Box<dyn Runner>> {
     let mut v: Vec<Box<dyn Runner>> = Vec::new();
     for (variants, source) in SOURCES {
         for precision in Arith::ALL {
-            match crate::towers::runner(variants, source, precision) {
+            match crate::towers::runner(variants, source, precision)
+                .or_else(|| crate::towers_glm::runner(variants, source, precision))
+                .or_else(|| crate::towers_step::runner(variants, source, precision))
+            {
                 Some(r) => v.push(r),
                 None => v.push(Box::new(Pending {
                     variants,
@@ -94,7 +97,7 @@ pub fn rows_for(runner: &dyn Runner, fixtures: &Path, case: &Case) -> Vec<Row> {
         note,
     };
     if runner.precision() == Arith::Cuda(Precision::Bf16) {
-        if let Ok(dev) = crate::towers::shared_device() {
+        if let Ok(dev) = crate::parity_device::shared_device() {
             if !dev.supports_bf16() {
                 let why = format!("tier {} has no bf16 tensor cores", dev.tier());
                 return vec![row("*", None, Verdict::Refused, why)];
@@ -182,10 +185,10 @@ pub fn run(args: &[String]) -> Result<()> {
             other => bail!("unknown argument `{other}`\n{USAGE}"),
         }
     }
-    if require_cuda.is_none() && crate::towers::gpu_present() {
+    if require_cuda.is_none() && crate::parity_device::gpu_present() {
         require_cuda = Some(format!(
             "a GPU is present (the CUDA driver reports a device, or {} is set)",
-            crate::towers::SIMULATE_GPU_ENV
+            crate::parity_device::SIMULATE_GPU_ENV
         ));
     }
     let fixtures = crate::fixtures::fixtures_dir();
@@ -225,7 +228,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "\n{pass} pass, {fail} fail, {ni} not implemented, {nr} not run (no device), {refused} \
          refused by the device's tier"
     );
-    if let Ok(dev) = crate::towers::shared_device() {
+    if let Ok(dev) = crate::parity_device::shared_device() {
         println!("GPU tier: {}", dev.tier());
     }
     judge(&rows, require_cuda.as_deref())
@@ -407,7 +410,7 @@ mod tests {
     }
 
     /// A CUDA path whose device did not open for the reason `self.0`, as the tower runners report it.
-    struct Unopened(crate::towers::NoCuda, Arith);
+    struct Unopened(crate::parity_device::NoCuda, Arith);
     impl Runner for Unopened {
         fn source(&self) -> &str {
             "hf"
@@ -438,7 +441,7 @@ mod tests {
     /// with or without `--require-cuda`. Only gpu-core's `NoDevice` reads "not run".
     #[test]
     fn a_device_that_does_not_open_fails_every_cuda_row() {
-        use crate::towers::{classify, NoCuda};
+        use crate::parity_device::{classify, NoCuda};
         use gpu_core::GpuError;
         let (fixtures, case) = a_tower_case();
         for err in [
@@ -468,7 +471,7 @@ mod tests {
     /// did not run fails the command, which says why.
     #[test]
     fn require_cuda_fails_when_a_cuda_row_did_not_run() {
-        use crate::towers::{classify, NoCuda};
+        use crate::parity_device::{classify, NoCuda};
         let (fixtures, case) = a_tower_case();
         let no = classify(Err(gpu_core::GpuError::NoDevice(
             "the CUDA driver library (libcuda.so.1) is not installed".into(),

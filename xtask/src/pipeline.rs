@@ -733,7 +733,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let dev: Option<Arc<Device>> = if o.host {
         None
     } else {
-        Some(crate::towers::shared_device().map_err(|e| anyhow::anyhow!("{e}"))?)
+        Some(crate::parity_device::shared_device().map_err(|e| anyhow::anyhow!("{e}"))?)
     };
     let device_name = match &dev {
         Some(d) => format!("{} ({} SMs)", d.name()?, d.multiprocessors()?),

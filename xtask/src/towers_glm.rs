@@ -127,7 +127,7 @@ impl Runner for GlmCudaRunner {
         self.variants.contains(&variant)
     }
     fn run(&self, fixtures: &Path, case: &Case) -> Outcome {
-        let dev = match crate::towers::shared_device() {
+        let dev = match crate::parity_device::shared_device() {
             Ok(d) => d,
             Err(no) => return no.outcome(),
         };

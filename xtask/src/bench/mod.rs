@@ -711,7 +711,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let side = if o.host {
         Side::Host
     } else {
-        match crate::towers::shared_device() {
+        match crate::parity_device::shared_device() {
             Ok(d) => Side::Cuda(d),
             Err(why) => Side::None(why.to_string()),
         }
