@@ -7,6 +7,9 @@
 //! passes the directory on (`DEP_JPEG_INCLUDE`): this reads `WITH_SIMD` from there, so the
 //! warning tells what was built, not a guess about the PATH.
 //!
+//! What it found is compiled in as `vision_prep::JPEG_SIMD`, so a timing run can say which
+//! decoder it measured.
+//!
 //! `VT_REQUIRE_JPEG_SIMD=1` turns the warning into a build failure: the release builds of what
 //! ships (`cargo xtask test`'s wheel and `cargo xtask dist`) set it.
 use std::path::Path;
@@ -15,19 +18,27 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=DEP_JPEG_INCLUDE");
     println!("cargo:rerun-if-env-changed=VT_REQUIRE_JPEG_SIMD");
-    let Some(include) = std::env::var_os("DEP_JPEG_INCLUDE") else {
-        return;
+    let jconfig = std::env::var_os("DEP_JPEG_INCLUDE").and_then(|include| {
+        std::env::split_paths(&include)
+            .map(|dir| dir.join("jconfig.h"))
+            .find(|p| p.is_file())
+    });
+    let simd = jconfig.as_ref().and_then(|p| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|text| text.lines().any(|l| l.trim() == "#define WITH_SIMD 1"))
+    });
+    // What `vision_prep::JPEG_SIMD` reports: "1", "0", or "" where the header was not found.
+    let spelled = match simd {
+        Some(true) => "1",
+        Some(false) => "0",
+        None => "",
     };
-    let jconfig = std::env::split_paths(&include)
-        .map(|dir| dir.join("jconfig.h"))
-        .find(|p| p.is_file());
+    println!("cargo:rustc-env=VT_JPEG_SIMD={spelled}");
     let Some(jconfig) = jconfig else {
         return;
     };
-    let simd = std::fs::read_to_string(&jconfig)
-        .map(|text| text.lines().any(|l| l.trim() == "#define WITH_SIMD 1"))
-        .unwrap_or(true);
-    if !simd {
+    if simd == Some(false) {
         warn(&jconfig);
         if std::env::var_os("VT_REQUIRE_JPEG_SIMD").is_some_and(|v| v == "1") {
             eprintln!(

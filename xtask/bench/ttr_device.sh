@@ -14,7 +14,8 @@
 #
 # Build and stage here (a machine with cargo and nasm; no GPU needed), from the repository root:
 #   CARGO_TARGET_DIR=/work/main/target bash xtask/bench/ttr_device.sh --stage
-# which runs `cargo build --release --locked -p xtask` and copies the binary, stripped, to
+# which runs `VT_REQUIRE_JPEG_SIMD=1 cargo build --release --locked -p xtask` (refused where
+# libjpeg-turbo was built without nasm's SIMD) and copies the binary, stripped, to
 # .device/ttr/xtask. Then on the device (no cargo there), from the repository root:
 #   OUT=$OUT bash xtask/bench/ttr_device.sh
 # carry [".device/ttr", ".whl"] (.whl/transformers-5.23.0-*.whl, as bench_device.sh; the tree
@@ -31,8 +32,9 @@ if [ "${1:-}" = "--stage" ]; then
     set -e
     cd "$ROOT"
     T="${CARGO_TARGET_DIR:-$ROOT/target}"
-    command -v nasm > /dev/null || echo "warning: no nasm: libjpeg-turbo builds without SIMD (slower decode)"
-    cargo build --release --locked -p xtask
+    # A libjpeg-turbo without SIMD decodes about 2x slower: the decode column would measure the
+    # build, not the code (docs/PERF.md v0.16). Refuse it (vision-prep's build script).
+    VT_REQUIRE_JPEG_SIMD=1 cargo build --release --locked -p xtask
     rm -rf "$D" && mkdir -p "$D"
     cp "$T/release/xtask" "$D/xtask"
     strip --strip-debug "$D/xtask" 2> /dev/null || true

@@ -12,6 +12,8 @@
 //!
 //! - admission: `Preprocessor::plan` (format sniff, header, budget, plan);
 //! - decode: `Preprocessor::decode` (as `prepare` decodes: a large baseline JPEG in row bands);
+//! - decode, 1 band: the same file with `PrepSettings::parallel` off (one decompressor, the
+//!   decode before the bands), so a run shows what the bands gain on its cores;
 //! - resize: `Preprocessor::resized_views` (the vendor resize to the views);
 //! - norm+patch: `Preprocessor::prepare_rgb` (outputs handed back) less the resize;
 //! - prepare: the whole `Preprocessor::prepare` (outputs handed back, as `Model::encode` does);
@@ -138,6 +140,7 @@ struct Row {
     rows: u64,
     admission: f64,
     decode: f64,
+    decode_whole: f64,
     resize: f64,
     norm_patch: f64,
     prepare: f64,
@@ -189,14 +192,21 @@ fn to_tower(
     }
 }
 
+/// The preprocessors of one family: as the facade builds it, and with `parallel` off.
+struct Pre {
+    parallel: Preprocessor,
+    serial: Preprocessor,
+}
+
 fn measure(
     family: &'static str,
     image: &'static str,
     bytes: &[u8],
     config: &Value,
-    pre: &Preprocessor,
+    pres: &Pre,
     iters: usize,
 ) -> Result<Row> {
+    let pre = &pres.parallel;
     let src = || ImageSource::Bytes(bytes);
     let admission = min_ms(iters, || {
         std::hint::black_box(pre.plan(src())?);
@@ -206,7 +216,14 @@ fn measure(
         std::hint::black_box(pre.decode(src())?);
         Ok(())
     })?;
+    let decode_whole = min_ms(iters, || {
+        std::hint::black_box(pres.serial.decode(src())?);
+        Ok(())
+    })?;
     let rgb = pre.decode(src())?;
+    if pres.serial.decode(src())?.data != rgb.data {
+        bail!("{family} {image}: the banded decode differs from the whole decode");
+    }
     let resize = min_ms(iters, || {
         std::hint::black_box(pre.resized_views(&rgb)?);
         Ok(())
@@ -233,6 +250,7 @@ fn measure(
         rows: p.plan.rows,
         admission,
         decode,
+        decode_whole,
         resize,
         norm_patch: (from_rgb - resize).max(0.0),
         prepare,
@@ -272,7 +290,16 @@ pub fn run(args: &[String]) -> Result<()> {
             preprocessor_config: Some(pre_cfg),
             ..Default::default()
         };
-        let pre = Preprocessor::from_configs(&cfg, PrepSettings::default())?;
+        let pre = Pre {
+            parallel: Preprocessor::from_configs(&cfg, PrepSettings::default())?,
+            serial: Preprocessor::from_configs(
+                &cfg,
+                PrepSettings {
+                    parallel: false,
+                    ..PrepSettings::default()
+                },
+            )?,
+        };
         for (name, bytes) in &images {
             // step3p7's crops are the point of the 1304×896 image; the others take the 1080p one.
             if (family == "step3p7") != name.contains("1304") {
@@ -284,6 +311,7 @@ pub fn run(args: &[String]) -> Result<()> {
                 json!({
                     "family": row.family, "image": row.image, "threads": threads,
                     "rows": row.rows, "admission_ms": row.admission, "decode_ms": row.decode,
+                    "decode_one_band_ms": row.decode_whole,
                     "resize_ms": row.resize, "norm_patch_ms": row.norm_patch,
                     "prepare_ms": row.prepare, "to_tower_ms": row.to_tower,
                 })
@@ -291,17 +319,30 @@ pub fn run(args: &[String]) -> Result<()> {
             rows.push(row);
         }
     }
+    let simd = match vision_towers::vision_prep::JPEG_SIMD {
+        Some(true) => "with SIMD",
+        Some(false) => "WITHOUT SIMD (about 2x slower)",
+        None => "SIMD unknown",
+    };
     println!(
-        "\nprep breakdown, {threads} rayon thread(s), fastest of {} runs, ms",
+        "\nprep breakdown, {threads} rayon thread(s), fastest of {} runs, ms; libjpeg-turbo {simd}",
         a.iters
     );
-    println!("| family | image | rows | admission | decode | resize | norm+patch | prepare (all) | to tower (bf16) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| family | image | rows | admission | decode | decode, 1 band | resize | norm+patch | prepare (all) | to tower (bf16) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         let tt = r.to_tower.map_or("—".to_string(), |v| format!("{v:.2}"));
         println!(
-            "| {} | {} | {} | {:.3} | {:.2} | {:.2} | {:.2} | {:.2} | {tt} |",
-            r.family, r.image, r.rows, r.admission, r.decode, r.resize, r.norm_patch, r.prepare
+            "| {} | {} | {} | {:.3} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {tt} |",
+            r.family,
+            r.image,
+            r.rows,
+            r.admission,
+            r.decode,
+            r.decode_whole,
+            r.resize,
+            r.norm_patch,
+            r.prepare
         );
     }
     Ok(())

@@ -77,7 +77,8 @@ pub use profile::OpTime;
 pub use rows_out::{OwnedRows, RowsDtype, RowsTarget, PER_THREAD_DEFAULT_STREAM};
 pub use runner::{split_rows, PassRunner};
 pub use staging::{
-    recycled_bf16, DeviceInputs, HostGemm, HostInputs, InputBuffers, Uploader, UPLOAD_SLOTS,
+    all_finite, recycled_bf16, DeviceInputs, HostGemm, HostInputs, InputBuffers, NonFinite,
+    Uploader, UPLOAD_SLOTS,
 };
 pub use tier::{parse_tier, Arch, KernelSet, Tier, TierError, FORCE_TIER_ENV};
 pub use tower::DeviceTower;

@@ -11,6 +11,7 @@
 //!
 //! **Architecture Invariant:** the copy stream only ever writes an uploader's own slots; every
 //! buffer a forward reads is written on the compute stream.
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -57,6 +58,14 @@ fn pool() -> std::sync::MutexGuard<'static, Vec<Vec<bf16>>> {
 /// smallest of the conversion buffers kept from dropped batches that holds `n` (no fresh memory
 /// per encode; see [`RECYCLED_BUFFERS`]).
 pub fn recycled_bf16(n: usize) -> Vec<bf16> {
+    let mut v = take_bf16(n);
+    v.resize(n, bf16::ZERO);
+    v
+}
+
+/// An empty buffer with room for `n` bf16 values: the smallest kept conversion buffer that holds
+/// `n`, else a fresh one (whose pages the conversion's threads then fault in, in parallel).
+fn take_bf16(n: usize) -> Vec<bf16> {
     let mut pool = pool();
     let best = pool
         .iter()
@@ -67,8 +76,109 @@ pub fn recycled_bf16(n: usize) -> Vec<bf16> {
     let mut v = best.map(|i| pool.swap_remove(i)).unwrap_or_default();
     drop(pool);
     v.clear();
-    v.resize(n, bf16::ZERO);
+    v.reserve(n);
     v
+}
+
+/// The bits of `half::bf16::from_f32(f32::from_bits(x))` (round to nearest even; a NaN stays a
+/// NaN with its sign and top mantissa bits, quiet bit set), written without branches so that the
+/// conversion loop vectorises. Rounding: adding `0x7FFF` plus the kept part's lowest bit carries
+/// into bit 16 exactly when the dropped half is above the tie, or at the tie with an odd kept
+/// part; an overflow rounds to infinity as `half` does, and only a NaN could carry out of 32 bits.
+#[inline(always)]
+fn bf16_bits(x: u32) -> u16 {
+    let rounded = x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16;
+    let quiet_nan = (x >> 16) | 0x0040;
+    (if x & 0x7FFF_FFFF > 0x7F80_0000 {
+        quiet_nan
+    } else {
+        rounded
+    }) as u16
+}
+
+/// Whether the f32 of bits `x` is a NaN or an infinity (all exponent bits set).
+#[inline(always)]
+fn non_finite_bits(x: u32) -> bool {
+    x & 0x7FFF_FFFF >= 0x7F80_0000
+}
+
+/// Writes `src` converted to bf16 into `dst` (same length); whether every value was finite. Every
+/// element of `dst` is written, whatever the values.
+fn bf16_chunk(dst: &mut [MaybeUninit<bf16>], src: &[f32]) -> bool {
+    let mut bad = false;
+    for (d, &x) in dst.iter_mut().zip(src) {
+        let b = x.to_bits();
+        bad |= non_finite_bits(b);
+        d.write(bf16::from_bits(bf16_bits(b)));
+    }
+    !bad
+}
+
+/// Writes `src` into `dst` (same length); whether every value was finite. Every element of `dst`
+/// is written.
+fn f32_chunk(dst: &mut [MaybeUninit<f32>], src: &[f32]) -> bool {
+    let mut bad = false;
+    for (d, &x) in dst.iter_mut().zip(src) {
+        bad |= non_finite_bits(x.to_bits());
+        d.write(x);
+    }
+    !bad
+}
+
+/// Whether every value of `v` is finite (no NaN, no infinity): `v.iter().all(|x| x.is_finite())`,
+/// in parallel chunks on the rayon pool and without a branch per value.
+pub fn all_finite(v: &[f32]) -> bool {
+    v.par_chunks(CONVERT_CHUNK)
+        .map(|c| {
+            !c.iter()
+                .fold(false, |bad, x| bad | non_finite_bits(x.to_bits()))
+        })
+        .reduce(|| true, |a, b| a && b)
+}
+
+/// `parts` stacked in order into `out` (emptied first) by `chunk`, in parallel over the parts and
+/// their chunks: one pass over the input, nothing written twice. Returns, per part, whether all
+/// its values were finite.
+fn stack_parts<T: Send>(
+    parts: &[&[f32]],
+    out: &mut Vec<T>,
+    chunk: impl Fn(&mut [MaybeUninit<T>], &[f32]) -> bool + Sync,
+) -> Vec<bool> {
+    let n: usize = parts.iter().map(|s| s.len()).sum();
+    out.clear();
+    out.reserve(n);
+    let mut rest = &mut out.spare_capacity_mut()[..n];
+    let mut pairs = Vec::with_capacity(parts.len());
+    for s in parts {
+        let (dst, tail) = rest.split_at_mut(s.len());
+        pairs.push((dst, *s));
+        rest = tail;
+    }
+    // Every chunk of every part runs (`reduce`, not a short-circuiting `all`): the whole of
+    // `out[..n]` is written whatever the values.
+    let finite = pairs
+        .into_par_iter()
+        .map(|(dst, src)| {
+            dst.par_chunks_mut(CONVERT_CHUNK)
+                .zip(src.par_chunks(CONVERT_CHUNK))
+                .map(|(d, s)| chunk(d, s))
+                .reduce(|| true, |a, b| a && b)
+        })
+        .collect();
+    // SAFETY: the parts' destinations tile `spare_capacity_mut()[..n]` (each split off at its
+    // part's length, the lengths summing to `n`), each is zipped chunk by chunk with a source of
+    // the same length, and `chunk` writes every element of its destination; every chunk ran
+    // above (no short-circuit), so the first `n` elements are initialised.
+    unsafe { out.set_len(n) };
+    finite
+}
+
+/// A NaN or an infinity met by [`HostGemm::from_finite_f32_parts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("part {part} holds a non-finite value")]
+pub struct NonFinite {
+    /// The first part (in order) that holds one.
+    pub part: usize,
 }
 
 /// Keeps `v` for a later conversion: while fewer than [`RECYCLED_BUFFERS`] are kept, or in place
@@ -109,31 +219,37 @@ impl HostGemm {
     }
 
     /// `parts` stacked in order, in precision `p`: bf16 converted straight from the parts in
-    /// parallel (no f32 copy of the batch first); f32 concatenated.
+    /// parallel (no f32 copy of the batch first) into a kept conversion buffer, written once (no
+    /// zero fill first); f32 copied in parallel.
     pub fn from_f32_parts(p: Precision, parts: &[&[f32]]) -> HostGemm {
+        Self::stacked(p, parts).0
+    }
+
+    /// [`HostGemm::from_f32_parts`], checking in the same pass over the values that each is
+    /// finite: the towers' inputs are refused on a NaN or an infinity, and reading tens of MB a
+    /// second time only to check them cost as much as the conversion (docs/PERF.md v0.16).
+    pub fn from_finite_f32_parts(p: Precision, parts: &[&[f32]]) -> Result<HostGemm, NonFinite> {
+        let (out, finite) = Self::stacked(p, parts);
+        match finite.iter().position(|&f| !f) {
+            Some(part) => Err(NonFinite { part }),
+            None => Ok(out),
+        }
+    }
+
+    /// The stacked parts in precision `p`, and per part whether its values were all finite.
+    fn stacked(p: Precision, parts: &[&[f32]]) -> (HostGemm, Vec<bool>) {
         let n = parts.iter().map(|s| s.len()).sum();
         match p {
             Precision::Bf16 => {
-                let mut out = recycled_bf16(n);
-                let mut rest = &mut out[..];
-                let mut pairs = Vec::with_capacity(parts.len());
-                for s in parts {
-                    let (dst, tail) = rest.split_at_mut(s.len());
-                    pairs.push((dst, *s));
-                    rest = tail;
-                }
-                pairs.into_par_iter().for_each(|(dst, src)| {
-                    dst.par_chunks_mut(CONVERT_CHUNK)
-                        .zip(src.par_chunks(CONVERT_CHUNK))
-                        .for_each(|(d, s)| {
-                            for (d, &x) in d.iter_mut().zip(s) {
-                                *d = bf16::from_f32(x);
-                            }
-                        })
-                });
-                HostGemm::Bf16(out)
+                let mut out = take_bf16(n);
+                let finite = stack_parts(parts, &mut out, bf16_chunk);
+                (HostGemm::Bf16(out), finite)
             }
-            Precision::F32 => HostGemm::F32(parts.concat()),
+            Precision::F32 => {
+                let mut out = Vec::new();
+                let finite = stack_parts(parts, &mut out, f32_chunk);
+                (HostGemm::F32(out), finite)
+            }
         }
     }
 
@@ -637,6 +753,79 @@ mod tests {
             HostGemm::from_f32_parts(Precision::F32, &parts),
             HostGemm::F32(all)
         );
+    }
+
+    /// The branch-free rounding is `half`'s `bf16::from_f32`, bit for bit: every sign, exponent
+    /// and top mantissa half, with low halves at and around the tie, zero and all ones (the
+    /// classes its rounding and NaN rules tell apart), and a stride over all 2³² patterns.
+    #[test]
+    fn bf16_bits_is_halfs_conversion() {
+        let lows = [
+            0u32, 1, 0x3FFF, 0x4000, 0x7FFE, 0x7FFF, 0x8000, 0x8001, 0x8002, 0xBFFF, 0xC000,
+            0xFFFE, 0xFFFF,
+        ];
+        let check = |x: u32| {
+            let want = bf16::from_f32(f32::from_bits(x)).to_bits();
+            assert_eq!(bf16_bits(x), want, "{x:#010x}");
+            assert_eq!(
+                non_finite_bits(x),
+                !f32::from_bits(x).is_finite(),
+                "{x:#010x}"
+            );
+        };
+        for high in 0..=0xFFFFu32 {
+            for &low in &lows {
+                check((high << 16) | low);
+            }
+        }
+        for x in (0..=u32::MAX).step_by(4099) {
+            check(x);
+        }
+    }
+
+    /// The checked conversion gives the unchecked one's values, names the first part holding a
+    /// NaN or an infinity, and `all_finite` agrees with `is_finite` value by value.
+    #[test]
+    fn finite_parts_are_checked_in_the_same_pass() {
+        let a: Vec<f32> = (0..CONVERT_CHUNK * 2 + 5)
+            .map(|i| (i as f32).cos() * 9.0)
+            .collect();
+        let mut b = a.clone();
+        let mut c = a.clone();
+        b[CONVERT_CHUNK + 1] = f32::INFINITY;
+        c[3] = f32::NAN;
+        for p in [Precision::Bf16, Precision::F32] {
+            assert_eq!(
+                HostGemm::from_finite_f32_parts(p, &[&a, &[], &a]),
+                Ok(HostGemm::from_f32_parts(p, &[&a, &[], &a]))
+            );
+            assert_eq!(
+                HostGemm::from_finite_f32_parts(p, &[&a, &c, &b]),
+                Err(NonFinite { part: 1 })
+            );
+            assert_eq!(
+                HostGemm::from_finite_f32_parts(p, &[&a, &a, &b]),
+                Err(NonFinite { part: 2 })
+            );
+        }
+        // Non-finite values still convert as `half` does (NaN quiet, infinity kept).
+        let odd = [
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            -0.0,
+        ];
+        let HostGemm::Bf16(got) = &HostGemm::from_f32_parts(Precision::Bf16, &[&odd]) else {
+            panic!("bf16 asked")
+        };
+        let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let want: Vec<bf16> = odd.iter().map(|&x| bf16::from_f32(x)).collect();
+        assert_eq!(bits(got), bits(&want));
+        assert!(all_finite(&a) && all_finite(&[]));
+        assert!(!all_finite(&b) && !all_finite(&c));
+        assert!(!all_finite(&[f32::NEG_INFINITY]));
     }
 
     #[test]

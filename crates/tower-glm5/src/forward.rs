@@ -117,6 +117,21 @@ pub fn vision_cu_seqlens(grids: &[[usize; 3]]) -> Result<Vec<i32>> {
 
 /// The input checks both paths share; returns the image's token rows.
 pub(crate) fn validate(cfg: &GlmConfig, img: &GlmImage<'_>, index: usize) -> Result<usize> {
+    let rows = validate_shape(cfg, img, index)?;
+    if !gpu_core::all_finite(img.patches) {
+        return Err(non_finite(index));
+    }
+    Ok(rows)
+}
+
+/// The refusal of image `index` for a NaN or an infinity among its pixel values.
+pub(crate) fn non_finite(index: usize) -> GlmError {
+    GlmError::Input(format!("image {index}: non-finite pixel value"))
+}
+
+/// [`validate`] less the finiteness of the values (the CUDA path checks it while converting
+/// them); returns the image's token rows.
+pub(crate) fn validate_shape(cfg: &GlmConfig, img: &GlmImage<'_>, index: usize) -> Result<usize> {
     let bad = |m: String| GlmError::Input(format!("image {index}: {m}"));
     let [t, h, w] = img.grid_thw;
     if t == 0 || h == 0 || w == 0 {
@@ -139,9 +154,6 @@ pub(crate) fn validate(cfg: &GlmConfig, img: &GlmImage<'_>, index: usize) -> Res
             img.patches.len(),
             img.grid_thw
         )));
-    }
-    if img.patches.iter().any(|v| !v.is_finite()) {
-        return Err(bad("non-finite pixel value".into()));
     }
     Ok(rows)
 }

@@ -669,6 +669,83 @@ mod tests {
         }
     }
 
+    /// The host batch's patch rows are the validated patches (padding rows dropped) converted
+    /// value by value with `half`'s `bf16::from_f32`, bit for bit, and its positions and segments
+    /// are `validate`'s: two release-size images (48×36 and 36×36 grids of 3·16² values, one
+    /// with padding rows), rounding ties and signed zeros among the values.
+    #[test]
+    fn prepare_host_rows_are_the_validated_patches_in_bf16() {
+        let config: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../../fixtures/models/gemma4/config.json"),
+            )
+            .expect("config"),
+        )
+        .expect("config JSON");
+        let mut cfg = GemmaConfig::from_hf(&config, 10240, false).expect("config");
+        cfg.patch = 16;
+        let pd = cfg.patch_dim();
+        let grid = |gw: usize, gh: usize, pad: usize| -> Vec<i64> {
+            let mut pos: Vec<i64> = (0..gw * gh)
+                .flat_map(|i| [(i % gw) as i64, (i / gw) as i64])
+                .collect();
+            pos.extend(std::iter::repeat_n(-1, 2 * pad));
+            pos
+        };
+        let pool = cfg.pool.max(1);
+        let (a, b) = (grid(16 * pool, 12 * pool, 0), grid(12 * pool, 12 * pool, 7));
+        let mut x = 0x2545_F491u32;
+        let mut vals = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    match i % 5 {
+                        0 => f32::from_bits((x & 0x3FFF_0000) | 0x8000),
+                        1 => -0.0,
+                        _ => x as f32 / u32::MAX as f32,
+                    }
+                })
+                .collect()
+        };
+        let (pa, pb) = (vals(a.len() / 2 * pd), vals(b.len() / 2 * pd));
+        let images = [
+            GemmaImage {
+                patches: &pa,
+                positions: &a,
+            },
+            GemmaImage {
+                patches: &pb,
+                positions: &b,
+            },
+        ];
+        let host = GemmaCuda::prepare_host(&cfg, Precision::Bf16, &images).expect("prepare_host");
+        let grids: Vec<Grid<'_>> = images
+            .iter()
+            .enumerate()
+            .map(|(i, img)| validate(&cfg, img, i).expect("valid"))
+            .collect();
+        let want: Vec<u16> = grids
+            .iter()
+            .flat_map(|g| {
+                g.patches
+                    .iter()
+                    .map(|&v| gpu_core::bf16::from_f32(v).to_bits())
+            })
+            .collect();
+        let HostGemm::Bf16(rows) = &host.inputs.rows else {
+            panic!("bf16 asked")
+        };
+        assert!(rows.iter().map(|v| v.to_bits()).eq(want.iter().copied()));
+        let pos: Vec<i32> = grids.iter().flat_map(|g| g.positions.clone()).collect();
+        assert_eq!(host.inputs.pos, pos);
+        let n0 = (grids[0].positions.len() / 2) as i32;
+        let n1 = (grids[1].positions.len() / 2) as i32;
+        assert_eq!(host.inputs.cu, [0, n0, n0 + n1]);
+    }
+
     /// Zero-padded heads (hd 24 → kernel 64) compute the same q/k/v lanes and the same o output.
     #[test]
     fn padded_heads_are_exact() {
