@@ -6,12 +6,12 @@ use std::any::Any;
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use gpu_core::{DeviceTower, GraphStats, GraphStatus, Precision};
+use gpu_core::{DeviceTower, GraphStats, GraphStatus, Precision, RowsTarget};
 use tower_gemma::GemmaCuda;
 use tower_glm5::GlmCuda;
 use tower_step::StepCuda;
 
-use crate::device_rows::{DeviceResult, Job};
+use crate::device_rows::{Dest, DeviceResult, DeviceRows, Job};
 use crate::inputs::Images;
 use crate::tower_error::{cuda_err, InputError};
 use tower_core::ClassifiedError;
@@ -162,7 +162,7 @@ impl<T: CudaFamily> CudaEngine for Cuda<T> {
         images: &Images<'_>,
     ) -> Option<Result<DeviceResult, InputError>> {
         let v = T::inputs(images)?;
-        Some(job.run(&self.cuda, &self.config, v))
+        Some(run_job(job, &self.cuda, &self.config, v))
     }
 
     fn session(&self) -> Box<dyn CudaSession + '_> {
@@ -228,4 +228,94 @@ impl<T: CudaFamily> CudaSession for Held<'_, T> {
             None => Ok(None),
         }
     }
+}
+
+/// Runs `job`'s passes on `cuda` (a tower of `config`) over its family's `images`, rows into
+/// the job's destination.
+pub(crate) fn run_job<T: CudaFamily>(
+    job: &Job<'_>,
+    cuda: &Mutex<T>,
+    config: &T::Config,
+    images: &[T::Image<'_>],
+) -> Result<DeviceResult, InputError> {
+    // The host half of every pass first, before the device is taken.
+    let mut hosts = Vec::with_capacity(job.passes.len());
+    let mut rows_per_image = Vec::with_capacity(images.len());
+    for range in job.passes {
+        let host = T::prepare_host(config, job.precision, &images[range.clone()])
+            .map_err(|e| job.in_pass(range, cuda_err(e, job.pass_patches(range))))?;
+        let rows = T::rows_per_image(&host);
+        hosts.push((host, rows.iter().sum::<usize>()));
+        rows_per_image.extend(rows);
+    }
+    let total: usize = rows_per_image.iter().sum();
+    let mut tower = cuda.lock().unwrap_or_else(PoisonError::into_inner);
+    let width = tower.width();
+    let dev = tower.device().clone();
+    let all_patches = job.patches.iter().fold(0usize, |a, &p| a.saturating_add(p));
+    let gpu = |e: gpu_core::GpuError| InputError::gpu(e, all_patches);
+    let need = total
+        .checked_mul(width)
+        .ok_or_else(|| InputError::Message(format!("{total} rows of {width} overflow")))?;
+    let mut owned = None;
+    let mut target: RowsTarget<'_> = match job.dest {
+        Dest::Owned(dtype) => owned
+            .insert(dev.alloc_rows(need, dtype).map_err(gpu)?)
+            .target(),
+        Dest::Caller(out) => {
+            if out.len < need {
+                return Err(InputError::Message(format!(
+                    "the output holds {} elements, the rows need {total} × {width} = {need}",
+                    out.len
+                )));
+            }
+            if out.ordinal != dev.ordinal() {
+                return Err(InputError::Message(format!(
+                    "the output is on cuda:{}, the model on cuda:{}",
+                    out.ordinal,
+                    dev.ordinal()
+                )));
+            }
+            // SAFETY: DeviceOut::new's contract: a live stream of this device's context.
+            unsafe { dev.wait_for_stream(out.stream) }.map_err(gpu)?;
+            // SAFETY: DeviceOut::new's contract: `len` elements of device memory of this
+            // device, ordered after the caller's stream by the wait just queued.
+            unsafe { RowsTarget::from_raw(out.addr, out.len, out.dtype, out.ordinal) }
+        }
+    };
+    let mut row = 0;
+    let mut result = Ok(());
+    for ((host, rows), range) in hosts.into_iter().zip(job.passes) {
+        let n = job.pass_patches(range);
+        let pass = |tower: &mut T, target: &mut RowsTarget<'_>| -> Result<(), InputError> {
+            let batch = tower.stage(host).map_err(|e| cuda_err(e, n))?;
+            let out = target.range(row * width, rows * width).map_err(gpu)?;
+            tower.run_into(&batch, out).map_err(|e| cuda_err(e, n))?;
+            Ok(())
+        };
+        result = pass(&mut tower, &mut target).map_err(|e| job.in_pass(range, e));
+        if result.is_err() {
+            break;
+        }
+        row += rows;
+    }
+    // Ordered after everything queued, a failed pass too: the memory is freed (or handed to
+    // the caller's stream) only after the kernels that may still write it.
+    let ordered = match (&job.dest, &owned) {
+        (Dest::Owned(_), Some(o)) => dev.mark_ready(o),
+        // SAFETY: DeviceOut::new's contract, as above.
+        (Dest::Caller(out), _) => unsafe { dev.signal_stream(out.stream) },
+        (Dest::Owned(_), None) => Ok(()),
+    };
+    result?;
+    ordered.map_err(gpu)?;
+    let mut offsets = Vec::with_capacity(rows_per_image.len() + 1);
+    offsets.push(0);
+    for r in &rows_per_image {
+        offsets.push(offsets.last().copied().unwrap_or(0) + r);
+    }
+    Ok(DeviceResult {
+        owned: owned.map(|owned| DeviceRows::new(owned, offsets, width)),
+        rows_per_image,
+    })
 }

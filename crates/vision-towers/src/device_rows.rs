@@ -2,14 +2,10 @@
 //! offsets, and the ordering contract with the caller's stream (see [`gpu_core::OwnedRows`]).
 
 use std::ops::Range;
-use std::sync::{Mutex, PoisonError};
 
-use gpu_core::{OwnedRows, RowsDtype, RowsTarget};
+use gpu_core::{OwnedRows, RowsDtype};
 
-use crate::cuda_engine::CudaFamily;
-use crate::inputs::{pass_ranges, Images};
-use crate::tower::Tower;
-use crate::tower_error::{cuda_err, InputError};
+use crate::tower_error::InputError;
 use crate::{Precision, TowerError};
 
 /// One request's rows on a CUDA device: `[rows, width]` row-major in one buffer, image after
@@ -27,6 +23,15 @@ pub struct DeviceRows {
 }
 
 impl DeviceRows {
+    /// Rows in `owned`, `width` columns, image `i` at rows `offsets[i]..offsets[i + 1]`.
+    pub(crate) fn new(owned: OwnedRows, offsets: Vec<usize>, width: usize) -> DeviceRows {
+        DeviceRows {
+            owned,
+            offsets,
+            width,
+        }
+    }
+
     /// The element type.
     pub fn dtype(&self) -> RowsDtype {
         self.owned.dtype()
@@ -115,11 +120,11 @@ fn device_err(e: gpu_core::GpuError) -> TowerError {
 /// tower writes after the work the stream has queued, and the stream waits for the rows.
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceOut {
-    addr: u64,
-    len: usize,
-    dtype: RowsDtype,
-    ordinal: usize,
-    stream: u64,
+    pub(crate) addr: u64,
+    pub(crate) len: usize,
+    pub(crate) dtype: RowsDtype,
+    pub(crate) ordinal: usize,
+    pub(crate) stream: u64,
 }
 
 impl DeviceOut {
@@ -179,68 +184,23 @@ pub(crate) struct DeviceResult {
     pub(crate) rows_per_image: Vec<usize>,
 }
 
-impl Tower {
-    /// Runs `images` on the CUDA device in passes of at most `max_patches_per_pass` patches and
-    /// writes every image's rows, in request order, into one buffer: the library's or the
-    /// caller's (`dest`). The host is not blocked by the forward.
-    pub(crate) fn run_device(
-        &self,
-        images: &Images<'_>,
-        dest: Dest<'_>,
-    ) -> Result<DeviceResult, InputError> {
-        let patches = self.patches(images)?;
-        let passes = pass_ranges(&patches, self.max_patches_per_pass())?;
-        let precision = self.precision();
-        let want = match dest {
-            Dest::Owned(d) => d,
-            Dest::Caller(out) => out.dtype,
-        };
-        if precision == Precision::F32 && want == RowsDtype::Bf16 {
-            return Err(InputError::Message(
-                "bf16 rows need a bf16 tower (cuBLASLt has no f32-input GEMM with a bf16 \
-                 output); open the model in bf16 or ask for float32 rows"
-                    .into(),
-            ));
-        }
-        let job = Job {
-            passes: &passes,
-            patches: &patches,
-            precision,
-            dest,
-        };
-        match self.engine.cuda() {
-            Some(c) => c.run_device(&job, images).unwrap_or_else(|| {
-                Err(InputError::Message(format!(
-                    "the {} tower was given another family's inputs",
-                    self.family().name()
-                )))
-            }),
-            None => Err(InputError::Message(format!(
-                "rows on a GPU need a model opened on CUDA; this one runs on {} (its rows come \
-                 back to the host as float32)",
-                self.device()
-            ))),
-        }
-    }
-}
-
 /// One device encode's passes and destination, run against any family's tower.
 pub(crate) struct Job<'a> {
-    passes: &'a [Range<usize>],
-    patches: &'a [usize],
-    precision: Precision,
-    dest: Dest<'a>,
+    pub(crate) passes: &'a [Range<usize>],
+    pub(crate) patches: &'a [usize],
+    pub(crate) precision: Precision,
+    pub(crate) dest: Dest<'a>,
 }
 
 impl Job<'_> {
-    fn pass_patches(&self, range: &Range<usize>) -> usize {
+    pub(crate) fn pass_patches(&self, range: &Range<usize>) -> usize {
         self.patches[range.clone()]
             .iter()
             .fold(0usize, |a, &p| a.saturating_add(p))
     }
 
     /// The pass error wrapped with its images when the request has several passes.
-    fn in_pass(&self, range: &Range<usize>, e: InputError) -> InputError {
+    pub(crate) fn in_pass(&self, range: &Range<usize>, e: InputError) -> InputError {
         if self.passes.len() > 1 {
             InputError::Pass {
                 first: range.start,
@@ -250,102 +210,6 @@ impl Job<'_> {
         } else {
             e
         }
-    }
-
-    /// Runs the passes on `cuda` (a tower of `config`) over its family's `images`.
-    pub(crate) fn run<T: CudaFamily>(
-        &self,
-        cuda: &Mutex<T>,
-        config: &T::Config,
-        images: &[T::Image<'_>],
-    ) -> Result<DeviceResult, InputError> {
-        // The host half of every pass first, before the device is taken.
-        let mut hosts = Vec::with_capacity(self.passes.len());
-        let mut rows_per_image = Vec::with_capacity(images.len());
-        for range in self.passes {
-            let host = T::prepare_host(config, self.precision, &images[range.clone()])
-                .map_err(|e| self.in_pass(range, cuda_err(e, self.pass_patches(range))))?;
-            let rows = T::rows_per_image(&host);
-            hosts.push((host, rows.iter().sum::<usize>()));
-            rows_per_image.extend(rows);
-        }
-        let total: usize = rows_per_image.iter().sum();
-        let mut tower = cuda.lock().unwrap_or_else(PoisonError::into_inner);
-        let width = tower.width();
-        let dev = tower.device().clone();
-        let all_patches = self
-            .patches
-            .iter()
-            .fold(0usize, |a, &p| a.saturating_add(p));
-        let gpu = |e: gpu_core::GpuError| InputError::gpu(e, all_patches);
-        let need = total
-            .checked_mul(width)
-            .ok_or_else(|| InputError::Message(format!("{total} rows of {width} overflow")))?;
-        let mut owned = None;
-        let mut target: RowsTarget<'_> = match self.dest {
-            Dest::Owned(dtype) => owned
-                .insert(dev.alloc_rows(need, dtype).map_err(gpu)?)
-                .target(),
-            Dest::Caller(out) => {
-                if out.len < need {
-                    return Err(InputError::Message(format!(
-                        "the output holds {} elements, the rows need {total} × {width} = {need}",
-                        out.len
-                    )));
-                }
-                if out.ordinal != dev.ordinal() {
-                    return Err(InputError::Message(format!(
-                        "the output is on cuda:{}, the model on cuda:{}",
-                        out.ordinal,
-                        dev.ordinal()
-                    )));
-                }
-                // SAFETY: DeviceOut::new's contract: a live stream of this device's context.
-                unsafe { dev.wait_for_stream(out.stream) }.map_err(gpu)?;
-                // SAFETY: DeviceOut::new's contract: `len` elements of device memory of this
-                // device, ordered after the caller's stream by the wait just queued.
-                unsafe { RowsTarget::from_raw(out.addr, out.len, out.dtype, out.ordinal) }
-            }
-        };
-        let mut row = 0;
-        let mut result = Ok(());
-        for ((host, rows), range) in hosts.into_iter().zip(self.passes) {
-            let n = self.pass_patches(range);
-            let pass = |tower: &mut T, target: &mut RowsTarget<'_>| -> Result<(), InputError> {
-                let batch = tower.stage(host).map_err(|e| cuda_err(e, n))?;
-                let out = target.range(row * width, rows * width).map_err(gpu)?;
-                tower.run_into(&batch, out).map_err(|e| cuda_err(e, n))?;
-                Ok(())
-            };
-            result = pass(&mut tower, &mut target).map_err(|e| self.in_pass(range, e));
-            if result.is_err() {
-                break;
-            }
-            row += rows;
-        }
-        // Ordered after everything queued, a failed pass too: the memory is freed (or handed to
-        // the caller's stream) only after the kernels that may still write it.
-        let ordered = match (&self.dest, &owned) {
-            (Dest::Owned(_), Some(o)) => dev.mark_ready(o),
-            // SAFETY: DeviceOut::new's contract, as above.
-            (Dest::Caller(out), _) => unsafe { dev.signal_stream(out.stream) },
-            (Dest::Owned(_), None) => Ok(()),
-        };
-        result?;
-        ordered.map_err(gpu)?;
-        let mut offsets = Vec::with_capacity(rows_per_image.len() + 1);
-        offsets.push(0);
-        for r in &rows_per_image {
-            offsets.push(offsets.last().copied().unwrap_or(0) + r);
-        }
-        Ok(DeviceResult {
-            owned: owned.map(|owned| DeviceRows {
-                owned,
-                offsets,
-                width,
-            }),
-            rows_per_image,
-        })
     }
 }
 

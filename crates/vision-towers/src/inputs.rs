@@ -4,34 +4,14 @@
 use std::ops::Range;
 
 use tower_core::{GemmaImage, GlmImage, StepImage};
-use vision_prep::Prepared;
 
-use crate::tower::{Rows, Tower};
 use crate::tower_error::InputError;
-use crate::Family;
 
 /// A family's tower inputs for a whole request.
 pub(crate) enum Images<'a> {
     Gemma4(Vec<GemmaImage<'a>>),
     Glm(Vec<GlmImage<'a>>),
     Step3p7(Vec<StepImage<'a>>),
-}
-
-impl Tower {
-    /// Patches (tower tokens before any merge or pooling) of each image.
-    pub(crate) fn patches(&self, images: &Images<'_>) -> Result<Vec<usize>, InputError> {
-        Ok(match images {
-            Images::Gemma4(v) => v.iter().map(GemmaImage::num_patches).collect(),
-            Images::Glm(v) => v.iter().map(GlmImage::num_patches).collect(),
-            Images::Step3p7(v) => {
-                let patch = self
-                    .step_config()
-                    .ok_or_else(|| self.wrong_inputs("step3p7"))?
-                    .patch;
-                v.iter().map(|i| i.num_patches(patch)).collect()
-            }
-        })
-    }
 }
 
 /// Splits images of `patches` each into consecutive passes of at most `ceiling` patches; one
@@ -58,41 +38,6 @@ pub(crate) fn pass_ranges(
     }
     passes.push(start..patches.len());
     Ok(passes)
-}
-
-impl Tower {
-    /// Runs the tower on several prepared images in padding-free passes (one attention segment
-    /// per image, per frame pair, or per view).
-    pub(crate) fn encode_batch(&self, prepared: &[Prepared]) -> Result<Rows, InputError> {
-        let images = self.images_of(prepared)?;
-        self.run(&images)
-    }
-
-    /// The tower inputs of prepared images (borrowed from them).
-    pub(crate) fn images_of<'a>(&self, prepared: &'a [Prepared]) -> Result<Images<'a>, InputError> {
-        let missing =
-            |what: &str| InputError::Message(format!("a prepared image lacks the {what} tensors"));
-        Ok(match self.family() {
-            Family::Gemma4 => Images::Gemma4(
-                prepared
-                    .iter()
-                    .map(|p| p.gemma4().ok_or_else(|| missing("gemma4")))
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-            Family::Glm5Next | Family::GlmOcr => Images::Glm(
-                prepared
-                    .iter()
-                    .map(|p| p.glm().ok_or_else(|| missing("glm")))
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-            Family::Step3p7 => Images::Step3p7(
-                prepared
-                    .iter()
-                    .map(|p| p.step3p7().ok_or_else(|| missing("step3p7")))
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-        })
-    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 
 mod cuda_engine;
 mod device_rows;
+mod engine;
 mod family;
 mod inputs;
 mod inspect;

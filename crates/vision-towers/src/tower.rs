@@ -4,13 +4,17 @@
 use std::ops::Range;
 use std::path::Path;
 
-use gpu_core::{GraphStats, GraphStatus};
+use gpu_core::{GraphStats, GraphStatus, RowsDtype};
 use st_reader::Checkpoint;
-use tower_gemma::{GemmaCuda, GemmaTower};
-use tower_glm5::{GlmConfig, GlmCuda, GlmTower};
-use tower_step::{StepConfig, StepCuda, StepTower};
+use tower_core::{GemmaImage, GlmImage};
+use tower_gemma::GemmaTower;
+use tower_glm5::{GlmConfig, GlmTower};
+use tower_step::{StepConfig, StepTower};
+use vision_prep::Prepared;
 
-use crate::cuda_engine::{Cuda, CudaEngine};
+use crate::cuda_engine::Cuda;
+use crate::device_rows::{Dest, DeviceResult, Job};
+use crate::engine::Engine;
 use crate::inputs::{pass_ranges, Images};
 use crate::tower_error::InputError;
 use crate::upload::{open_device, upload_mapped, HostTower, Upload};
@@ -28,50 +32,6 @@ pub struct Tower {
     tier: Option<String>,
     /// Why `auto` runs on the CPU although a CUDA device is present.
     cpu_reason: Option<String>,
-}
-
-/// The family's weights where they run. A CUDA tower keeps only the config on the host; its
-/// `&mut` runs take turns behind the mutex.
-#[derive(Debug)]
-#[allow(clippy::large_enum_variant)] // one long-lived handle per model; boxing buys nothing
-pub(crate) enum Engine {
-    GemmaHost(GemmaTower),
-    GemmaCuda(Cuda<GemmaCuda>),
-    GlmHost(GlmTower),
-    GlmCuda(Cuda<GlmCuda>),
-    StepHost(StepTower),
-    StepCuda(Cuda<StepCuda>),
-}
-
-impl Engine {
-    /// The CUDA tower, whatever its family (`None` on the host): the one place the facade's
-    /// device plumbing tells the families apart.
-    pub(crate) fn cuda(&self) -> Option<&dyn CudaEngine> {
-        match self {
-            Engine::GemmaCuda(c) => Some(c),
-            Engine::GlmCuda(c) => Some(c),
-            Engine::StepCuda(c) => Some(c),
-            Engine::GemmaHost(_) | Engine::GlmHost(_) | Engine::StepHost(_) => None,
-        }
-    }
-
-    /// [`Engine::cuda`], mutably.
-    fn cuda_mut(&mut self) -> Option<&mut dyn CudaEngine> {
-        match self {
-            Engine::GemmaCuda(c) => Some(c),
-            Engine::GlmCuda(c) => Some(c),
-            Engine::StepCuda(c) => Some(c),
-            Engine::GemmaHost(_) | Engine::GlmHost(_) | Engine::StepHost(_) => None,
-        }
-    }
-
-    /// Turns the CUDA path's graphs on or off (the host paths have none).
-    fn with_graphs(mut self, on: bool) -> Engine {
-        if let Some(c) = self.cuda_mut() {
-            c.set_graphs(on);
-        }
-        self
-    }
 }
 
 /// Rows for a batch: one `[rows, width]` block per image, in order.
@@ -393,6 +353,103 @@ fn glm_family(config: &GlmConfig) -> Family {
     match config.family {
         tower_glm5::GlmFamily::GlmOcr => Family::GlmOcr,
         _ => Family::Glm5Next,
+    }
+}
+
+impl Tower {
+    /// Patches (tower tokens before any merge or pooling) of each image.
+    pub(crate) fn patches(&self, images: &Images<'_>) -> Result<Vec<usize>, InputError> {
+        Ok(match images {
+            Images::Gemma4(v) => v.iter().map(GemmaImage::num_patches).collect(),
+            Images::Glm(v) => v.iter().map(GlmImage::num_patches).collect(),
+            Images::Step3p7(v) => {
+                let patch = self
+                    .step_config()
+                    .ok_or_else(|| self.wrong_inputs("step3p7"))?
+                    .patch;
+                v.iter().map(|i| i.num_patches(patch)).collect()
+            }
+        })
+    }
+}
+
+impl Tower {
+    /// Runs the tower on several prepared images in padding-free passes (one attention segment
+    /// per image, per frame pair, or per view).
+    pub(crate) fn encode_batch(&self, prepared: &[Prepared]) -> Result<Rows, InputError> {
+        let images = self.images_of(prepared)?;
+        self.run(&images)
+    }
+
+    /// The tower inputs of prepared images (borrowed from them).
+    pub(crate) fn images_of<'a>(&self, prepared: &'a [Prepared]) -> Result<Images<'a>, InputError> {
+        let missing =
+            |what: &str| InputError::Message(format!("a prepared image lacks the {what} tensors"));
+        Ok(match self.family() {
+            Family::Gemma4 => Images::Gemma4(
+                prepared
+                    .iter()
+                    .map(|p| p.gemma4().ok_or_else(|| missing("gemma4")))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            Family::Glm5Next | Family::GlmOcr => Images::Glm(
+                prepared
+                    .iter()
+                    .map(|p| p.glm().ok_or_else(|| missing("glm")))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            Family::Step3p7 => Images::Step3p7(
+                prepared
+                    .iter()
+                    .map(|p| p.step3p7().ok_or_else(|| missing("step3p7")))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        })
+    }
+}
+
+impl Tower {
+    /// Runs `images` on the CUDA device in passes of at most `max_patches_per_pass` patches and
+    /// writes every image's rows, in request order, into one buffer: the library's or the
+    /// caller's (`dest`). The host is not blocked by the forward.
+    pub(crate) fn run_device(
+        &self,
+        images: &Images<'_>,
+        dest: Dest<'_>,
+    ) -> Result<DeviceResult, InputError> {
+        let patches = self.patches(images)?;
+        let passes = pass_ranges(&patches, self.max_patches_per_pass())?;
+        let precision = self.precision();
+        let want = match dest {
+            Dest::Owned(d) => d,
+            Dest::Caller(out) => out.dtype,
+        };
+        if precision == Precision::F32 && want == RowsDtype::Bf16 {
+            return Err(InputError::Message(
+                "bf16 rows need a bf16 tower (cuBLASLt has no f32-input GEMM with a bf16 \
+                 output); open the model in bf16 or ask for float32 rows"
+                    .into(),
+            ));
+        }
+        let job = Job {
+            passes: &passes,
+            patches: &patches,
+            precision,
+            dest,
+        };
+        match self.engine.cuda() {
+            Some(c) => c.run_device(&job, images).unwrap_or_else(|| {
+                Err(InputError::Message(format!(
+                    "the {} tower was given another family's inputs",
+                    self.family().name()
+                )))
+            }),
+            None => Err(InputError::Message(format!(
+                "rows on a GPU need a model opened on CUDA; this one runs on {} (its rows come \
+                 back to the host as float32)",
+                self.device()
+            ))),
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use tower_glm5::{GlmCuda, GlmTower};
 use tower_step::{StepCuda, StepTower};
 
 use crate::cuda_engine::Cuda;
-use crate::tower::Engine;
+use crate::engine::Engine;
 use crate::{detect_family, Family, Precision, TowerError, WeightFile};
 
 /// The host tower a weight file holds.
