@@ -108,7 +108,7 @@ pub(crate) fn validate<'a>(
             cfg.pos_rows
         )));
     }
-    if patches.iter().any(|v| !v.is_finite()) {
+    if !gpu_core::all_finite(&patches) {
         return Err(bad("non-finite pixel value".into()));
     }
     Ok(Grid {

@@ -215,7 +215,7 @@ fn validate<'a>(
             view.height, view.width, cfg.patch
         )));
     }
-    if view.pixels.iter().any(|v| !v.is_finite()) {
+    if !gpu_core::all_finite(view.pixels) {
         return Err(bad("non-finite pixel value".into()));
     }
     Ok(Grid {
