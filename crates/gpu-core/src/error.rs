@@ -139,6 +139,32 @@ impl<F: std::error::Error + Classify + 'static> Classify for CudaError<F> {
     }
 }
 
+/// The two impls every family error needs, written once: its kind (`$input` is the input's fault,
+/// every other variant the weight file's or its configs') and the conversion into
+/// [`CudaError`]`<$family>` that the CUDA path's `?` uses (a generic `From<F>` would overlap
+/// `From<GpuError>`).
+///
+/// `gpu_core::family_error!(GemmaError, GemmaError::Input);`
+#[macro_export]
+macro_rules! family_error {
+    ($family:ident, $input:path) => {
+        impl $crate::tower_core::Classify for $family {
+            fn kind(&self) -> $crate::tower_core::ErrorKind {
+                match self {
+                    $input(_) => $crate::tower_core::ErrorKind::Input,
+                    _ => $crate::tower_core::ErrorKind::Weights,
+                }
+            }
+        }
+
+        impl From<$family> for $crate::CudaError<$family> {
+            fn from(e: $family) -> Self {
+                $crate::CudaError::Family(e)
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -83,6 +83,8 @@ pub use staging::{
 pub use tier::{parse_tier, Arch, KernelSet, Tier, TierError, FORCE_TIER_ENV};
 pub use tower::DeviceTower;
 // The shared vocabulary, from the crate below every other (gpu-core's own paths kept).
+/// The crate below gpu-core, for [`family_error!`]'s expansion in the tower crates.
+pub use tower_core;
 pub use tower_core::{Activation, LmAttention, Precision};
 pub use upload::{
     HostSource, HostTensor, LeBytes, LeDtype, StageElem, Stager, TensorStore, STAGING_BYTES,

@@ -39,19 +39,6 @@ pub enum GemmaError {
 /// Short for `Result<T, GemmaError>`.
 pub type Result<T> = std::result::Result<T, GemmaError>;
 
-impl tower_core::Classify for GemmaError {
-    /// `Input` is the input's fault; every other variant is the weight file's or its configs'.
-    fn kind(&self) -> tower_core::ErrorKind {
-        match self {
-            GemmaError::Input(_) => tower_core::ErrorKind::Input,
-            _ => tower_core::ErrorKind::Weights,
-        }
-    }
-}
-
-// The CUDA path's `?` on this family's errors (gpu-core's CudaError is generic over them).
-impl From<GemmaError> for gpu_core::CudaError<GemmaError> {
-    fn from(e: GemmaError) -> Self {
-        gpu_core::CudaError::Family(e)
-    }
-}
+// Its kind (`Input` is the input's fault, the rest the weights') and `?` into the CUDA path's
+// error.
+gpu_core::family_error!(GemmaError, GemmaError::Input);

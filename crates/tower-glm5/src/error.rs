@@ -36,19 +36,6 @@ pub enum GlmError {
 /// Short for `Result<T, GlmError>`.
 pub type Result<T> = std::result::Result<T, GlmError>;
 
-impl tower_core::Classify for GlmError {
-    /// `Input` is the input's fault; every other variant is the weight file's or its configs'.
-    fn kind(&self) -> tower_core::ErrorKind {
-        match self {
-            GlmError::Input(_) => tower_core::ErrorKind::Input,
-            _ => tower_core::ErrorKind::Weights,
-        }
-    }
-}
-
-// The CUDA path's `?` on this family's errors (gpu-core's CudaError is generic over them).
-impl From<GlmError> for gpu_core::CudaError<GlmError> {
-    fn from(e: GlmError) -> Self {
-        gpu_core::CudaError::Family(e)
-    }
-}
+// Its kind (`Input` is the input's fault, the rest the weights') and `?` into the CUDA path's
+// error.
+gpu_core::family_error!(GlmError, GlmError::Input);

@@ -39,19 +39,6 @@ pub enum StepError {
 /// Short for `Result<T, StepError>`.
 pub type Result<T> = std::result::Result<T, StepError>;
 
-impl tower_core::Classify for StepError {
-    /// `Input` is the input's fault; every other variant is the weight file's or its configs'.
-    fn kind(&self) -> tower_core::ErrorKind {
-        match self {
-            StepError::Input(_) => tower_core::ErrorKind::Input,
-            _ => tower_core::ErrorKind::Weights,
-        }
-    }
-}
-
-// The CUDA path's `?` on this family's errors (gpu-core's CudaError is generic over them).
-impl From<StepError> for gpu_core::CudaError<StepError> {
-    fn from(e: StepError) -> Self {
-        gpu_core::CudaError::Family(e)
-    }
-}
+// Its kind (`Input` is the input's fault, the rest the weights') and `?` into the CUDA path's
+// error.
+gpu_core::family_error!(StepError, StepError::Input);
