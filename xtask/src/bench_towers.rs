@@ -10,21 +10,28 @@ use st_reader::{Checkpoint, Dtype};
 use tower_gemma::{GemmaBatch, GemmaCuda, GemmaImage, GemmaTower};
 use tower_glm5::{GlmBatch, GlmCuda, GlmImage, GlmTower};
 use tower_step::{StepBatch, StepCuda, StepImage, StepTower, StepView};
+use vision_towers::tower_core::HostTower;
 
 /// What the bench needs from one of our towers: upload a batch once, run the timed span (the
 /// forward plus the projection, from device-resident inputs to device-resident rows), read the
 /// rows back (every image's rows in order, concatenated).
 pub trait BenchTower {
     /// One image's input, borrowed from the case file.
-    type Image<'a>;
-    /// A batch ready to run.
-    type Batch;
+    type Image<'a>
+    where
+        Self: 'a;
+    /// A batch ready to run (a host tower's borrows its images).
+    type Batch<'a>
+    where
+        Self: 'a;
     /// Validates and uploads `images` (not timed).
-    fn prepare(&mut self, images: &[Self::Image<'_>]) -> Result<Self::Batch>;
+    fn prepare<'a>(&mut self, images: &[Self::Image<'a>]) -> Result<Self::Batch<'a>>
+    where
+        Self: 'a;
     /// The timed span.
-    fn run(&mut self, batch: &Self::Batch) -> Result<()>;
+    fn run(&mut self, batch: &Self::Batch<'_>) -> Result<()>;
     /// The rows of the last [`BenchTower::run`] on `batch`, concatenated.
-    fn rows(&mut self, batch: &Self::Batch) -> Result<Vec<f32>>;
+    fn rows(&mut self, batch: &Self::Batch<'_>) -> Result<Vec<f32>>;
     /// Turns CUDA graphs of the forward on or off (the host towers have none).
     fn set_graphs(&mut self, on: bool);
     /// What the CUDA graph cache did so far (`None` on the host).
@@ -33,8 +40,11 @@ pub trait BenchTower {
 
 impl BenchTower for GemmaCuda {
     type Image<'a> = GemmaImage<'a>;
-    type Batch = GemmaBatch;
-    fn prepare(&mut self, images: &[GemmaImage<'_>]) -> Result<GemmaBatch> {
+    type Batch<'a> = GemmaBatch;
+    fn prepare<'a>(&mut self, images: &[GemmaImage<'a>]) -> Result<Self::Batch<'a>>
+    where
+        Self: 'a,
+    {
         Ok(DeviceTower::prepare(self, images)?)
     }
     fn run(&mut self, batch: &GemmaBatch) -> Result<()> {
@@ -54,8 +64,11 @@ impl BenchTower for GemmaCuda {
 
 impl BenchTower for GlmCuda {
     type Image<'a> = GlmImage<'a>;
-    type Batch = GlmBatch;
-    fn prepare(&mut self, images: &[GlmImage<'_>]) -> Result<GlmBatch> {
+    type Batch<'a> = GlmBatch;
+    fn prepare<'a>(&mut self, images: &[GlmImage<'a>]) -> Result<Self::Batch<'a>>
+    where
+        Self: 'a,
+    {
         Ok(DeviceTower::prepare(self, images)?)
     }
     fn run(&mut self, batch: &GlmBatch) -> Result<()> {
@@ -75,8 +88,11 @@ impl BenchTower for GlmCuda {
 
 impl BenchTower for StepCuda {
     type Image<'a> = StepImage<'a>;
-    type Batch = StepBatch;
-    fn prepare(&mut self, images: &[StepImage<'_>]) -> Result<StepBatch> {
+    type Batch<'a> = StepBatch;
+    fn prepare<'a>(&mut self, images: &[StepImage<'a>]) -> Result<Self::Batch<'a>>
+    where
+        Self: 'a,
+    {
         Ok(DeviceTower::prepare(self, images)?)
     }
     fn run(&mut self, batch: &StepBatch) -> Result<()> {
@@ -114,110 +130,27 @@ impl<T> Host<T> {
     }
 }
 
-/// Owned copies of the images, for the host towers' batches.
-pub struct HostBatch<I>(Vec<I>);
-
-impl BenchTower for Host<GemmaTower> {
-    type Image<'a> = GemmaImage<'a>;
-    type Batch = HostBatch<(Vec<f32>, Vec<i64>)>;
-    fn prepare(&mut self, images: &[GemmaImage<'_>]) -> Result<Self::Batch> {
-        Ok(HostBatch(
-            images
-                .iter()
-                .map(|i| (i.patches.to_vec(), i.positions.to_vec()))
-                .collect(),
-        ))
+/// Every family's host reference through tower-core's one [`HostTower`] trait: a batch is the
+/// images themselves, `run` the f32 forward.
+impl<T> BenchTower for Host<T>
+where
+    T: HostTower + 'static,
+    T::Error: Send + Sync + 'static,
+    for<'a> T::Image<'a>: Clone,
+{
+    type Image<'a> = T::Image<'a>;
+    type Batch<'a> = Vec<T::Image<'a>>;
+    fn prepare<'a>(&mut self, images: &[T::Image<'a>]) -> Result<Self::Batch<'a>>
+    where
+        Self: 'a,
+    {
+        Ok(images.to_vec())
     }
-    fn run(&mut self, batch: &Self::Batch) -> Result<()> {
-        let images: Vec<GemmaImage<'_>> = batch
-            .0
-            .iter()
-            .map(|(p, q)| GemmaImage {
-                patches: p,
-                positions: q,
-            })
-            .collect();
-        self.last = self.tower.encode_host(&images)?.concat();
+    fn run(&mut self, batch: &Self::Batch<'_>) -> Result<()> {
+        self.last = self.tower.encode_rows(batch)?.concat();
         Ok(())
     }
-    fn rows(&mut self, _: &Self::Batch) -> Result<Vec<f32>> {
-        Ok(self.last.clone())
-    }
-    fn set_graphs(&mut self, _: bool) {}
-    fn graph_stats(&self) -> Option<GraphStats> {
-        None
-    }
-}
-
-impl BenchTower for Host<GlmTower> {
-    type Image<'a> = GlmImage<'a>;
-    type Batch = HostBatch<(Vec<f32>, [usize; 3])>;
-    fn prepare(&mut self, images: &[GlmImage<'_>]) -> Result<Self::Batch> {
-        Ok(HostBatch(
-            images
-                .iter()
-                .map(|i| (i.patches.to_vec(), i.grid_thw))
-                .collect(),
-        ))
-    }
-    fn run(&mut self, batch: &Self::Batch) -> Result<()> {
-        let images: Vec<GlmImage<'_>> = batch
-            .0
-            .iter()
-            .map(|(p, g)| GlmImage {
-                patches: p,
-                grid_thw: *g,
-            })
-            .collect();
-        self.last = self.tower.encode_host(&images)?.concat();
-        Ok(())
-    }
-    fn rows(&mut self, _: &Self::Batch) -> Result<Vec<f32>> {
-        Ok(self.last.clone())
-    }
-    fn set_graphs(&mut self, _: bool) {}
-    fn graph_stats(&self) -> Option<GraphStats> {
-        None
-    }
-}
-
-impl BenchTower for Host<StepTower> {
-    type Image<'a> = StepImage<'a>;
-    type Batch = HostBatch<(Vec<f32>, usize, usize)>;
-    fn prepare(&mut self, images: &[StepImage<'_>]) -> Result<Self::Batch> {
-        if images.iter().any(|i| !i.crops.is_empty()) {
-            bail!("the bench's step cases are single views (no crop tiles)");
-        }
-        Ok(HostBatch(
-            images
-                .iter()
-                .map(|i| (i.global.pixels.to_vec(), i.global.height, i.global.width))
-                .collect(),
-        ))
-    }
-    fn run(&mut self, batch: &Self::Batch) -> Result<()> {
-        let images: Vec<StepImage<'_>> = batch
-            .0
-            .iter()
-            .map(|(p, h, w)| StepImage {
-                crops: vec![],
-                global: StepView {
-                    pixels: p,
-                    height: *h,
-                    width: *w,
-                },
-                newline_mask: vec![],
-            })
-            .collect();
-        self.last = self
-            .tower
-            .encode_host(&images)?
-            .into_iter()
-            .flat_map(|r| r.rows)
-            .collect();
-        Ok(())
-    }
-    fn rows(&mut self, _: &Self::Batch) -> Result<Vec<f32>> {
+    fn rows(&mut self, _: &Self::Batch<'_>) -> Result<Vec<f32>> {
         Ok(self.last.clone())
     }
     fn set_graphs(&mut self, _: bool) {}
@@ -232,7 +165,7 @@ impl BenchTower for Host<StepTower> {
 pub fn time_runs<T: BenchTower>(
     dev: Option<&Device>,
     t: &mut T,
-    batch: &T::Batch,
+    batch: &T::Batch<'_>,
     warmup: usize,
     iters: usize,
 ) -> Result<Vec<f32>> {
@@ -542,4 +475,34 @@ pub fn step_cuda(dev: &Arc<Device>, dir: &Path) -> Result<Loaded<StepCuda>> {
         load_s,
         upload_s,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workspace_root;
+
+    /// The host side of the bench goes through tower-core's one HostTower trait: its rows are the
+    /// upstream processor case's rows within the host f32 bound (glm_ocr fixture, one image).
+    #[test]
+    fn the_host_bench_tower_gives_the_fixture_rows() {
+        let root = workspace_root().join("fixtures");
+        let (tower, _) = load_glm(&root.join("models/glm_ocr")).unwrap();
+        let case = open(&root.join("outputs/glm_ocr/tiny_20x15.safetensors")).unwrap();
+        let pv = f32_tensor(&case, "pixel_values").unwrap();
+        let grid = i64_tensor(&case, "image_grid_thw").unwrap();
+        let want = f32_tensor(&case, "f32/rows").unwrap();
+        let g = |i: usize| usize::try_from(grid.data[i]).unwrap();
+        let images = [GlmImage {
+            patches: &pv.data,
+            grid_thw: [g(0), g(1), g(2)],
+        }];
+        let mut host = Host::new(tower);
+        let batch = BenchTower::prepare(&mut host, &images).unwrap();
+        BenchTower::run(&mut host, &batch).unwrap();
+        let got = BenchTower::rows(&mut host, &batch).unwrap();
+        let e = crate::bench::rel_l2(&got, &want.data);
+        assert!(e <= 1e-5, "rel-L2 {e:.2e}");
+        assert!(host.graph_stats().is_none());
+    }
 }

@@ -6,6 +6,7 @@
 //! - [`Activation`]: the activation functions the towers' MLPs use, by their transformers names;
 //! - [`ErrorKind`] and [`Classify`]: whose fault a failure is (the weights, the input, the
 //!   device…), stated by the error itself so that no binding guesses it from the call;
+//! - [`HostTower`]: a family's host reference behind one trait;
 //! - [`rel_l2`]: the one distance every check of rows against a reference uses;
 //! - each family's typed input for one image ([`GemmaImage`], [`GlmImage`], [`StepImage`] of
 //!   [`StepView`]s), what vision-prep produces and the towers read.
@@ -15,6 +16,7 @@
 
 mod act;
 mod error;
+mod host;
 mod inputs;
 mod lm;
 mod metric;
@@ -22,6 +24,7 @@ mod precision;
 
 pub use act::{Activation, UnknownActivation, ACTIVATION_NAMES};
 pub use error::{ClassifiedError, Classify, ErrorKind, FamilyError};
+pub use host::HostTower;
 pub use inputs::{GemmaImage, GlmImage, StepImage, StepView};
 pub use lm::LmAttention;
 pub use metric::rel_l2;

@@ -73,3 +73,16 @@ impl GemmaTower {
         Ok(forward_host(&self.config, &self.weights, images, false)?.0)
     }
 }
+
+impl tower_core::HostTower for GemmaTower {
+    type Image<'a> = GemmaImage<'a>;
+    type Error = GemmaError;
+
+    fn encode_rows(&self, images: &[GemmaImage<'_>]) -> Result<Vec<Vec<f32>>> {
+        self.encode_host(images)
+    }
+
+    fn width(&self) -> usize {
+        self.config.text_hidden
+    }
+}

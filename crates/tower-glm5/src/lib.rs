@@ -97,3 +97,16 @@ impl GlmTower {
         }
     }
 }
+
+impl tower_core::HostTower for GlmTower {
+    type Image<'a> = GlmImage<'a>;
+    type Error = GlmError;
+
+    fn encode_rows(&self, images: &[GlmImage<'_>]) -> Result<Vec<Vec<f32>>> {
+        self.encode_host(images)
+    }
+
+    fn width(&self) -> usize {
+        self.config.text_hidden
+    }
+}

@@ -125,3 +125,20 @@ impl StepTower {
         forward_host(&self.config, &self.weights, images, keep_stages)
     }
 }
+
+impl tower_core::HostTower for StepTower {
+    type Image<'a> = StepImage<'a>;
+    type Error = StepError;
+
+    fn encode_rows(&self, images: &[StepImage<'_>]) -> Result<Vec<Vec<f32>>> {
+        Ok(self
+            .encode_host(images)?
+            .into_iter()
+            .map(Vec::from)
+            .collect())
+    }
+
+    fn width(&self) -> usize {
+        self.config.text_hidden
+    }
+}

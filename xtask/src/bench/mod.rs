@@ -458,7 +458,7 @@ fn read_rows(anchor: &Value, dir: &Path, case: &str, key: &str) -> Result<Option
 fn profile_pass<T: BenchTower>(
     d: &Device,
     tower: &mut T,
-    batch: &T::Batch,
+    batch: &T::Batch<'_>,
     name: &str,
 ) -> Result<Vec<gpu_core::OpTime>> {
     tower.set_graphs(false);
