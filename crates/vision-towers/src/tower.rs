@@ -6,7 +6,7 @@ use std::path::Path;
 
 use gpu_core::{GraphStats, GraphStatus, RowsDtype};
 use st_reader::Checkpoint;
-use tower_core::{GemmaImage, GlmImage};
+use tower_core::{GemmaImage, GlmImage, HostTower};
 use tower_gemma::GemmaTower;
 use tower_glm5::{GlmConfig, GlmTower};
 use tower_step::{StepConfig, StepTower};
@@ -17,7 +17,7 @@ use crate::device_rows::{Dest, DeviceResult, Job};
 use crate::engine::Engine;
 use crate::inputs::{pass_ranges, Images};
 use crate::tower_error::InputError;
-use crate::upload::{open_device, upload_mapped, HostTower, Upload};
+use crate::upload::{open_device, upload_mapped, LoadedHost, Upload};
 use crate::{Device, Family, Precision, ProcessorTensors, TowerError, TowerOptions};
 
 /// A loaded tower of any family, on the host or on a CUDA device. `Send + Sync`: share one
@@ -83,7 +83,7 @@ impl Tower {
             Ok(())
         };
         let host = |cpu_reason: Option<String>| -> Result<Tower, TowerError> {
-            let mut t = Tower::on_host(HostTower::load(path)?, options);
+            let mut t = Tower::on_host(LoadedHost::load(path)?, options);
             t.cpu_reason = cpu_reason;
             Ok(t)
         };
@@ -155,12 +155,12 @@ impl Tower {
         })
     }
 
-    fn on_host(host: HostTower, options: &TowerOptions) -> Tower {
+    fn on_host(host: LoadedHost, options: &TowerOptions) -> Tower {
         Tower {
             engine: match host {
-                HostTower::Gemma4(t) => Engine::GemmaHost(t),
-                HostTower::Glm(t) => Engine::GlmHost(t),
-                HostTower::Step3p7(t) => Engine::StepHost(t),
+                LoadedHost::Gemma4(t) => Engine::GemmaHost(t),
+                LoadedHost::Glm(t) => Engine::GlmHost(t),
+                LoadedHost::Step3p7(t) => Engine::StepHost(t),
             },
             device: Device::Cpu,
             precision: Precision::F32,
@@ -332,21 +332,22 @@ impl Tower {
             return rows;
         }
         match (&self.engine, images) {
-            (Engine::GemmaHost(t), Images::Gemma4(v)) => {
-                t.encode_host(&v[range]).map_err(InputError::family)
-            }
-            (Engine::GlmHost(t), Images::Glm(v)) => {
-                t.encode_host(&v[range]).map_err(InputError::family)
-            }
-            (Engine::StepHost(t), Images::Step3p7(v)) => t
-                .encode_host(&v[range])
-                .map(|rows| rows.into_iter().map(|r| r.rows).collect())
-                .map_err(InputError::family),
+            (Engine::GemmaHost(t), Images::Gemma4(v)) => host_pass(t, &v[range]),
+            (Engine::GlmHost(t), Images::Glm(v)) => host_pass(t, &v[range]),
+            (Engine::StepHost(t), Images::Step3p7(v)) => host_pass(t, &v[range]),
             (_, Images::Gemma4(_)) => Err(self.wrong_inputs("gemma4")),
             (_, Images::Glm(_)) => Err(self.wrong_inputs("glm")),
             (_, Images::Step3p7(_)) => Err(self.wrong_inputs("step3p7")),
         }
     }
+}
+
+/// One pass of any family's host reference (tower-core's `HostTower`): rows per image.
+fn host_pass<T: HostTower>(
+    tower: &T,
+    images: &[T::Image<'_>],
+) -> Result<Vec<Vec<f32>>, InputError> {
+    tower.encode_rows(images).map_err(InputError::family)
 }
 
 fn glm_family(config: &GlmConfig) -> Family {

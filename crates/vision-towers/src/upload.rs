@@ -18,7 +18,7 @@ use crate::{detect_family, Family, Precision, TowerError, WeightFile};
 
 /// The host tower a weight file holds.
 #[allow(clippy::large_enum_variant)] // short-lived: becomes an Engine at open
-pub(crate) enum HostTower {
+pub(crate) enum LoadedHost {
     Gemma4(GemmaTower),
     Glm(GlmTower),
     Step3p7(StepTower),
@@ -142,7 +142,7 @@ pub(crate) fn upload_mapped(
             }
         }
         // The host loader gives these files their own answer (not implemented, unknown family).
-        _ => HostTower::load(path)
+        _ => LoadedHost::load(path)
             .and_then(|_| {
                 Err(TowerError::Unsupported(format!(
                     "{}: no CUDA path for this file",
@@ -153,8 +153,8 @@ pub(crate) fn upload_mapped(
     }
 }
 
-impl HostTower {
-    pub(crate) fn load(path: &Path) -> Result<HostTower, TowerError> {
+impl LoadedHost {
+    pub(crate) fn load(path: &Path) -> Result<LoadedHost, TowerError> {
         let file = WeightFile::open(path)?;
         let refused = |source: FamilyError| TowerError::Refused {
             path: path.to_path_buf(),
@@ -164,19 +164,19 @@ impl HostTower {
         match (detect_family(&file), file) {
             (Some(Family::Gemma4), WeightFile::Gguf(g)) => {
                 GemmaTower::from_gguf(&g, GgufActivation::Model)
-                    .map(HostTower::Gemma4)
+                    .map(LoadedHost::Gemma4)
                     .map_err(gemma_err)
             }
             (Some(Family::Gemma4), WeightFile::SafeTensors(ck)) => GemmaTower::from_checkpoint(&ck)
-                .map(HostTower::Gemma4)
+                .map(LoadedHost::Gemma4)
                 .map_err(gemma_err),
             (Some(Family::Glm5Next | Family::GlmOcr), WeightFile::SafeTensors(ck)) => {
                 GlmTower::from_checkpoint(&ck)
-                    .map(HostTower::Glm)
+                    .map(LoadedHost::Glm)
                     .map_err(|e| refused(FamilyError::new(e)))
             }
             (Some(Family::Step3p7), WeightFile::SafeTensors(ck)) => StepTower::from_checkpoint(&ck)
-                .map(HostTower::Step3p7)
+                .map(LoadedHost::Step3p7)
                 .map_err(|e| refused(FamilyError::new(e))),
             (Some(f), _) => Err(TowerError::NotImplemented {
                 path: path.to_path_buf(),
