@@ -6,7 +6,7 @@ use std::ffi::c_char;
 use vision_towers::{Family, Model, ProcessorTensors};
 
 use crate::encode::{device_out, device_target, offsets_arg, offsets_of, vt_rows};
-use crate::error::{guard, guard_value, model_failure, vt_status, Failure};
+use crate::error::{guard, guard_value, vt_status, Failure};
 use crate::ffi::{need_out, slice, utf8, write_opt};
 use crate::model::{model_arg, vt_model};
 
@@ -191,10 +191,6 @@ unsafe fn tensors_arg<'a>(tensors: *const vt_tensors) -> Result<&'a vt_tensors, 
     unsafe { tensors.as_ref() }.ok_or_else(|| Failure::null("tensors"))
 }
 
-fn tensor_failure(e: vision_towers::ModelError) -> Failure {
-    model_failure(&e)
-}
-
 /// Runs the tower on the processor's tensors `tensors` (instead of image bytes) and writes the
 /// new rows to `*out` (f32 on the host, one block per image in the set's order).
 ///
@@ -217,7 +213,7 @@ pub unsafe extern "C" fn vt_model_encode_tensors(
         // SAFETY: the caller's contract.
         let t = unsafe { tensors_arg(tensors) }?;
         need_out(out, "out")?;
-        let rows = m.encode_tensors(&t.set).map_err(tensor_failure)?;
+        let rows = m.encode_tensors(&t.set).map_err(Failure::from)?;
         let width = rows.width;
         let rows = vt_rows {
             offsets: offsets_of(rows.per_image.iter().map(|r| r.len() / width.max(1))),
@@ -296,5 +292,5 @@ fn encode_tensors_into(
     t: &vt_tensors,
     out: &vision_towers::DeviceOut,
 ) -> Result<Vec<usize>, Failure> {
-    m.encode_tensors_into(&t.set, out).map_err(tensor_failure)
+    m.encode_tensors_into(&t.set, out).map_err(Failure::from)
 }

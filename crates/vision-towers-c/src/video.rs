@@ -11,7 +11,7 @@ use vision_towers::vision_prep::{
 use vision_towers::{EncodedVideo, Model, ModelError, PrepOpenError};
 
 use crate::encode::{device_out, device_target, image_source, offsets_of, vt_image, vt_rows};
-use crate::error::{guard, guard_value, model_failure, vt_status, Failure};
+use crate::error::{guard, guard_value, vt_status, Failure};
 use crate::ffi::{check_extent, need_out, slice, slice_mut, write_opt};
 use crate::model::{model_arg, vt_model};
 use crate::plan::VT_TOKEN_UNKNOWN;
@@ -150,17 +150,9 @@ impl vt_video_plan {
     }
 }
 
-/// A video refusal: the status of its kind (no video path for the family `VT_ERR_UNSUPPORTED`, a
-/// metadata budget `VT_ERR_IMAGE_TOO_LARGE`, frames that do not fit the metadata `VT_ERR_IMAGE`,
-/// a frame refused as an image would be its image status naming the frame, a setting out of
-/// range `VT_ERR_INVALID_ARGUMENT`), as any encode's.
-fn video_failure(e: ModelError) -> Failure {
-    model_failure(&e)
-}
-
 /// A vision-prep refusal of the video, named by the model's path as the facade names it.
 fn prep_failure(m: &Model, source: PrepError) -> Failure {
-    video_failure(ModelError::Prep(PrepOpenError::Prep {
+    Failure::from(ModelError::Prep(PrepOpenError::Prep {
         path: m.path().to_path_buf(),
         source,
     }))
@@ -194,7 +186,7 @@ unsafe fn with_video<T>(
             "video: frames and rgb are both set (encoded frames or raw ones, not both)",
         ));
     }
-    let pre = m.video_preprocessor(s.settings()).map_err(video_failure)?;
+    let pre = m.video_preprocessor(s.settings()).map_err(Failure::from)?;
     // The metadata first: its frame budget bounds everything made below, and a video refused
     // by it has no frame read (nor, raw, any byte).
     let sampled = pre
@@ -374,7 +366,7 @@ pub unsafe extern "C" fn vt_model_encode_video(
         // SAFETY: the caller's contract.
         let encoded = unsafe {
             with_video(m, video, settings, |pre, v| {
-                m.encode_video_with(pre, v).map_err(video_failure)
+                m.encode_video_with(pre, v).map_err(Failure::from)
             })
         }?;
         let rows = vt_rows {
@@ -422,7 +414,7 @@ pub unsafe extern "C" fn vt_model_encode_video_into(
         let run = |pre: &VideoPreprocessor, v: &Video<'_>| -> Result<EncodedVideo, Failure> {
             // SAFETY: the caller's contract on `needed`.
             unsafe { rows_fit(m, pre, v, "out", out_len, needed) }?;
-            m.encode_video_with(pre, v).map_err(video_failure)
+            m.encode_video_with(pre, v).map_err(Failure::from)
         };
         // SAFETY: the caller's contract.
         let encoded = unsafe { with_video(m, video, settings, run) }?;
@@ -502,7 +494,7 @@ pub unsafe extern "C" fn vt_model_encode_video_device(
             let elements = unsafe { rows_fit(m, pre, v, "dst", dst_len, needed) }?;
             let planned = m
                 .encode_video_device_into(pre, v, &out)
-                .map_err(video_failure)?;
+                .map_err(Failure::from)?;
             Ok((planned, elements))
         };
         // SAFETY: the caller's contract.
