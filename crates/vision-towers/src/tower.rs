@@ -110,19 +110,17 @@ impl Tower {
         };
         let tier = *dev.tier();
         // bf16 needs bf16 tensor cores (8.0+); where the tier has none, the default is f32 and an
-        // explicit bf16 is refused with the advice (vLLM does the same).
+        // explicit bf16 is refused with the advice (vLLM does the same), by gpu-core's one rule.
         let precision = match options.precision {
             Some(p) => p,
-            None if tier.arch.precisions.bf16 => Precision::Bf16,
+            None if dev.supports_bf16() => Precision::Bf16,
             None => Precision::F32,
         };
-        if precision == Precision::Bf16 && !tier.arch.precisions.bf16 {
-            let why = format!(
-                "bf16 needs bf16 tensor cores (compute capability 8.0 or newer); {} runs tier \
-                 {tier}: use --precision f32",
+        if let Some(why) = dev.precision_refusal(precision) {
+            return Err(TowerError::Unsupported(format!(
+                "{}: {why}",
                 options.device
-            );
-            return Err(TowerError::Unsupported(why));
+            )));
         }
         // Straight from the memory-mapped file to the device: no host f32 copy of the model.
         let engine = match upload_mapped(path, dev, precision) {
