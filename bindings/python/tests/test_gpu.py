@@ -266,3 +266,33 @@ def test_eight_threads_on_one_cuda_model(torch):
 def test_auto_takes_the_gpu():
     m = vt.Model(fixtures_dir() / "models" / "gemma4")
     assert (m.device, m.precision) == ("cuda:0", "bf16")
+
+
+def test_one_cublaslt_in_a_process_that_loaded_torch_first(torch):
+    """PyTorch maps its pip wheel's cuBLASLt at import; the library must use that copy, not map
+    the CUDA toolkit's beside it (issue 39: cudarc's loader asked for `libcublasLt.so` first,
+    the toolkit's development link, and a PyTorch process held two copies). A fresh process,
+    so torch is surely loaded first."""
+    import json
+    import subprocess
+    import sys
+
+    script = f"""
+import torch
+a = torch.ones(64, 64, device="cuda", dtype=torch.bfloat16)
+(a @ a).sum().item()
+import vision_towers as vt
+m = vt.Model({str(fixtures_dir() / "models" / "gemma4")!r}, device="cuda:0")
+m.encode([open({str(fixtures_dir() / "images" / IMAGES[0])!r}, "rb").read()])
+paths = set()
+for line in open("/proc/self/maps"):
+    parts = line.split()
+    if len(parts) >= 6 and parts[5].rsplit("/", 1)[-1].startswith("libcublasLt.so"):
+        paths.add(parts[5])
+import json
+print(json.dumps(sorted(paths)))
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    paths = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(paths) == 1, f"cuBLASLt copies mapped: {paths}"

@@ -180,10 +180,9 @@ fn probe(ordinal: usize) -> Result<()> {
         )));
     }
     check_driver()?;
-    // SAFETY: is_culib_present only tries to dlopen the candidate library names.
-    if !unsafe { cudarc::cublaslt::sys::is_culib_present() } {
+    if let Err(why) = crate::gemm::lt_lib::cublaslt() {
         return Err(GpuError::Unusable(format!(
-            "the CUDA driver reports {count} device(s) but the cuBLASLt library (libcublasLt.so) is not installed"
+            "the CUDA driver reports {count} device(s) but {why}"
         )));
     }
     Ok(())

@@ -56,6 +56,7 @@ pub use device::{
     device_count, is_available, Device, DeviceBuffer, DeviceOptions, Elem, FAKE_DEVICE_ENV,
 };
 pub use error::{CudaError, GpuError, Result};
+pub use gemm::lt_lib::{cublaslt, LtLibrary, LtSource, CUBLASLT_SONAME};
 pub use gemm::{
     Epilogue, GemmBias, GemmInputs, GemmOutput, GemmShape, GemmTuned, GemmTuning, GEMM_CANDIDATES,
 };

@@ -6,7 +6,10 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use cudarc::cublaslt::{result as lt, sys};
+use cudarc::cublaslt::result::CublasError;
+use cudarc::cublaslt::sys;
+
+use super::lt_lib as lt;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::shape::{Epilogue, GemmShape, GemmTuned, GemmTuning, GEMM_CANDIDATES};
@@ -206,21 +209,9 @@ impl Lt {
                 )?;
                 let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> =
                     vec![std::mem::zeroed(); GEMM_CANDIDATES];
-                let mut found: std::ffi::c_int = 0;
-                sys::cublasLtMatmulAlgoGetHeuristic(
-                    self.handle,
-                    desc,
-                    a,
-                    b,
-                    c,
-                    c,
-                    pref,
-                    GEMM_CANDIDATES as std::ffi::c_int,
-                    results.as_mut_ptr(),
-                    &mut found,
-                )
-                .result()?;
-                results.truncate(found.max(0) as usize);
+                let found =
+                    lt::algo_get_heuristic(self.handle, desc, a, b, c, c, pref, &mut results)?;
+                results.truncate(found);
                 Ok(results
                     .into_iter()
                     .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
@@ -232,7 +223,7 @@ impl Lt {
             plan.algo = *plan
                 .candidates
                 .first()
-                .ok_or(GpuError::CublasLt(lt::CublasError(
+                .ok_or(GpuError::CublasLt(CublasError(
                     sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
                 )))?;
         }

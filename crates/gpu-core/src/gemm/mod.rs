@@ -5,7 +5,7 @@
 //! output feature) is cuBLASLt's per-row bias of D.
 use std::ffi::c_void;
 
-use cudarc::cublaslt::{result as lt, sys};
+use cudarc::cublaslt::sys;
 use cudarc::driver::DevicePtr;
 use half::bf16;
 
@@ -13,7 +13,10 @@ use crate::device::{DeviceBuffer, Elem};
 use crate::{Device, GpuError, Result};
 
 pub(crate) mod lt_cache;
+pub mod lt_lib;
 mod shape;
+
+use lt_lib as lt;
 
 use lt_cache::{set_desc, Plan, PlanKey, WORKSPACE_BYTES};
 pub use shape::{Epilogue, GemmShape, GemmTuned, GemmTuning, GEMM_CANDIDATES};

@@ -147,7 +147,8 @@ impl RanOn {
         r
     }
 
-    /// `device`, `precision` and, where known, `gpu_tier` / `cpu_reason` metadata entries.
+    /// `device`, `precision` and, where known, `gpu_tier` / `cublaslt` / `cpu_reason` metadata
+    /// entries.
     fn metadata(&self) -> Vec<(String, String)> {
         let mut m = vec![
             ("device".to_string(), self.device.to_string()),
@@ -155,6 +156,21 @@ impl RanOn {
         ];
         if let Some(t) = &self.tier {
             m.push(("gpu_tier".to_string(), t.clone()));
+            // which cuBLASLt the GEMMs ran on, and how it was found (gpu-core's lt_lib)
+            if let Ok(lt) = vision_towers::gpu_core::cublaslt() {
+                let v = lt.version;
+                m.push((
+                    "cublaslt".to_string(),
+                    format!(
+                        "{} ({}, {}.{}.{})",
+                        lt.path.display(),
+                        lt.source.name(),
+                        v / 10_000,
+                        v / 100 % 100,
+                        v % 100
+                    ),
+                ));
+            }
         }
         if let Some(r) = &self.cpu_reason {
             m.push(("cpu_reason".to_string(), r.clone()));
