@@ -67,14 +67,16 @@ const TUNE_RUNS: usize = 5;
 /// medians), so timing noise does not flip the choice between equal algorithms.
 const TUNE_MIN_GAIN: f32 = 0.98;
 
-/// The output alignment a rows GEMM is planned for, whatever the target's address. A caller's
-/// rows land at an offset inside its buffer (the second pass of a multi-pass encode starts
-/// `rows × width` elements in), so the same projection would otherwise get a second plan, tuned
-/// apart, whose f32 sums can differ in the last bit from the first pass's: rows written to a
-/// caller's buffer must be bitwise the rows `encode` downloads. 16 bytes is what cuBLASLt's
-/// vector loads need; a target aligned below that (an LM width that is not a multiple of 4 f32
-/// or 8 bf16 elements) still gets a plan of its own, since a plan for 16 would fault there.
-const ROWS_ALIGN_PLAN: u32 = 16;
+/// The output alignment every GEMM is planned for, at most: a plan is keyed on its operands'
+/// alignments, and two plans of one shape are tuned apart and may pick algorithms whose f32
+/// sums differ in the last bit. A tower's rows land in its own buffer (`encode`, 256-byte
+/// aligned) or in a caller's at an offset (`encode_device`: the second pass of a multi-pass
+/// encode starts `rows × width` elements in), and both must be the same rows, bitwise: so an
+/// output aligned to 16 bytes or more is planned as 16 (what cuBLASLt's vector loads and TMA
+/// need). One aligned below that still gets a plan of its own, since a plan for 16 would fault
+/// there. Measured on the H100 (2026-12-06): capping only the caller's target left `encode` and
+/// `encode_device` f32 rows 1.1e-7–1.7e-7 apart (rel-L2), on one pass and on two.
+const OUT_ALIGN_PLAN: u32 = 16;
 
 fn align_of(addr: u64) -> u32 {
     (1u64 << addr.trailing_zeros().min(8)) as u32
@@ -138,13 +140,13 @@ impl Device {
         };
         check_len(OP, "x", x_len, s.x_offset, s.m, s.k, s.ldx)?;
         check_len(OP, "W", w_len, 0, s.n, s.k, s.k)?;
-        let (y_len, y_addr, out_f32, ysz, y_align_cap) = match &out {
-            GemmOutput::Bf16(y) => (y.len(), y.addr(), false, 2u64, u32::MAX),
-            GemmOutput::F32(y) => (y.len(), y.addr(), true, 4u64, u32::MAX),
+        let (y_len, y_addr, out_f32, ysz) = match &out {
+            GemmOutput::Bf16(y) => (y.len(), y.addr(), false, 2u64),
+            GemmOutput::F32(y) => (y.len(), y.addr(), true, 4u64),
             GemmOutput::Rows(t) => {
                 self.check_target(t)?;
                 let f32 = t.dtype == crate::RowsDtype::F32;
-                (t.len, t.addr, f32, t.dtype.size() as u64, ROWS_ALIGN_PLAN)
+                (t.len, t.addr, f32, t.dtype.size() as u64)
             }
         };
         check_len(OP, "y", y_len, s.y_offset, s.m, s.n, s.ldy)?;
@@ -177,8 +179,8 @@ impl Device {
             align: [
                 align_of(w_addr),
                 align_of(x_ptr),
-                align_of(y_ptr).min(y_align_cap),
-                align_of(y_ptr).min(y_align_cap),
+                align_of(y_ptr).min(OUT_ALIGN_PLAN),
+                align_of(y_ptr).min(OUT_ALIGN_PLAN),
             ],
         };
         let ptrs = Ptrs {
