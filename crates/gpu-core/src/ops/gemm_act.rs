@@ -147,6 +147,12 @@ impl Device {
                 Mat::dense(1, n).check(OP, "bias", b)?;
                 (b.addr(), 1)
             }
+            Some(GemmBias::F16(_)) => {
+                return Err(GpuError::shape(
+                    OP,
+                    "the fused kernel is bf16: its bias is f32 or bf16, not f16",
+                ))
+            }
         };
         let (xa, wa, ya) = (off(x, xm.offset), w.addr(), off(y, ym.offset));
         // the tensor maps' global addresses and row strides must be multiples of 16 bytes
