@@ -45,6 +45,8 @@ mod gpu_tests;
 #[cfg(test)]
 mod gpu_tests_attn;
 #[cfg(test)]
+mod gpu_tests_f16;
+#[cfg(test)]
 mod gpu_tests_fused;
 #[cfg(test)]
 mod gpu_tests_graph;
