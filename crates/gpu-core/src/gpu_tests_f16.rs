@@ -494,6 +494,26 @@ fn f16_gemm_matches_host() {
     );
 }
 
+/// The stager uploads f16 weights over several staging buffers: f32 values rounded once, f16
+/// bytes copied as they are.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn f16_stager_uploads_match_host() {
+    let d = dev();
+    let mut st = Stager::new(&d).unwrap();
+    let mut r = Rng::new(28);
+    // 3.5 staging buffers of f16
+    let n = STAGING_BYTES / 2 * 7 / 2 + 13;
+    let v = r.vec(n, 3.0);
+    let h: DeviceBuffer<f16> = st.upload(&d, &v).unwrap();
+    assert_eq!(d.download(&h).unwrap(), to_h(&v));
+    let bytes: Vec<u8> = to_h(&v).iter().flat_map(|x| x.to_le_bytes()).collect();
+    let src = LeBytes::new(&bytes, LeDtype::F16).unwrap();
+    let g: DeviceBuffer<f16> = st.upload(&d, &src).unwrap();
+    assert_eq!(d.download(&g).unwrap(), to_h(&v));
+    println!("STAGER f16 uploaded {} bytes", st.uploaded_bytes());
+}
+
 /// One f16 attention case (the bf16 tests' shapes and scales) with `variant`: q, k, v columns of one
 /// fused qkv buffer, output poisoned with NaN.
 #[allow(clippy::too_many_arguments)]

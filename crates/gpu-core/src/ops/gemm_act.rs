@@ -298,6 +298,12 @@ impl HostSource for InterleavedGateUp<'_> {
             self.src.read_bf16(s, &mut out[d.start..d.start + len])
         });
     }
+    fn read_f16(&self, start: usize, out: &mut [half::f16]) {
+        self.runs(start, out.len(), |s, d| {
+            let len = d.len();
+            self.src.read_f16(s, &mut out[d.start..d.start + len])
+        });
+    }
 }
 
 #[cfg(test)]
