@@ -1,10 +1,11 @@
-// Activations, gated and plain, on GEMM outputs (f32 or bf16, in = out dtype); math in f32.
-// Entry points: gated_act_{f32,bf16}, act_{f32,bf16}, cast_f32_bf16. Mode numbers match gpu_core::Activation.
+// Activations, gated and plain, on GEMM outputs (f32, bf16 or f16, in = out dtype); math in f32.
+// Entry points: gated_act_{f32,bf16,f16}, act_{f32,bf16,f16}, cast_f32_{bf16,f16}. Mode numbers match
+// gpu_core::Activation.
 #include "common.cuh"
 #include "act_math.cuh"
 
 // Vector path (host-chosen: columns, strides and offsets multiples of 16 bytes / sizeof(T), aligned
-// bases, fewer than 2^31 chunks): each thread handles ACT_UNROLL 16-byte chunks (8 bf16 or 4 f32 columns
+// bases, fewer than 2^31 chunks): each thread handles ACT_UNROLL 16-byte chunks (8 bf16 / f16 or 4 f32 columns
 // of one row), all loads issued before any math; the chunk index is split into (row, column) with one
 // 32-bit division. Scalar path: the element grid-stride loop (any layout). Math is identical.
 #define ACT_THREADS 256
@@ -96,6 +97,7 @@ __device__ __forceinline__ void gated_act_scalar(T* __restrict__ out, const T* _
     }
 GATED_ACT_ENTRY(float, gated_act_f32)
 GATED_ACT_ENTRY(bf16, gated_act_bf16)
+GATED_ACT_ENTRY(f16, gated_act_f16)
 
 // out[r, c] = clamp(act(clamp(x[r, c], i_lo, i_hi)), o_lo, o_hi); in place allowed (out == x, same ld):
 // every element is read and written by the same thread, so no __restrict__ here.
@@ -164,10 +166,14 @@ __device__ __forceinline__ void act_scalar(T* out, const T* x, long long rows, i
     }
 ACT_ENTRY(float, act_f32)
 ACT_ENTRY(bf16, act_bf16)
+ACT_ENTRY(f16, act_f16)
 
-// f32 -> bf16 (round to nearest even), dense.
-extern "C" __global__ void cast_f32_bf16(bf16* __restrict__ out, const float* __restrict__ x, long long n) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x)
-        out[i] = __float2bfloat16_rn(x[i]);
-}
+// f32 -> bf16 / f16 (round to nearest even), dense.
+#define CAST_F32_ENTRY(OutT, NAME)                                                                        \
+    extern "C" __global__ void NAME(OutT* __restrict__ out, const float* __restrict__ x, long long n) {   \
+        for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;                       \
+             i += (long long)gridDim.x * blockDim.x)                                                      \
+            out[i] = from_f32<OutT>(x[i]);                                                                \
+    }
+CAST_F32_ENTRY(bf16, cast_f32_bf16)
+CAST_F32_ENTRY(f16, cast_f32_f16)

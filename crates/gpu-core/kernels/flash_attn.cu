@@ -1,7 +1,12 @@
-// Non-causal variable-length flash attention (FlashAttention-2 scheme) on mma.sync m16n8k16 bf16
-// tensor cores, f32 accumulation and online softmax; no n x n matrix is ever stored.
-// Entry points: flash_attn_hd{64,72,96}_m{1,2}_bf16 (m = 16-row m-tiles per warp; 4 warps per block), and
-// flash_attn_f32: the exact f32 path on CUDA cores (any head_dim <= 128), at the end of this file.
+// Non-causal variable-length flash attention (FlashAttention-2 scheme) on mma.sync tensor cores, f32
+// accumulation and online softmax; no n x n matrix is ever stored.
+// Entry points (m = 16-row m-tiles per warp; 4 warps per block):
+//   flash_attn_hd{64,72,96}_m{1,2}_{bf16,f16}: mma.sync m16n8k16 (bf16 or f16 inputs), ldmatrix, cp.async
+//     double buffering (sm_80+);
+//   flash_attn_sm75_hd{64,72,96}_m1_f16: the Turing kernel (sm_75+): f16 mma.sync m16n8k8 (each k16 step
+//     is two of them, same fragments), ldmatrix, plain 16-byte global loads prefetched into registers one
+//     key tile ahead, one K/V buffer, within Turing's 64 KB of shared memory per block;
+//   flash_attn_f32: the exact f32 path on CUDA cores (any head_dim <= 128), at the end of this file.
 // head_dim 72 runs padded to 80 inside shared memory (the pad columns are zero).
 #include "common.cuh"
 
@@ -37,32 +42,67 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
 }
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// One m16n8k16 step as two m16n8k8 (sm_75): the k16 A fragment's registers {0, 1} hold k 0..7 and {2, 3}
+// k 8..15 in exactly the k8 A layout, and b0 / b1 are the k8 B fragments of those halves (PTX ISA,
+// "Matrix Fragments for mma.m16n8k8" and "...m16n8k16", .f16).
+__device__ __forceinline__ void mma_f16_k8x2(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b0));
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[2]), "r"(a[3]), "r"(b1));
+}
+
+// The element type's tensor-core step (one m16n8k16; PLAIN, the Turing kernel: two m16n8k8), packing and
+// pair type, chosen by overload on a null T* (the kernels are templated on T = bf16 or f16).
+template <bool PLAIN>
+__device__ __forceinline__ void mma_k16(bf16*, float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    static_assert(!PLAIN, "the plain (sm_75) kernel is f16 only: bf16 mma.sync needs sm_80");
+    mma_bf16(c, a, b0, b1);
+}
+template <bool PLAIN>
+__device__ __forceinline__ void mma_k16(f16*, float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if constexpr (PLAIN) mma_f16_k8x2(c, a, b0, b1);
+    else mma_f16(c, a, b0, b1);
+}
+__device__ __forceinline__ uint32_t pack2(bf16*, float lo, float hi) { return pack_bf16(lo, hi); }
+__device__ __forceinline__ uint32_t pack2(f16*, float lo, float hi) { return f16x2_bits(lo, hi); }
+__device__ __forceinline__ __nv_bfloat162 pair2(bf16*, float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+__device__ __forceinline__ __half2 pair2(f16*, float lo, float hi) { return __floats2half2_rn(lo, hi); }
 
 // Block: NW warps, each owning MT m-tiles of 16 query rows (BR = 16*NW*MT rows per block); key tiles of BC.
-// Shared memory: Q [BR][LDS], K [2][BC][LDS], V [2][BC][LDS] with LDS = HDP + 8 (row pitch an odd number of
-// 16-byte units, so ldmatrix's 8 row addresses hit distinct bank groups).
+// Shared memory: Q [BR][LDS], K [KB][BC][LDS], V [KB][BC][LDS] with LDS = HDP + 8 (row pitch an odd number
+// of 16-byte units, so ldmatrix's 8 row addresses hit distinct bank groups); KB = 2 (cp.async double
+// buffering) or, PLAIN, 1 (the next tile waits in registers).
 // Grid: (ceil(max_seqlen / BR), heads, segments). Element (token t, head h, dim d) of Q is at
 // q[t*q_ld + h*HD + d] (same for K, V, O); cu_seqlens[s]..cu_seqlens[s+1] are segment s's tokens.
-template <int HD, int HDP, int NW, int MT, int BC>
-__device__ __forceinline__ void flash_attn_impl(const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                const bf16* __restrict__ v, bf16* __restrict__ o, long long q_ld,
+template <typename T, int HD, int HDP, int NW, int MT, int BC, bool PLAIN>
+__device__ __forceinline__ void flash_attn_body(const T* __restrict__ q, const T* __restrict__ k,
+                                                const T* __restrict__ v, T* __restrict__ o, long long q_ld,
                                                 long long k_ld, long long v_ld, long long o_ld,
                                                 const int* __restrict__ cu_seqlens, float scale_log2) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    // bf16 mma.sync, ldmatrix and cp.async need sm_80: the compute_75 build (the Turing tier) keeps the entry
-    // points so every tier's module has the same names, but gpu-core never launches them there.
-    __trap();
-#else
     constexpr int BR = 16 * NW * MT;
     constexpr int LDS = HDP + 8;
     constexpr int CH = HDP / 8;   // 16-byte chunks per padded row
     constexpr int CHR = HD / 8;   // chunks holding real data
     constexpr int NT = NW * 32;
+    constexpr int KB = PLAIN ? 1 : 2;           // K/V buffers
+    constexpr int KV_IT = (BC * CHR + NT - 1) / NT;  // PLAIN: 16-byte chunks of K (and of V) per thread
     static_assert(HD % 8 == 0 && HDP % 16 == 0 && HDP >= HD && BC % 16 == 0, "tile shape");
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
-    bf16* sK = sQ + BR * LDS;
-    bf16* sV = sK + 2 * BC * LDS;
+    T* sQ = reinterpret_cast<T*>(smem_raw);
+    T* sK = sQ + BR * LDS;
+    T* sV = sK + KB * BC * LDS;
 
     const int seg = blockIdx.z, head = blockIdx.y;
     const int start = cu_seqlens[seg];
@@ -71,12 +111,12 @@ __device__ __forceinline__ void flash_attn_impl(const bf16* __restrict__ q, cons
     if (q0 >= len) return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
-    const bf16* qg = q + (long long)start * q_ld + (long long)head * HD;
-    const bf16* kg = k + (long long)start * k_ld + (long long)head * HD;
-    const bf16* vg = v + (long long)start * v_ld + (long long)head * HD;
+    const T* qg = q + (long long)start * q_ld + (long long)head * HD;
+    const T* kg = k + (long long)start * k_ld + (long long)head * HD;
+    const T* vg = v + (long long)start * v_ld + (long long)head * HD;
 
-    if (CH > CHR) {  // zero the pad chunks of every row of sQ, sK, sV once; cp.async never touches them
-        for (int r = tid; r < BR + 4 * BC; r += NT)
+    if (CH > CHR) {  // zero the pad chunks of every row of sQ, sK, sV once; the loads never touch them
+        for (int r = tid; r < BR + 2 * KB * BC; r += NT)
 #pragma unroll
             for (int c = CHR; c < CH; c++) *reinterpret_cast<uint4*>(sQ + r * LDS + c * 8) = make_uint4(0, 0, 0, 0);
     }
@@ -84,11 +124,16 @@ __device__ __forceinline__ void flash_attn_impl(const bf16* __restrict__ q, cons
         int r = i / CHR, c = i - (i / CHR) * CHR;
         int row = q0 + r;
         bool ok = row < len;
-        cp_async16(sQ + r * LDS + c * 8, qg + (long long)(ok ? row : 0) * q_ld + c * 8, ok);
+        if constexpr (PLAIN) {
+            *reinterpret_cast<uint4*>(sQ + r * LDS + c * 8) =
+                ok ? *reinterpret_cast<const uint4*>(qg + (long long)row * q_ld + c * 8) : make_uint4(0, 0, 0, 0);
+        } else {
+            cp_async16(sQ + r * LDS + c * 8, qg + (long long)(ok ? row : 0) * q_ld + c * 8, ok);
+        }
     }
-    auto load_kv = [&](int tile, int buf) {
-        bf16* dk = sK + buf * BC * LDS;
-        bf16* dv = sV + buf * BC * LDS;
+    auto load_kv = [&](int tile, int buf) {  // cp.async into buffer `buf`
+        T* dk = sK + buf * BC * LDS;
+        T* dv = sV + buf * BC * LDS;
         for (int i = tid; i < BC * CHR; i += NT) {
             int r = i / CHR, c = i - (i / CHR) * CHR;
             int row = tile * BC + r;
@@ -98,8 +143,35 @@ __device__ __forceinline__ void flash_attn_impl(const bf16* __restrict__ q, cons
             cp_async16(dv + r * LDS + c * 8, vg + rr * v_ld + c * 8, ok);
         }
     };
-    load_kv(0, 0);
-    cp_async_commit();
+    uint4 rk[PLAIN ? KV_IT : 1], rv[PLAIN ? KV_IT : 1];  // PLAIN: the next key tile, in flight
+    auto fetch_kv = [&](int tile) {
+#pragma unroll
+        for (int it = 0; it < KV_IT; it++) {
+            const int i = tid + it * NT;
+            const int r = i / CHR, c = i - (i / CHR) * CHR;
+            const int row = tile * BC + r;
+            const bool ok = i < BC * CHR && row < len;
+            rk[it] = ok ? *reinterpret_cast<const uint4*>(kg + (long long)row * k_ld + c * 8) : make_uint4(0, 0, 0, 0);
+            rv[it] = ok ? *reinterpret_cast<const uint4*>(vg + (long long)row * v_ld + c * 8) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    auto store_kv = [&]() {
+#pragma unroll
+        for (int it = 0; it < KV_IT; it++) {
+            const int i = tid + it * NT;
+            const int r = i / CHR, c = i - (i / CHR) * CHR;
+            if (i < BC * CHR) {
+                *reinterpret_cast<uint4*>(sK + r * LDS + c * 8) = rk[it];
+                *reinterpret_cast<uint4*>(sV + r * LDS + c * 8) = rv[it];
+            }
+        }
+    };
+    if constexpr (PLAIN) {
+        fetch_kv(0);
+    } else {
+        load_kv(0, 0);
+        cp_async_commit();
+    }
 
     uint32_t qf[MT][HDP / 16][4];
     float acc[MT][HDP / 8][4];
@@ -114,10 +186,17 @@ __device__ __forceinline__ void flash_attn_impl(const bf16* __restrict__ q, cons
 
     const int ntiles = (len + BC - 1) / BC;
     for (int t = 0; t < ntiles; t++) {
-        cp_async_wait_all();
-        __syncthreads();  // tile t (and Q) visible to all; every warp is done with tile t-1's buffer
-        if (t + 1 < ntiles) load_kv(t + 1, (t + 1) & 1);
-        cp_async_commit();
+        if constexpr (PLAIN) {
+            __syncthreads();  // every warp is done with tile t-1's K and V
+            store_kv();
+            __syncthreads();  // tile t (and Q) visible to all
+            if (t + 1 < ntiles) fetch_kv(t + 1);  // its loads fly under this tile's math
+        } else {
+            cp_async_wait_all();
+            __syncthreads();  // tile t (and Q) visible to all; every warp is done with tile t-1's buffer
+            if (t + 1 < ntiles) load_kv(t + 1, (t + 1) & 1);
+            cp_async_commit();
+        }
         if (t == 0) {
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
@@ -125,8 +204,8 @@ __device__ __forceinline__ void flash_attn_impl(const bf16* __restrict__ q, cons
                 for (int kk = 0; kk < HDP / 16; kk++)
                     ldsm_x4(qf[mt][kk], sQ + (warp * MT * 16 + mt * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
         }
-        const bf16* Kb = sK + (t & 1) * BC * LDS;
-        const bf16* Vb = sV + (t & 1) * BC * LDS;
+        const T* Kb = sK + (KB == 2 ? (t & 1) : 0) * BC * LDS;
+        const T* Vb = sV + (KB == 2 ? (t & 1) : 0) * BC * LDS;
 
         float s[MT][BC / 8][4];
 #pragma unroll
@@ -141,8 +220,8 @@ __device__ __forceinline__ void flash_attn_impl(const bf16* __restrict__ q, cons
                 ldsm_x4(b, Kb + (nn * 16 + (lane >> 4) * 8 + (lane & 7)) * LDS + kk * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(s[mt][2 * nn], qf[mt][kk], b[0], b[1]);
-                    mma_bf16(s[mt][2 * nn + 1], qf[mt][kk], b[2], b[3]);
+                    mma_k16<PLAIN>((T*)nullptr, s[mt][2 * nn], qf[mt][kk], b[0], b[1]);
+                    mma_k16<PLAIN>((T*)nullptr, s[mt][2 * nn + 1], qf[mt][kk], b[2], b[3]);
                 }
             }
         }
@@ -186,16 +265,16 @@ __device__ __forceinline__ void flash_attn_impl(const bf16* __restrict__ q, cons
                 }
             }
         }
-        // O += P V: P (bf16) from the S accumulators as A fragments, V via transposed ldmatrix
+        // O += P V: P (rounded to T) from the S accumulators as A fragments, V via transposed ldmatrix
 #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) {
             uint32_t a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                a[mt][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                a[mt][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                a[mt][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                a[mt][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                a[mt][0] = pack2((T*)nullptr, s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                a[mt][1] = pack2((T*)nullptr, s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                a[mt][2] = pack2((T*)nullptr, s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                a[mt][3] = pack2((T*)nullptr, s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
             }
 #pragma unroll
             for (int dn = 0; dn < HDP / 16; dn++) {
@@ -203,14 +282,14 @@ __device__ __forceinline__ void flash_attn_impl(const bf16* __restrict__ q, cons
                 ldsm_x4_t(b, Vb + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDS + dn * 16 + (lane >> 4) * 8);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(acc[mt][2 * dn], a[mt], b[0], b[1]);
-                    mma_bf16(acc[mt][2 * dn + 1], a[mt], b[2], b[3]);
+                    mma_k16<PLAIN>((T*)nullptr, acc[mt][2 * dn], a[mt], b[0], b[1]);
+                    mma_k16<PLAIN>((T*)nullptr, acc[mt][2 * dn + 1], a[mt], b[2], b[3]);
                 }
             }
         }
     }
-    // normalise and store (bf16 pairs; pad dims and rows past the segment are skipped)
-    bf16* og = o + (long long)start * o_ld + (long long)head * HD;
+    // normalise and store (pairs; pad dims and rows past the segment are skipped)
+    T* og = o + (long long)start * o_ld + (long long)head * HD;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
@@ -223,21 +302,37 @@ __device__ __forceinline__ void flash_attn_impl(const bf16* __restrict__ q, cons
             if (row < len) {
 #pragma unroll
                 for (int d = 0; d < HD / 8; d++) {
-                    __nv_bfloat162 val = __floats2bfloat162_rn(acc[mt][d][2 * hr] * inv, acc[mt][d][2 * hr + 1] * inv);
-                    *reinterpret_cast<__nv_bfloat162*>(og + (long long)row * o_ld + d * 8 + 2 * (lane & 3)) = val;
+                    auto val = pair2((T*)nullptr, acc[mt][d][2 * hr] * inv, acc[mt][d][2 * hr + 1] * inv);
+                    *reinterpret_cast<decltype(val)*>(og + (long long)row * o_ld + d * 8 + 2 * (lane & 3)) = val;
                 }
             }
         }
     }
-#endif
 }
 
-#define FLASH_ENTRY(HD, HDP, MT)                                                                              \
-    extern "C" __global__ void __launch_bounds__(128) flash_attn_hd##HD##_m##MT##_bf16(                      \
-        const bf16* q, const bf16* k, const bf16* v, bf16* o, long long q_ld, long long k_ld, long long v_ld, \
+// The mma.sync m16n8k16 kernels need sm_80 (bf16 / f16 m16n8k16 mma, cp.async): the compute_75 build (the
+// Turing tier) keeps their entry points so every tier's module has the same names, with a trapping body, and
+// gpu-core never launches them there. The PLAIN kernels need sm_75 alone.
+template <typename T, int HD, int HDP, int NW, int MT, int BC, bool PLAIN>
+__device__ __forceinline__ void flash_attn_impl(const T* __restrict__ q, const T* __restrict__ k,
+                                                const T* __restrict__ v, T* __restrict__ o, long long q_ld,
+                                                long long k_ld, long long v_ld, long long o_ld,
+                                                const int* __restrict__ cu_seqlens, float scale_log2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    if constexpr (!PLAIN) __trap();
+    else
+#endif
+        flash_attn_body<T, HD, HDP, NW, MT, BC, PLAIN>(q, k, v, o, q_ld, k_ld, v_ld, o_ld, cu_seqlens, scale_log2);
+}
+
+#define FLASH_ENTRY_T(T, SUFFIX, HD, HDP, MT)                                                                \
+    extern "C" __global__ void __launch_bounds__(128) flash_attn_hd##HD##_m##MT##_##SUFFIX(                  \
+        const T* q, const T* k, const T* v, T* o, long long q_ld, long long k_ld, long long v_ld,             \
         long long o_ld, const int* cu_seqlens, float scale_log2) {                                          \
-        flash_attn_impl<HD, HDP, 4, MT, 64>(q, k, v, o, q_ld, k_ld, v_ld, o_ld, cu_seqlens, scale_log2);      \
+        flash_attn_impl<T, HD, HDP, 4, MT, 64, false>(q, k, v, o, q_ld, k_ld, v_ld, o_ld, cu_seqlens,         \
+                                                      scale_log2);                                          \
     }
+#define FLASH_ENTRY(HD, HDP, MT) FLASH_ENTRY_T(bf16, bf16, HD, HDP, MT) FLASH_ENTRY_T(f16, f16, HD, HDP, MT)
 
 FLASH_ENTRY(64, 64, 1)
 FLASH_ENTRY(64, 64, 2)
@@ -245,6 +340,20 @@ FLASH_ENTRY(72, 80, 1)
 FLASH_ENTRY(72, 80, 2)
 FLASH_ENTRY(96, 96, 1)
 FLASH_ENTRY(96, 96, 2)
+
+// The Turing kernel: f16, k8 mma steps, plain loads, one K/V buffer of SM75_BC keys.
+#define SM75_BC 32
+#define FLASH_SM75_ENTRY(HD, HDP, MT)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) flash_attn_sm75_hd##HD##_m##MT##_f16(                  \
+        const f16* q, const f16* k, const f16* v, f16* o, long long q_ld, long long k_ld, long long v_ld,     \
+        long long o_ld, const int* cu_seqlens, float scale_log2) {                                          \
+        flash_attn_impl<f16, HD, HDP, 4, MT, SM75_BC, true>(q, k, v, o, q_ld, k_ld, v_ld, o_ld, cu_seqlens,   \
+                                                            scale_log2);                                    \
+    }
+
+FLASH_SM75_ENTRY(64, 64, 1)
+FLASH_SM75_ENTRY(72, 80, 1)
+FLASH_SM75_ENTRY(96, 96, 1)
 
 // ---------------------------------------------------------------------------------------------------------
 // flash_attn_f32: exact non-causal varlen attention in f32 on CUDA cores (correctness over speed).

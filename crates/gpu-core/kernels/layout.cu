@@ -1,5 +1,6 @@
-// Layout ops around the towers' stems and heads. All f32 unless the name says bf16.
-// Entry points: pos_add_xy_f32, bilinear_resize_f32, avg_pool_f32, block_gather_2x2_bf16, im2col_3x3s2_bf16.
+// Layout ops around the towers' stems and heads. All f32 unless the name says bf16 or f16.
+// Entry points: pos_add_xy_f32, bilinear_resize_f32, avg_pool_f32, block_gather_2x2_{bf16,f16},
+// im2col_3x3s2_{bf16,f16}.
 #include "common.cuh"
 
 #define GRID_STRIDE(i, total) \
@@ -63,8 +64,9 @@ extern "C" __global__ void avg_pool_f32(float* __restrict__ out, const float* __
 // 2x2 merge gather: out[b, c*4 + ky*2 + kx] = in[token(b, ky, kx), c], i.e. rows in the (c, ky, kx) order of a
 // Conv2d [O, C, 2, 2] weight. gw == 0: tokens are block-major (token = 4b + 2ky + kx, glm);
 // gw > 0: raster grid of width gw (token = (2*by + ky)*gw + 2*bx + kx with b = by*(gw/2) + bx).
-extern "C" __global__ void block_gather_2x2_bf16(bf16* __restrict__ out, const bf16* __restrict__ in,
-                                                 long long nblocks, int h, int gw) {
+template <typename T>
+__device__ __forceinline__ void block_gather_2x2_impl(T* __restrict__ out, const T* __restrict__ in,
+                                                      long long nblocks, int h, int gw) {
     GRID_STRIDE(i, nblocks * h * 4) {
         long long b = i / (4LL * h);
         int j = (int)(i - b * 4LL * h);
@@ -79,11 +81,19 @@ extern "C" __global__ void block_gather_2x2_bf16(bf16* __restrict__ out, const b
         out[i] = in[tok * h + c];
     }
 }
+#define BLOCK_GATHER_ENTRY(T, NAME)                                                                          \
+    extern "C" __global__ void NAME(T* __restrict__ out, const T* __restrict__ in, long long nblocks, int h, \
+                                    int gw) {                                                                \
+        block_gather_2x2_impl<T>(out, in, nblocks, h, gw);                                                   \
+    }
+BLOCK_GATHER_ENTRY(bf16, block_gather_2x2_bf16)
+BLOCK_GATHER_ENTRY(f16, block_gather_2x2_f16)
 
 // 3x3, stride 2, pad 1 im2col of `batch` [gh, gw, c] grids (tokens raster, channels last) into
 // [batch * oh * ow, c*9] rows in the (c, ky, kx) order of a Conv2d [O, C, 3, 3] weight; oh = (gh-1)/2+1.
-extern "C" __global__ void im2col_3x3s2_bf16(bf16* __restrict__ out, const bf16* __restrict__ in, int batch,
-                                             int gh, int gw, int c) {
+template <typename T>
+__device__ __forceinline__ void im2col_3x3s2_impl(T* __restrict__ out, const T* __restrict__ in, int batch, int gh,
+                                                  int gw, int c) {
     int oh = (gh - 1) / 2 + 1, ow = (gw - 1) / 2 + 1;
     long long cols = (long long)c * 9;
     GRID_STRIDE(i, (long long)batch * oh * ow * cols) {
@@ -94,8 +104,15 @@ extern "C" __global__ void im2col_3x3s2_bf16(bf16* __restrict__ out, const bf16*
         int p = (int)(r - (long long)b * oh * ow);
         int oy = p / ow, ox = p - oy * ow;
         int y = 2 * oy - 1 + ky, x = 2 * ox - 1 + kx;
-        bf16 v = __float2bfloat16_rn(0.0f);
+        T v = from_f32<T>(0.0f);
         if (y >= 0 && y < gh && x >= 0 && x < gw) v = in[(((long long)b * gh + y) * gw + x) * c + ch];
         out[i] = v;
     }
 }
+#define IM2COL_ENTRY(T, NAME)                                                                                \
+    extern "C" __global__ void NAME(T* __restrict__ out, const T* __restrict__ in, int batch, int gh, int gw, \
+                                    int c) {                                                                 \
+        im2col_3x3s2_impl<T>(out, in, batch, gh, gw, c);                                                     \
+    }
+IM2COL_ENTRY(bf16, im2col_3x3s2_bf16)
+IM2COL_ENTRY(f16, im2col_3x3s2_f16)

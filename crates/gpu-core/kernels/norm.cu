@@ -1,6 +1,7 @@
 // Row norms and residual updates. The residual stream and all statistics are f32.
-// Entry points: rms_norm_{f32,bf16}, layer_norm_{f32,bf16} (suffix = output dtype),
-// residual_add_f32, residual_rms_add_f32. See kernels/README.md.
+// Entry points: rms_norm_{f32,bf16,f16}, layer_norm_{f32,bf16,f16} (suffix = output dtype),
+// residual_add_f32, residual_rms_add_f32 (next pre-norm in bf16) and residual_rms_add_f32_f16 (in f16).
+// See kernels/README.md.
 #include "common.cuh"
 
 // Row kernels (rms_norm, layer_norm, residual_rms_add): a row is owned by a group of `rw` warps
@@ -10,7 +11,7 @@
 // columns (i·T + t)·4 for i < NORM_NV, so one pass reads the row once, reductions are shuffles (+ one
 // shared-memory step when rw > 1), and the output is written once. Capacity: 32·rw·NORM_NV·4 columns
 // (1536 per warp; 12288 = MAX_NORM_WIDTH with rw = 8).
-// VEC (host-chosen): 16-byte loads of x / y and 16-byte (f32) or 8-byte (bf16) stores; needs h, the
+// VEC (host-chosen): 16-byte loads of x / y and 16-byte (f32) or 8-byte (bf16, f16) stores; needs h, the
 // strides and the offsets multiple of 4 elements and aligned base pointers. Otherwise the same chunks
 // are read and written one element at a time (any width, stride and offset).
 #define NORM_NV 12
@@ -145,6 +146,7 @@ __device__ __forceinline__ void rms_norm_rows(const float* __restrict__ x, const
     }
 RMS_NORM_ENTRY(float, rms_norm_f32)
 RMS_NORM_ENTRY(bf16, rms_norm_bf16)
+RMS_NORM_ENTRY(f16, rms_norm_f16)
 
 // Two-pass LayerNorm from registers: mean, then mean of squared deviations (biased).
 template <bool VEC, typename OutT>
@@ -196,6 +198,7 @@ __device__ __forceinline__ void layer_norm_rows(const float* __restrict__ x, con
     }
 LAYER_NORM_ENTRY(float, layer_norm_f32)
 LAYER_NORM_ENTRY(bf16, layer_norm_bf16)
+LAYER_NORM_ENTRY(f16, layer_norm_f16)
 
 // x[r, c] += (scale ? scale[c] : 1) * clamp(y[r, c], lo, hi); x is [rows, h] dense, y has row stride ldy.
 // Grid-stride over rows*h/4 float4 groups (h % 4 == 0, checked by the host).
@@ -222,13 +225,13 @@ extern "C" __global__ void residual_add_f32(float* __restrict__ x, const float* 
 }
 
 // Gemma sandwich: x[r] += rms(clamp(y[r]))·w_post; then, if next_out is non-null,
-// next_out[r] = rms(x[r])·next_w (the following pre-norm, bf16, feeding the next GEMM).
+// next_out[r] = rms(x[r])·next_w (the following pre-norm in NextT, bf16 or f16, feeding the next GEMM).
 // Row-group layout as above; x and next_out are dense [rows, h].
-template <bool VEC>
+template <bool VEC, typename NextT>
 __device__ __forceinline__ void residual_rms_add_rows(float* __restrict__ x, const float* __restrict__ y,
                                                       const float* __restrict__ w_post, int rows, int h,
                                                       long long ldy, float eps, float lo, float hi,
-                                                      const float* __restrict__ next_w, bf16* __restrict__ next_out,
+                                                      const float* __restrict__ next_w, NextT* __restrict__ next_out,
                                                       float next_eps, int rw, float* red) {
     const RowSlot rs = row_slot(rows, rw);
     const int hv = rs.valid ? h : 0;
@@ -259,7 +262,7 @@ __device__ __forceinline__ void residual_rms_add_rows(float* __restrict__ x, con
     }
     if (next_out == nullptr) return;  // uniform across the block
     const float inv2 = rsqrtf(group_sum(chunk_sum<true>(xv), red, rw) / (float)h + next_eps);
-    bf16* o = next_out + (rs.valid ? rs.row * h : 0);
+    NextT* o = next_out + (rs.valid ? rs.row * h : 0);
 #pragma unroll
     for (int i = 0; i < NORM_NV; ++i) {
         const int j = (i * rs.T + rs.t) * 4;
@@ -277,14 +280,18 @@ __device__ __forceinline__ void residual_rms_add_rows(float* __restrict__ x, con
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NORM_THREADS)
-    residual_rms_add_f32(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w_post,
-                         int rows, int h, long long ldy, float eps, float lo, float hi,
-                         const float* __restrict__ next_w, bf16* __restrict__ next_out, float next_eps, int rw,
-                         int vec) {
-    __shared__ float red[NORM_THREADS / 32];
-    if (vec)
-        residual_rms_add_rows<true>(x, y, w_post, rows, h, ldy, eps, lo, hi, next_w, next_out, next_eps, rw, red);
-    else
-        residual_rms_add_rows<false>(x, y, w_post, rows, h, ldy, eps, lo, hi, next_w, next_out, next_eps, rw, red);
-}
+#define RESIDUAL_RMS_ADD_ENTRY(NextT, NAME)                                                                       \
+    extern "C" __global__ void __launch_bounds__(NORM_THREADS)                                                    \
+        NAME(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w_post, int rows, int h, \
+             long long ldy, float eps, float lo, float hi, const float* __restrict__ next_w,                      \
+             NextT* __restrict__ next_out, float next_eps, int rw, int vec) {                                      \
+        __shared__ float red[NORM_THREADS / 32];                                                                  \
+        if (vec)                                                                                                  \
+            residual_rms_add_rows<true, NextT>(x, y, w_post, rows, h, ldy, eps, lo, hi, next_w, next_out,        \
+                                               next_eps, rw, red);                                                \
+        else                                                                                                      \
+            residual_rms_add_rows<false, NextT>(x, y, w_post, rows, h, ldy, eps, lo, hi, next_w, next_out,       \
+                                                next_eps, rw, red);                                               \
+    }
+RESIDUAL_RMS_ADD_ENTRY(bf16, residual_rms_add_f32)
+RESIDUAL_RMS_ADD_ENTRY(f16, residual_rms_add_f32_f16)

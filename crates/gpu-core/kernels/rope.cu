@@ -1,6 +1,6 @@
 // Per-head RMS norm (q, k, weightless v) fused with 2-D rope, in place on the fused qkv GEMM output.
-// Entry points: qk_norm_rope_staged_{f32,bf16} (the fast path) and qk_norm_rope_{f32,bf16} (the general
-// fallback), suffix = the qkv buffer's dtype; math in f32. See kernels/README.md for the three pair layouts.
+// Entry points: qk_norm_rope_staged_{f32,bf16,f16} (the fast path) and qk_norm_rope_{f32,bf16,f16} (the
+// general fallback), suffix = the qkv buffer's dtype; math in f32. See kernels/README.md for the three pair layouts.
 #include "common.cuh"
 
 #define ROPE_NEOX_FULL 0     // pairs (p, p + hd/2), p < hd/2                    (glm, step3p7 HF)
@@ -85,12 +85,13 @@ __device__ __forceinline__ void qk_norm_rope_impl(
 
 QK_NORM_ROPE_ENTRY(float, qk_norm_rope_f32)
 QK_NORM_ROPE_ENTRY(bf16, qk_norm_rope_bf16)
+QK_NORM_ROPE_ENTRY(f16, qk_norm_rope_f16)
 
 // ---- Staged kernel: one (token, part) unit per threadIdx.y, 16-byte chunks, one read and one write ----
 // Block (TX, TY), grid (ceil(n / TY), number of active parts); blockIdx.y picks the part (q, k or v) among
 // those with work (`active`, bit w = part w: norm, rope or a clamp), so an untouched part is never read.
 // A unit is the `width = heads·hd` elements of one part of one token, in VW-element chunks (16 bytes:
-// VW = 8 bf16 or 4 f32; hd % VW == 0, so a chunk never straddles heads; cph = hd / VW chunks per head).
+// VW = 8 bf16 / f16 or 4 f32; hd % VW == 0, so a chunk never straddles heads; cph = hd / VW chunks per head).
 // TX = hpr·cph: thread x owns chunk jc = x mod cph of heads x / cph + u·hpr (u < QKR_MAXC), so its
 // position inside the head (j0 = jc·VW) is the same in every pass; its chunks stay in registers from the
 // load to the store:
@@ -311,4 +312,5 @@ __device__ __forceinline__ void qk_norm_rope_staged_impl(
 
 QK_NORM_ROPE_STAGED_ENTRY(float, qk_norm_rope_staged_f32)
 QK_NORM_ROPE_STAGED_ENTRY(bf16, qk_norm_rope_staged_bf16)
+QK_NORM_ROPE_STAGED_ENTRY(f16, qk_norm_rope_staged_f16)
 

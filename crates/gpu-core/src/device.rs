@@ -5,12 +5,12 @@ use cudarc::driver::{
     sys::{cudaError_enum, CUfunction_attribute},
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
 };
-use half::bf16;
+use half::{bf16, f16};
 
 use crate::kernels::{module_images, Kernel, Module, ModuleImage, ModuleSource};
 use crate::{GpuError, Precision, Result};
 
-/// Element types a [`DeviceBuffer`] holds. Sealed: f32, bf16, i32.
+/// Element types a [`DeviceBuffer`] holds. Sealed: f32, bf16, f16, i32.
 pub trait Elem: DeviceRepr + Copy + Default + Send + Sync + 'static + sealed::Sealed {
     /// The type's name, for error messages.
     const NAME: &'static str;
@@ -19,6 +19,7 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for half::bf16 {}
+    impl Sealed for half::f16 {}
     impl Sealed for i32 {}
 }
 impl Elem for f32 {
@@ -26,6 +27,9 @@ impl Elem for f32 {
 }
 impl Elem for bf16 {
     const NAME: &'static str = "bf16";
+}
+impl Elem for f16 {
+    const NAME: &'static str = "f16";
 }
 impl Elem for i32 {
     const NAME: &'static str = "i32";
@@ -394,6 +398,12 @@ impl Device {
         self.tier.arch.precisions.bf16
     }
 
+    /// Whether this device's tier has the f16 kernels (f16 GEMM inputs and attention on the tensor
+    /// cores: every tier of [`crate::tier::ARCHS`], Turing's on its own attention kernels).
+    pub fn supports_f16(&self) -> bool {
+        self.tier.arch.precisions.f16
+    }
+
     /// Why this device cannot run a tower in `p`, or `None` when it can: bf16 needs bf16 tensor
     /// cores (compute capability 8.0 and newer). Each tower asks before uploading a weight, so
     /// a tier without them refuses at the upload, not at the first attention launch.
@@ -439,7 +449,7 @@ impl Device {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .ok_or(GpuError::OutOfMemory { bytes: usize::MAX })?;
-        // SAFETY: T is plain old data (f32, bf16, i32): every bit pattern is a valid value, so reading
+        // SAFETY: T is plain old data (f32, bf16, f16, i32): every bit pattern is a valid value, so reading
         // the uninitialised contents back is not undefined behaviour, only unspecified data.
         let slice = unsafe { self.stream.alloc::<T>(len.max(1)) }
             .map_err(|e| GpuError::from_alloc(e, bytes))?;

@@ -45,6 +45,8 @@ mod gpu_tests;
 #[cfg(test)]
 mod gpu_tests_attn;
 #[cfg(test)]
+mod gpu_tests_f16;
+#[cfg(test)]
 mod gpu_tests_fused;
 #[cfg(test)]
 mod gpu_tests_graph;
@@ -64,15 +66,15 @@ pub use graph::{
     Capture, Graph, GraphCache, GraphKey, GraphStats, GraphStatus, Graphs, Ran, Replay,
     DEFAULT_GRAPHS_PER_TOWER, SEEN_PER_GRAPH,
 };
-pub use half::bf16;
+pub use half::{bf16, f16};
 pub use kernels::{Kernel, Module, ModuleSource};
 pub use mixed::{
     attention_head_dim, head_groups, pad_head_cols, pad_head_rows, GemmBuffer, BF16_ATTN_HEAD_DIMS,
 };
 pub use ops::{
     conv3x3s2_out, interleave_gate_up, rope_inv_freq, ActElem, AttnArgs, Clamp, FlashVariant,
-    FusedAct, Gate, InterleavedGateUp, Mat, NormOut, QkvSpec, RopeLayout, RopeSpec, GATE_UP_GROUP,
-    MAX_F32_ATTN_HEAD_DIM, MAX_NORM_WIDTH,
+    FusedAct, Gate, HalfElem, InterleavedGateUp, Mat, NormOut, QkvSpec, RopeLayout, RopeSpec,
+    GATE_UP_GROUP, MAX_F32_ATTN_HEAD_DIM, MAX_NORM_WIDTH,
 };
 pub use profile::OpTime;
 pub use rows_out::{OwnedRows, RowsDtype, RowsTarget, PER_THREAD_DEFAULT_STREAM};
@@ -81,7 +83,7 @@ pub use staging::{
     all_finite, recycled_bf16, DeviceInputs, HostGemm, HostInputs, InputBuffers, NonFinite,
     Uploader, UPLOAD_SLOTS,
 };
-pub use tier::{parse_tier, Arch, KernelSet, Tier, TierError, FORCE_TIER_ENV};
+pub use tier::{parse_tier, Arch, F16Attention, KernelSet, Tier, TierError, FORCE_TIER_ENV};
 pub use tower::DeviceTower;
 // The shared vocabulary, from the crate below every other (gpu-core's own paths kept).
 /// The crate below gpu-core, for [`family_error!`]'s expansion in the tower crates.

@@ -9,8 +9,9 @@
 //! Sources of the numbers: shared memory per block is the opt-in maximum of the CUDA C++ Programming
 //! Guide's "Technical Specifications per Compute Capability" table (CUDA 13.0): 64 KB on 7.5, 163 KB on
 //! 8.0 and 8.7, 99 KB on 8.6, 8.9 and 12.x, 227 KB on 9.0 and 10.x. bf16 tensor cores (`mma.sync` bf16)
-//! start at 8.0 (PTX ISA, "Warp-level matrix instructions": `.bf16` needs `sm_80`); CUDA 13 compiles for
-//! compute_75 and newer only (CUDA 13.0 release notes: Maxwell, Pascal and Volta removed).
+//! start at 8.0 (PTX ISA, "Warp-level matrix instructions": `.bf16` needs `sm_80`), as do `mma.sync`
+//! m16n8k16 with `.f16` inputs and `cp.async`; f16 `mma.sync` m16n8k8 and `ldmatrix` need `sm_75`. CUDA 13
+//! compiles for compute_75 and newer only (CUDA 13.0 release notes: Maxwell, Pascal and Volta removed).
 
 use std::fmt;
 
@@ -28,9 +29,31 @@ pub enum KernelSet {
     /// `mma.sync` bf16 flash attention (`kernels/flash_attn.cu`), cuBLASLt GEMMs with the activation as
     /// its own pass, and the generic kernels (norm, rope, act, layout).
     Portable,
-    /// The generic kernels and the f32 CUDA-core attention: no bf16 tensor cores, so bf16 is refused
-    /// with advice (f32 runs).
+    /// The generic kernels, the f32 CUDA-core attention and the f16 attention on `mma.sync` m16n8k8 with
+    /// plain loads: no bf16 tensor cores, so bf16 is refused with advice (f32 and f16 run).
     Turing,
+}
+
+/// The f16 flash-attention kernels a tier runs (`kernels/flash_attn.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum F16Attention {
+    /// `flash_attn_sm75_hd*_m1_f16`: `mma.sync` m16n8k8, plain global loads prefetched into registers,
+    /// one K/V buffer (at most 27 KB of shared memory): compute capability 7.5 and newer.
+    Sm75,
+    /// `flash_attn_hd*_m{1,2}_f16`: the bf16 kernels' structure (`mma.sync` m16n8k16, `cp.async` double
+    /// buffering) with f16 inputs: compute capability 8.0 and newer.
+    M16n8k16,
+}
+
+impl KernelSet {
+    /// The f16 attention kernels of this kernel set: Turing's own, else the m16n8k16 ones (Hopper has no
+    /// warp-specialised f16 kernel; it runs the `mma.sync` ones).
+    pub fn f16_attention(self) -> F16Attention {
+        match self {
+            KernelSet::Turing => F16Attention::Sm75,
+            KernelSet::Portable | KernelSet::Hopper => F16Attention::M16n8k16,
+        }
+    }
 }
 
 /// Where the portable modules' code comes from (the `sm_90a` modules have one build, for 9.0).
@@ -88,6 +111,9 @@ impl CodeSet {
 pub struct Precisions {
     /// bf16 weights and GEMM inputs on the tensor cores, f32 accumulation.
     pub bf16: bool,
+    /// f16 GEMM inputs and attention on the tensor cores, f32 accumulation (gpu-core's kernels; every
+    /// tier of the table has them).
+    pub f16: bool,
     /// f32 GEMMs and the f32 attention (the exactness mode).
     pub f32: bool,
 }
@@ -112,8 +138,9 @@ pub struct Arch {
 }
 
 const KB: usize = 1024;
-const BOTH: Precisions = Precisions {
+const ALL: Precisions = Precisions {
     bf16: true,
+    f16: true,
     f32: true,
 };
 
@@ -127,6 +154,7 @@ pub const ARCHS: &[Arch] = &[
         smem_per_block: 64 * KB,
         precisions: Precisions {
             bf16: false,
+            f16: true,
             f32: true,
         },
         verified_on_hardware: false,
@@ -137,7 +165,7 @@ pub const ARCHS: &[Arch] = &[
         kernels: KernelSet::Portable,
         code: CodeSet::Sm80,
         smem_per_block: 163 * KB,
-        precisions: BOTH,
+        precisions: ALL,
         verified_on_hardware: false,
     },
     Arch {
@@ -146,7 +174,7 @@ pub const ARCHS: &[Arch] = &[
         kernels: KernelSet::Portable,
         code: CodeSet::Sm80,
         smem_per_block: 99 * KB,
-        precisions: BOTH,
+        precisions: ALL,
         verified_on_hardware: false,
     },
     Arch {
@@ -155,7 +183,7 @@ pub const ARCHS: &[Arch] = &[
         kernels: KernelSet::Portable,
         code: CodeSet::Sm80,
         smem_per_block: 163 * KB,
-        precisions: BOTH,
+        precisions: ALL,
         verified_on_hardware: false,
     },
     Arch {
@@ -164,7 +192,7 @@ pub const ARCHS: &[Arch] = &[
         kernels: KernelSet::Portable,
         code: CodeSet::Sm80,
         smem_per_block: 99 * KB,
-        precisions: BOTH,
+        precisions: ALL,
         verified_on_hardware: false,
     },
     Arch {
@@ -173,7 +201,7 @@ pub const ARCHS: &[Arch] = &[
         kernels: KernelSet::Hopper,
         code: CodeSet::Sm90,
         smem_per_block: 227 * KB,
-        precisions: BOTH,
+        precisions: ALL,
         verified_on_hardware: true,
     },
     Arch {
@@ -182,7 +210,7 @@ pub const ARCHS: &[Arch] = &[
         kernels: KernelSet::Portable,
         code: CodeSet::Sm90,
         smem_per_block: 227 * KB,
-        precisions: BOTH,
+        precisions: ALL,
         verified_on_hardware: false,
     },
     Arch {
@@ -191,7 +219,7 @@ pub const ARCHS: &[Arch] = &[
         kernels: KernelSet::Portable,
         code: CodeSet::Sm90,
         smem_per_block: 99 * KB,
-        precisions: BOTH,
+        precisions: ALL,
         verified_on_hardware: false,
     },
 ];
@@ -282,7 +310,7 @@ impl Arch {
             kernels: KernelSet::Portable,
             code: CodeSet::Sm90,
             smem_per_block: 99 * KB,
-            precisions: BOTH,
+            precisions: ALL,
             verified_on_hardware: false,
         })
     }
@@ -443,9 +471,20 @@ mod tests {
         assert_eq!(row((12, 1)), Ok((Portable, Sm90, 99)));
         // a major the table does not know: portable, from the sm_90 PTX, the smallest newest limit
         assert_eq!(row((13, 0)), Ok((Portable, Sm90, 99)));
-        // bf16 only where the tensor cores have it
+        // bf16 only where the tensor cores have it; f16 everywhere, on Turing's own attention kernels
         assert!(!Arch::for_capability((7, 5)).unwrap().precisions.bf16);
         assert!(Arch::for_capability((8, 0)).unwrap().precisions.bf16);
+        let listed = [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)];
+        for cc in listed.into_iter().chain([(13, 0)]) {
+            let a = Arch::for_capability(cc).unwrap();
+            assert!(a.precisions.f16, "{cc:?}");
+            let want = if cc == (7, 5) {
+                F16Attention::Sm75
+            } else {
+                F16Attention::M16n8k16
+            };
+            assert_eq!(a.kernels.f16_attention(), want, "{cc:?}");
+        }
         // the row keeps the card's own capability (8.9 is its own row; 8.8 would run 8.7's)
         assert_eq!(Arch::for_capability((10, 3)).unwrap().cc, (10, 3));
     }

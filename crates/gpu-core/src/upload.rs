@@ -29,6 +29,18 @@ pub trait HostSource: Sync {
             }
         }
     }
+    /// Writes elements `start .. start + out.len()` as f16, rounded to nearest even (±∞ beyond
+    /// ±65504: a caller that uploads f16 weights checks their range).
+    fn read_f16(&self, start: usize, out: &mut [f16]) {
+        let mut tmp = [0.0f32; 1024];
+        for (i, o) in out.chunks_mut(tmp.len()).enumerate() {
+            let t = &mut tmp[..o.len()];
+            self.read_f32(start + i * 1024, t);
+            for (d, s) in o.iter_mut().zip(t.iter()) {
+                *d = f16::from_f32(*s);
+            }
+        }
+    }
     /// All elements as f32, read in parallel (for the small tensors and the transformed ones).
     fn to_f32_vec(&self) -> Vec<f32> {
         let mut v = vec![0.0f32; self.len()];
@@ -52,6 +64,12 @@ impl HostSource for [f32] {
             *d = bf16::from_f32(*s);
         }
     }
+    fn read_f16(&self, start: usize, out: &mut [f16]) {
+        let n = out.len();
+        for (d, s) in out.iter_mut().zip(&self[start..start + n]) {
+            *d = f16::from_f32(*s);
+        }
+    }
 }
 
 impl HostSource for Vec<f32> {
@@ -63,6 +81,9 @@ impl HostSource for Vec<f32> {
     }
     fn read_bf16(&self, start: usize, out: &mut [bf16]) {
         self.as_slice().read_bf16(start, out)
+    }
+    fn read_f16(&self, start: usize, out: &mut [f16]) {
+        self.as_slice().read_f16(start, out)
     }
 }
 
@@ -168,6 +189,27 @@ impl HostSource for LeBytes<'_> {
             }
         }
     }
+    fn read_f16(&self, start: usize, out: &mut [f16]) {
+        let b = self.at(start, out.len());
+        match self.dtype {
+            LeDtype::F16 => {
+                for (d, c) in out.iter_mut().zip(b.chunks_exact(2)) {
+                    *d = f16::from_le_bytes([c[0], c[1]]);
+                }
+            }
+            LeDtype::F32 => {
+                for (d, c) in out.iter_mut().zip(b.chunks_exact(4)) {
+                    *d = f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                }
+            }
+            LeDtype::Bf16 => {
+                // bf16 → f32 is exact, so this rounds once
+                for (d, c) in out.iter_mut().zip(b.chunks_exact(2)) {
+                    *d = f16::from_f32(bf16::from_le_bytes([c[0], c[1]]).to_f32());
+                }
+            }
+        }
+    }
 }
 
 /// A host tensor on its way to the device: bytes of a memory-mapped file, owned f32 values (a
@@ -256,6 +298,16 @@ impl HostSource for HostTensor<'_> {
             }),
         }
     }
+    fn read_f16(&self, start: usize, out: &mut [f16]) {
+        match self {
+            HostTensor::Bytes(b) => b.read_f16(start, out),
+            HostTensor::F32(v) => v.read_f16(start, out),
+            HostTensor::Slice(v) => v.read_f16(start, out),
+            HostTensor::Stack(p) => HostTensor::spans(p, start, out.len(), |t, off, at, n| {
+                t.read_f16(off, &mut out[at..at + n])
+            }),
+        }
+    }
 }
 
 /// How a weight loader holds a tensor: owned f32 values (the host reference path) or a
@@ -299,7 +351,7 @@ impl TensorStore for HostTensor<'_> {
     }
 }
 
-/// Element types a [`Stager`] uploads into (f32, bf16).
+/// Element types a [`Stager`] uploads into (f32, bf16, f16).
 pub trait StageElem: Elem + sealed::Sealed {
     #[doc(hidden)]
     fn read(src: &dyn HostSource, start: usize, out: &mut [Self]);
@@ -308,6 +360,7 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for half::bf16 {}
+    impl Sealed for half::f16 {}
 }
 impl StageElem for f32 {
     fn read(src: &dyn HostSource, start: usize, out: &mut [f32]) {
@@ -317,6 +370,11 @@ impl StageElem for f32 {
 impl StageElem for bf16 {
     fn read(src: &dyn HostSource, start: usize, out: &mut [bf16]) {
         src.read_bf16(start, out)
+    }
+}
+impl StageElem for f16 {
+    fn read(src: &dyn HostSource, start: usize, out: &mut [f16]) {
+        src.read_f16(start, out)
     }
 }
 
@@ -408,7 +466,7 @@ impl Stager {
             event.synchronize()?;
             let bytes = buf.as_mut_slice()?;
             // SAFETY: the page-locked buffer is page aligned (so aligned for T) and T is plain
-            // old data (f32 or bf16), so its bytes may be viewed as T values.
+            // old data (f32, bf16 or f16), so its bytes may be viewed as T values.
             let (head, typed, _) = unsafe { bytes.align_to_mut::<T>() };
             if !head.is_empty() || typed.len() < len {
                 return Err(GpuError::Staging("misaligned staging buffer".into()));
@@ -539,6 +597,64 @@ mod tests {
             Vec::<f32>::stack(vec![vec![1.0], vec![2.0, 3.0]]),
             [1.0, 2.0, 3.0]
         );
+    }
+
+    /// f16 reads round once to nearest even: f16 bytes are copied as they are, f32 and bf16 bytes
+    /// (bf16 → f32 is exact) and f32 values round once, and the trait's default rounds its f32 read;
+    /// a stack reads across its parts.
+    #[test]
+    fn f16_reads_round_once() {
+        let vals = [
+            0.1f32,
+            -2.5,
+            65504.0,
+            70000.0,
+            1e-6,
+            -0.0,
+            3.0e-8,
+            1.0 / 3.0,
+        ];
+        let want: Vec<f16> = vals.iter().map(|v| f16::from_f32(*v)).collect();
+        assert_eq!(want[3], f16::INFINITY, "past f16's range");
+        let f32_bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let f16_bytes: Vec<u8> = want.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bf: Vec<bf16> = vals.iter().map(|v| bf16::from_f32(*v)).collect();
+        let bf_bytes: Vec<u8> = bf.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let read = |src: &dyn HostSource| {
+            let mut out = vec![f16::NAN; src.len()];
+            src.read_f16(0, &mut out);
+            out
+        };
+        let le = |b: &[u8], d| LeBytes::new(b, d).map(|l| read(&l)).unwrap_or_default();
+        assert_eq!(le(&f32_bytes, LeDtype::F32), want);
+        assert_eq!(le(&f16_bytes, LeDtype::F16), want);
+        let from_bf: Vec<f16> = bf.iter().map(|v| f16::from_f32(v.to_f32())).collect();
+        assert_eq!(le(&bf_bytes, LeDtype::Bf16), from_bf);
+        assert_eq!(read(&vals.to_vec()), want);
+        let stack = HostTensor::Stack(vec![
+            HostTensor::Slice(&vals[..3]),
+            HostTensor::Bytes(LeBytes::new(&f16_bytes[6..], LeDtype::F16).unwrap()),
+        ]);
+        let mut part = vec![f16::NAN; 4];
+        stack.read_f16(1, &mut part);
+        assert_eq!(part, want[1..5]);
+        /// i ↦ i / 7 + 1e-3, through the trait's default `read_f16`.
+        struct Ramp(usize);
+        impl HostSource for Ramp {
+            fn len(&self) -> usize {
+                self.0
+            }
+            fn read_f32(&self, start: usize, out: &mut [f32]) {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = (start + i) as f32 / 7.0 + 1e-3;
+                }
+            }
+        }
+        let mut out = vec![f16::ZERO; 2500];
+        Ramp(5000).read_f16(1234, &mut out);
+        for (i, v) in out.iter().enumerate() {
+            assert_eq!(*v, f16::from_f32((1234 + i) as f32 / 7.0 + 1e-3));
+        }
     }
 
     #[test]

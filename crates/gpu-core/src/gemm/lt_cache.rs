@@ -15,14 +15,43 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use super::shape::{Epilogue, GemmShape, GemmTuned, GemmTuning, GEMM_CANDIDATES};
 use crate::error::{GpuError, Result};
 
+/// An operand's element type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Dtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl Dtype {
+    /// cuBLASLt's name of the type.
+    fn cuda(self) -> sys::cudaDataType_t {
+        match self {
+            Dtype::F32 => sys::cudaDataType_t::CUDA_R_32F,
+            Dtype::Bf16 => sys::cudaDataType_t::CUDA_R_16BF,
+            Dtype::F16 => sys::cudaDataType_t::CUDA_R_16F,
+        }
+    }
+
+    /// Bytes per element.
+    pub(super) fn size(self) -> u64 {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::Bf16 | Dtype::F16 => 2,
+        }
+    }
+}
+
 /// What a plan is cached under: the shape (offsets zeroed), the dtypes, the bias, the epilogue
 /// and the operands' alignments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) struct PlanKey {
     pub(super) shape: GemmShape,
-    pub(super) in_f32: bool,
-    pub(super) out_f32: bool,
-    pub(super) bias: Option<bool>, // Some(true) = f32 bias
+    /// x and W.
+    pub(super) input: Dtype,
+    /// y.
+    pub(super) output: Dtype,
+    pub(super) bias: Option<Dtype>,
     pub(super) epilogue: Epilogue,
     pub(super) align: [u32; 4],
 }
@@ -118,16 +147,7 @@ impl Lt {
         use sys::cublasLtMatmulDescAttributes_t as D;
         use sys::cudaDataType_t as T;
         let s = key.shape;
-        let in_t = if key.in_f32 {
-            T::CUDA_R_32F
-        } else {
-            T::CUDA_R_16BF
-        };
-        let out_t = if key.out_f32 {
-            T::CUDA_R_32F
-        } else {
-            T::CUDA_R_16BF
-        };
+        let (in_t, out_t) = (key.input.cuda(), key.output.cuda());
         let a = lt::create_matrix_layout(in_t, s.k as u64, s.n as u64, s.k as i64)?;
         let b = lt::create_matrix_layout(in_t, s.k as u64, s.m as u64, s.ldx as i64)?;
         let c = lt::create_matrix_layout(out_t, s.n as u64, s.m as u64, s.ldy as i64)?;
@@ -153,9 +173,8 @@ impl Lt {
                 (true, Epilogue::GeluTanh) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
             };
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
-            if let Some(f) = key.bias {
-                let bt = if f { T::CUDA_R_32F } else { T::CUDA_R_16BF };
-                set_desc(desc, D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt)?;
+            if let Some(b) = key.bias {
+                set_desc(desc, D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &b.cuda())?;
             }
             let pref = lt::create_matmul_pref()?;
             let set_pref = |attr: sys::cublasLtMatmulPreferenceAttributes_t,

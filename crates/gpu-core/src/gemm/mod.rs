@@ -1,4 +1,5 @@
-//! GEMM `y = x·Wᵀ (+ bias) (+ GELU-tanh)` through cuBLASLt, f32 accumulation.
+//! GEMM `y = x·Wᵀ (+ bias) (+ GELU-tanh)` through cuBLASLt, f32 accumulation; bf16, f16 or f32
+//! operands.
 //!
 //! Row-major `x [m, k]`, `W [n, k]` (PyTorch `Linear.weight`), `y [m, n]`. In cuBLASLt's
 //! column-major terms this is `yᵀ (n×m) = op_T(W) (n×k) · xᵀ (k×m)`, so the bias (one value per
@@ -7,7 +8,7 @@ use std::ffi::c_void;
 
 use cudarc::cublaslt::sys;
 use cudarc::driver::DevicePtr;
-use half::bf16;
+use half::{bf16, f16};
 
 use crate::device::{DeviceBuffer, Elem};
 use crate::{Device, GpuError, Result};
@@ -18,7 +19,7 @@ mod shape;
 
 use lt_lib as lt;
 
-use lt_cache::{set_desc, Plan, PlanKey, WORKSPACE_BYTES};
+use lt_cache::{set_desc, Dtype, Plan, PlanKey, WORKSPACE_BYTES};
 pub use shape::{Epilogue, GemmShape, GemmTuned, GemmTuning, GEMM_CANDIDATES};
 
 /// GEMM inputs: `x` and `W` share a dtype.
@@ -30,6 +31,13 @@ pub enum GemmInputs<'a> {
         x: &'a DeviceBuffer<bf16>,
         /// `W [n, k]`, dense.
         w: &'a DeviceBuffer<bf16>,
+    },
+    /// f16 operands on the tensor cores, f32 accumulation (Turing's tensor cores have no bf16).
+    F16 {
+        /// `x [m, k]` (row stride `ldx`).
+        x: &'a DeviceBuffer<f16>,
+        /// `W [n, k]`, dense.
+        w: &'a DeviceBuffer<f16>,
     },
     /// f32 operands, f32 arithmetic (no TF32): the exactness mode.
     F32 {
@@ -45,6 +53,8 @@ pub enum GemmInputs<'a> {
 pub enum GemmOutput<'a> {
     /// bf16 output (rounded from the f32 accumulator after the epilogue).
     Bf16(&'a mut DeviceBuffer<bf16>),
+    /// f16 output (rounded from the f32 accumulator after the epilogue; ±∞ beyond ±65504).
+    F16(&'a mut DeviceBuffer<f16>),
     /// f32 output.
     F32(&'a mut DeviceBuffer<f32>),
     /// Rows handed to a caller, in the target's dtype (a tower's final projection).
@@ -58,6 +68,8 @@ pub enum GemmBias<'a> {
     F32(&'a DeviceBuffer<f32>),
     /// bf16 bias.
     Bf16(&'a DeviceBuffer<bf16>),
+    /// f16 bias (for an f16 output: a 16-bit output takes its bias in its own type).
+    F16(&'a DeviceBuffer<f16>),
 }
 
 /// Timed runs per candidate when a shape is tuned (after two untimed runs); the median counts.
@@ -123,7 +135,8 @@ fn check_len(
 
 impl Device {
     /// `y = x·Wᵀ (+ bias) (+ epilogue)` (or `y +=` with `shape.accumulate`), f32 accumulation.
-    /// bf16 inputs run on the tensor cores; f32 inputs run in plain f32 (an exactness check).
+    /// bf16 and f16 inputs run on the tensor cores (f16 on every tier, bf16 from 8.0); f32 inputs
+    /// run in plain f32 (an exactness check).
     pub fn gemm(
         &self,
         inputs: GemmInputs<'_>,
@@ -134,30 +147,41 @@ impl Device {
     ) -> Result<()> {
         const OP: &str = "gemm";
         let s = shape;
-        let (x_len, w_len, x_addr, w_addr, in_f32, esz) = match inputs {
-            GemmInputs::Bf16 { x, w } => (x.len(), w.len(), x.addr(), w.addr(), false, 2u64),
-            GemmInputs::F32 { x, w } => (x.len(), w.len(), x.addr(), w.addr(), true, 4u64),
+        let (x_len, w_len, x_addr, w_addr, input) = match inputs {
+            GemmInputs::Bf16 { x, w } => (x.len(), w.len(), x.addr(), w.addr(), Dtype::Bf16),
+            GemmInputs::F16 { x, w } => (x.len(), w.len(), x.addr(), w.addr(), Dtype::F16),
+            GemmInputs::F32 { x, w } => (x.len(), w.len(), x.addr(), w.addr(), Dtype::F32),
         };
+        let in_f32 = input == Dtype::F32;
         check_len(OP, "x", x_len, s.x_offset, s.m, s.k, s.ldx)?;
         check_len(OP, "W", w_len, 0, s.n, s.k, s.k)?;
-        let (y_len, y_addr, out_f32, ysz) = match &out {
-            GemmOutput::Bf16(y) => (y.len(), y.addr(), false, 2u64),
-            GemmOutput::F32(y) => (y.len(), y.addr(), true, 4u64),
+        let (y_len, y_addr, output) = match &out {
+            GemmOutput::Bf16(y) => (y.len(), y.addr(), Dtype::Bf16),
+            GemmOutput::F16(y) => (y.len(), y.addr(), Dtype::F16),
+            GemmOutput::F32(y) => (y.len(), y.addr(), Dtype::F32),
             GemmOutput::Rows(t) => {
                 self.check_target(t)?;
-                let f32 = t.dtype == crate::RowsDtype::F32;
-                (t.len, t.addr, f32, t.dtype.size() as u64)
+                let dtype = match t.dtype {
+                    crate::RowsDtype::F32 => Dtype::F32,
+                    crate::RowsDtype::Bf16 => Dtype::Bf16,
+                };
+                (t.len, t.addr, dtype)
             }
         };
+        let (out_f32, esz, ysz) = (output == Dtype::F32, input.size(), output.size());
         check_len(OP, "y", y_len, s.y_offset, s.m, s.n, s.ldy)?;
-        let (bias_addr, bias_f32) = match bias {
+        let (bias_addr, bias_dtype) = match bias {
             Some(GemmBias::F32(b)) => {
                 check_len(OP, "bias", b.len(), 0, 1, s.n, s.n)?;
-                (b.addr(), Some(true))
+                (b.addr(), Some(Dtype::F32))
             }
             Some(GemmBias::Bf16(b)) => {
                 check_len(OP, "bias", b.len(), 0, 1, s.n, s.n)?;
-                (b.addr(), Some(false))
+                (b.addr(), Some(Dtype::Bf16))
+            }
+            Some(GemmBias::F16(b)) => {
+                check_len(OP, "bias", b.len(), 0, 1, s.n, s.n)?;
+                (b.addr(), Some(Dtype::F16))
             }
             None => (0, None),
         };
@@ -172,9 +196,9 @@ impl Device {
                 y_offset: 0,
                 ..s
             },
-            in_f32,
-            out_f32,
-            bias: bias_f32,
+            input,
+            output,
+            bias: bias_dtype,
             epilogue,
             align: [
                 align_of(w_addr),
@@ -207,12 +231,16 @@ impl Device {
         };
         let open = self.prof_open(|| {
             let acc = if s.accumulate { " +C" } else { "" };
-            let f32 = if in_f32 { " f32" } else { "" };
-            format!("gemm {}×{}×{}{acc}{f32}", s.m, s.n, s.k)
+            let dtype = match input {
+                Dtype::Bf16 => "",
+                Dtype::F16 => " f16",
+                Dtype::F32 => " f32",
+            };
+            format!("gemm {}×{}×{}{acc}{dtype}", s.m, s.n, s.k)
         })?;
         // SAFETY: every matrix extent was checked against its buffer above and the plan's layouts
         // describe exactly those extents.
-        unsafe { self.matmul(plan, &plan.algo, s.accumulate, bias_f32.is_some(), ptrs) }?;
+        unsafe { self.matmul(plan, &plan.algo, s.accumulate, bias_dtype.is_some(), ptrs) }?;
         self.prof_close(open)
     }
 }
@@ -331,7 +359,8 @@ impl Device {
         drop(scratch);
         Ok(GemmTuned {
             shape: s,
-            bf16: !key.in_f32,
+            bf16: key.input == Dtype::Bf16,
+            f16: key.input == Dtype::F16,
             candidates: times.len(),
             heuristic_ms,
             best_ms,

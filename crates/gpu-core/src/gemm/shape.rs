@@ -67,8 +67,10 @@ pub const GEMM_CANDIDATES: usize = 16;
 pub struct GemmTuned {
     /// The shape (offsets zeroed).
     pub shape: GemmShape,
-    /// bf16 operands (else f32).
+    /// bf16 operands (else f16 or f32).
     pub bf16: bool,
+    /// f16 operands (else bf16 or f32).
+    pub f16: bool,
     /// Candidates cuBLASLt offered and that ran.
     pub candidates: usize,
     /// Median ms of the heuristic's first answer.

@@ -1,11 +1,12 @@
 //! Launchers of `kernels/act.cu`: gated and plain activations with their clamps, and the f32 →
-//! bf16 cast; [`ActElem`], the element types of the activation-side kernels (also rope and
-//! attention).
+//! bf16 / f16 casts; [`ActElem`], the element types of the activation-side kernels (also rope and
+//! attention), and [`HalfElem`], the 16-bit GEMM input types.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use half::bf16;
+use half::{bf16, f16};
 
 use super::common::{all_aligned, need_len, off, Mat};
+use super::norm::NormOut;
 use crate::device::{grid_stride, DeviceBuffer, Elem};
 use crate::kernels::Kernel;
 use crate::{Activation, Device, GpuError, Result};
@@ -86,9 +87,21 @@ impl Gate {
     }
 }
 
+/// Which attention kernels an [`ActElem`] runs on ([`Device::flash_attn`]).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnDtype {
+    /// The exact CUDA-core kernel.
+    F32,
+    /// The bf16 tensor-core kernels (compute capability 8.0 and newer).
+    Bf16,
+    /// The f16 tensor-core kernels (every tier; Turing's own there).
+    F16,
+}
+
 /// Element types of the activation-side kernels ([`Device::gated_act`], [`Device::act`],
-/// [`Device::qk_norm_rope`], [`Device::flash_attn`]): bf16 (the product path) or f32 (the exactness
-/// path). Inputs and outputs share the type; the math is f32 in both.
+/// [`Device::qk_norm_rope`], [`Device::flash_attn`]): bf16 or f16 (the product paths) or f32 (the
+/// exactness path). Inputs and outputs share the type; the math is f32 in all three.
 pub trait ActElem: Elem {
     #[doc(hidden)]
     const GATED_ACT: Kernel;
@@ -98,23 +111,67 @@ pub trait ActElem: Elem {
     const QK_NORM_ROPE: Kernel;
     #[doc(hidden)]
     const QK_NORM_ROPE_STAGED: Kernel;
-    /// f32: the exact CUDA-core attention kernel; bf16: `None` (tensor-core kernels per head dim).
     #[doc(hidden)]
-    const EXACT_ATTN: Option<Kernel>;
+    const ATTN: AttnDtype;
 }
 impl ActElem for f32 {
     const GATED_ACT: Kernel = Kernel::GatedActF32;
     const ACT: Kernel = Kernel::ActF32;
     const QK_NORM_ROPE: Kernel = Kernel::QkNormRopeF32;
     const QK_NORM_ROPE_STAGED: Kernel = Kernel::QkNormRopeStagedF32;
-    const EXACT_ATTN: Option<Kernel> = Some(Kernel::FlashAttnF32);
+    const ATTN: AttnDtype = AttnDtype::F32;
 }
 impl ActElem for bf16 {
     const GATED_ACT: Kernel = Kernel::GatedActBf16;
     const ACT: Kernel = Kernel::ActBf16;
     const QK_NORM_ROPE: Kernel = Kernel::QkNormRopeBf16;
     const QK_NORM_ROPE_STAGED: Kernel = Kernel::QkNormRopeStagedBf16;
-    const EXACT_ATTN: Option<Kernel> = None;
+    const ATTN: AttnDtype = AttnDtype::Bf16;
+}
+impl ActElem for f16 {
+    const GATED_ACT: Kernel = Kernel::GatedActF16;
+    const ACT: Kernel = Kernel::ActF16;
+    const QK_NORM_ROPE: Kernel = Kernel::QkNormRopeF16;
+    const QK_NORM_ROPE_STAGED: Kernel = Kernel::QkNormRopeStagedF16;
+    const ATTN: AttnDtype = AttnDtype::F16;
+}
+
+/// The 16-bit GEMM input types, bf16 and f16: the f32 cast into them, the layout gathers that feed
+/// their GEMMs ([`Device::block_gather_2x2`], [`Device::im2col_3x3s2`]), and the host conversions
+/// (round to nearest even).
+pub trait HalfElem: ActElem + NormOut {
+    #[doc(hidden)]
+    const CAST_F32: Kernel;
+    #[doc(hidden)]
+    const BLOCK_GATHER_2X2: Kernel;
+    #[doc(hidden)]
+    const IM2COL_3X3S2: Kernel;
+    /// `x` rounded to nearest even.
+    fn from_f32(x: f32) -> Self;
+    /// The value as f32 (exact).
+    fn to_f32(self) -> f32;
+}
+impl HalfElem for bf16 {
+    const CAST_F32: Kernel = Kernel::CastF32Bf16;
+    const BLOCK_GATHER_2X2: Kernel = Kernel::BlockGather2x2Bf16;
+    const IM2COL_3X3S2: Kernel = Kernel::Im2col3x3s2Bf16;
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+}
+impl HalfElem for f16 {
+    const CAST_F32: Kernel = Kernel::CastF32F16;
+    const BLOCK_GATHER_2X2: Kernel = Kernel::BlockGather2x2F16;
+    const IM2COL_3X3S2: Kernel = Kernel::Im2col3x3s2F16;
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
 }
 
 /// Threads and 16-byte chunks per thread of the vectorised elementwise kernels (`ACT_THREADS`,
@@ -151,7 +208,7 @@ fn elementwise_cfg<T: Elem>(
 }
 
 impl Device {
-    /// Gated activation `out = act(gate)·up` (see [`Gate`]), f32 or bf16; gate and up may be column
+    /// Gated activation `out = act(gate)·up` (see [`Gate`]), f32, bf16 or f16; gate and up may be column
     /// blocks of one buffer.
     pub fn gated_act<T: ActElem>(
         &self,
@@ -212,7 +269,7 @@ impl Device {
         })
     }
 
-    /// Plain activation `out = clamp_o(act(clamp_i(x)))`, f32 or bf16 (in place when `out` and `x`
+    /// Plain activation `out = clamp_o(act(clamp_i(x)))`, f32, bf16 or f16 (in place when `out` and `x`
     /// are the same buffer: use [`Device::act_in_place`]).
     #[allow(clippy::too_many_arguments)]
     pub fn act<T: ActElem>(
@@ -245,7 +302,7 @@ impl Device {
         )
     }
 
-    /// In-place plain activation on `x` (f32 or bf16).
+    /// In-place plain activation on `x` (f32, bf16 or f16).
     pub fn act_in_place<T: ActElem>(
         &self,
         x: &mut DeviceBuffer<T>,
@@ -296,9 +353,24 @@ impl Device {
 
     /// Dense f32 → bf16 conversion of the first `x.len()` elements.
     pub fn cast_f32_bf16(&self, x: &DeviceBuffer<f32>, out: &mut DeviceBuffer<bf16>) -> Result<()> {
-        need_len("cast_f32_bf16", "out", out, x.len())?;
+        self.cast_f32_half(x, out)
+    }
+
+    /// Dense f32 → f16 conversion of the first `x.len()` elements (round to nearest even; beyond
+    /// ±65504 the result is ±∞, as `__float2half_rn` gives).
+    pub fn cast_f32_f16(&self, x: &DeviceBuffer<f32>, out: &mut DeviceBuffer<f16>) -> Result<()> {
+        self.cast_f32_half(x, out)
+    }
+
+    /// Dense f32 → bf16 or f16 conversion of the first `x.len()` elements.
+    pub fn cast_f32_half<T: HalfElem>(
+        &self,
+        x: &DeviceBuffer<f32>,
+        out: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        need_len(T::CAST_F32.name(), "out", out, x.len())?;
         let (oa, xa, n) = (out.addr(), x.addr(), x.len() as i64);
-        self.launch(Kernel::CastF32Bf16, grid_stride(x.len()), |b| {
+        self.launch(T::CAST_F32, grid_stride(x.len()), |b| {
             b.arg(&oa).arg(&xa).arg(&n);
         })
     }

@@ -1,13 +1,15 @@
-//! Launchers of `kernels/flash_attn.cu` (mma.sync, f32 exact) and `kernels/flash_attn_sm90a.cu`
-//! (warp-specialised wgmma + TMA): variable-length non-causal attention, the variant choice.
+//! Launchers of `kernels/flash_attn.cu` (mma.sync bf16 / f16, Turing's f16, f32 exact) and
+//! `kernels/flash_attn_sm90a.cu` (warp-specialised wgmma + TMA): variable-length non-causal
+//! attention, the variant choice.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use super::act::ActElem;
+use super::act::{ActElem, AttnDtype};
 use super::common::{need_len, off, product, Mat};
 use crate::device::DeviceBuffer;
 use crate::kernels::Kernel;
+use crate::tier::F16Attention;
 use crate::{Device, GpuError, Result};
 
 /// Largest head dimension of the f32 attention kernel (`flash_attn_f32`).
@@ -15,11 +17,16 @@ pub const MAX_F32_ATTN_HEAD_DIM: usize = 128;
 /// `flash_attn_f32`'s query rows per block (`ATT_BQ`) and shared K+V rows (`2·ATT_BK`).
 const F32_ATTN_ROWS: usize = 32;
 const F32_ATTN_KEYS: usize = 64;
+/// Key rows of the mma.sync kernels' K and V tiles in shared memory: m16n8k16, 64-key tiles double
+/// buffered (K and V, 2 × 2 × 64); Turing's, 32-key tiles (`SM75_BC`) in one buffer (2 × 32).
+const MMA_KV_ROWS: usize = 4 * 64;
+const SM75_KV_ROWS: usize = 2 * 32;
 
-/// Flash-attention variant (bf16). `M*`: mma.sync kernels (any sm_80+ device), 16-row m-tiles per warp,
-/// 4 warps per block. `Ws*`: the sm_90a warp-specialised kernels (compute capability 9.0 only): a producer
-/// warpgroup streams K and V tiles with the tensor copy engine into a 3-stage ring, consumer warpgroups of
-/// 64 query rows run wgmma and the softmax (kernels/flash_attn_sm90a.cu).
+/// Flash-attention variant (bf16, f16). `M*`: mma.sync m16n8k16 kernels (any sm_80+ device), 16-row
+/// m-tiles per warp, 4 warps per block. `Ws*`: the sm_90a warp-specialised kernels (bf16, compute
+/// capability 9.0 only): a producer warpgroup streams K and V tiles with the tensor copy engine into a
+/// 3-stage ring, consumer warpgroups of 64 query rows run wgmma and the softmax
+/// (kernels/flash_attn_sm90a.cu). `Sm75`: Turing's f16 kernel (any sm_75+ device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FlashVariant {
     /// 1 m-tile per warp: 64 query rows per block.
@@ -30,6 +37,9 @@ pub enum FlashVariant {
     Ws2,
     /// Warp-specialised, 3 consumer warpgroups: 192 query rows per block.
     Ws3,
+    /// f16 only: mma.sync m16n8k8 with plain loads (the Turing tier's kernel), 1 m-tile per warp: 64
+    /// query rows per block, 32-key tiles.
+    Sm75,
 }
 
 /// One warp-specialised attention kernel: its consumer warpgroups, key tile and pipeline depth, exactly as
@@ -83,6 +93,55 @@ fn no_bf16_attention(head_dim: usize) -> GpuError {
     )
 }
 
+fn no_f16_attention(head_dim: usize) -> GpuError {
+    GpuError::shape(
+        "flash_attn",
+        format!("head_dim {head_dim} (f16 kernels exist for 64, 72, 96)"),
+    )
+}
+
+/// The f16 kernel of `variant` at `head_dim` and its query rows per block; `tier` is the device's f16
+/// attention ([`crate::tier::KernelSet::f16_attention`]): the m16n8k16 kernels need compute capability
+/// 8.0 (their compute_75 build traps), the warp-specialised ones are bf16 alone.
+fn f16_kernel(
+    head_dim: usize,
+    variant: FlashVariant,
+    tier: F16Attention,
+) -> Result<(Kernel, usize, usize)> {
+    let m16 = |k1, k2| match variant {
+        FlashVariant::M1 => (k1, 64, MMA_KV_ROWS),
+        _ => (k2, 128, MMA_KV_ROWS),
+    };
+    match variant {
+        FlashVariant::M1 | FlashVariant::M2 if tier == F16Attention::Sm75 => Err(GpuError::shape(
+            "flash_attn",
+            format!(
+                "f16 {variant:?} (mma.sync m16n8k16, cp.async) needs compute capability 8.0; this tier \
+                 runs FlashVariant::Sm75"
+            ),
+        )),
+        FlashVariant::M1 | FlashVariant::M2 => Ok(match head_dim {
+            64 => m16(Kernel::FlashAttnHd64M1F16, Kernel::FlashAttnHd64M2F16),
+            72 => m16(Kernel::FlashAttnHd72M1F16, Kernel::FlashAttnHd72M2F16),
+            96 => m16(Kernel::FlashAttnHd96M1F16, Kernel::FlashAttnHd96M2F16),
+            hd => return Err(no_f16_attention(hd)),
+        }),
+        FlashVariant::Sm75 => {
+            let k = match head_dim {
+                64 => Kernel::FlashAttnSm75Hd64M1F16,
+                72 => Kernel::FlashAttnSm75Hd72M1F16,
+                96 => Kernel::FlashAttnSm75Hd96M1F16,
+                hd => return Err(no_f16_attention(hd)),
+            };
+            Ok((k, 64, SM75_KV_ROWS))
+        }
+        FlashVariant::Ws2 | FlashVariant::Ws3 => Err(GpuError::shape(
+            "flash_attn",
+            format!("{variant:?}: the warp-specialised kernels are bf16 only"),
+        )),
+    }
+}
+
 /// Head-dim-64 throughput of the two warp-specialised kernels when the grid fills many waves (TFLOP/s on the
 /// H200, the repository's `kernels/dev/fa_ws_bench.cu`, n = 12288): the wave model in [`ws_default`] weighs them.
 const WS3_HD64_TFLOPS: f64 = 532.0;
@@ -112,8 +171,8 @@ fn ws_default(head_dim: usize, cu: &[i32], heads: usize, sms: usize) -> FlashVar
     }
 }
 
-/// Arguments of [`Device::flash_attn`]: `o = softmax(scale·q·kᵀ)·v` per head and segment, in bf16
-/// (tensor cores) or f32 (exact, CUDA cores).
+/// Arguments of [`Device::flash_attn`]: `o = softmax(scale·q·kᵀ)·v` per head and segment, in bf16 or
+/// f16 (tensor cores) or f32 (exact, CUDA cores).
 #[derive(Debug)]
 pub struct AttnArgs<'a, T: ActElem = bf16> {
     /// q, k, v: `[tokens, ld]` with head h of token t at `offset + t·ld + h·head_dim`.
@@ -124,7 +183,7 @@ pub struct AttnArgs<'a, T: ActElem = bf16> {
     pub v: (&'a DeviceBuffer<T>, Mat),
     /// Heads.
     pub heads: usize,
-    /// Head dimension: bf16 64, 72 or 96; f32 any in 1..=[`MAX_F32_ATTN_HEAD_DIM`].
+    /// Head dimension: bf16 and f16 64, 72 or 96; f32 any in 1..=[`MAX_F32_ATTN_HEAD_DIM`].
     pub head_dim: usize,
     /// Segment boundaries `[segments + 1]` on the device.
     pub cu_seqlens: &'a DeviceBuffer<i32>,
@@ -132,15 +191,18 @@ pub struct AttnArgs<'a, T: ActElem = bf16> {
     pub cu_seqlens_host: &'a [i32],
     /// Softmax scale (gemma4 1.0; others hd^−½).
     pub scale: f32,
-    /// bf16 kernel variant; `None` = the default for the head dim. Must be `None` for f32 (one kernel).
+    /// bf16 / f16 kernel variant; `None` = the default for the tier and the head dim. Must be `None`
+    /// for f32 (one kernel).
     pub variant: Option<FlashVariant>,
 }
 
 impl Device {
     /// Non-causal variable-length flash attention; writes `o [tokens, heads·head_dim]` (`om`) in the
-    /// inputs' type. bf16: tensor-core kernels for head dims 64, 72, 96 (ld and offsets multiples of 8).
-    /// f32: one exact CUDA-core kernel (f32 scores, online softmax and P·V), any head dim up to
-    /// [`MAX_F32_ATTN_HEAD_DIM`], any strides.
+    /// inputs' type. bf16: tensor-core kernels for head dims 64, 72, 96 (ld and offsets multiples of 8),
+    /// compute capability 8.0 and newer. f16: the same head dims and layout on every tier: the
+    /// m16n8k16 kernels ([`FlashVariant::M1`], [`FlashVariant::M2`]) from 8.0, Turing's
+    /// ([`FlashVariant::Sm75`], the default on tier 7.5) anywhere. f32: one exact CUDA-core kernel (f32
+    /// scores, online softmax and P·V), any head dim up to [`MAX_F32_ATTN_HEAD_DIM`], any strides.
     pub fn flash_attn<T: ActElem>(
         &self,
         a: &AttnArgs<'_, T>,
@@ -165,8 +227,11 @@ impl Device {
             .unwrap_or(0);
         // (kernel, 16-byte loads: ld/offset multiple of 8, bf16 variant rows per block)
         let mut ws_cfg: Option<WsConfig> = None;
-        let (kernel, align, br, threads, smem) = match T::EXACT_ATTN {
-            Some(k) => {
+        let segments = cu.len() - 1;
+        // mma.sync variants: 128-row blocks (M2) once the grid fills the SMs several times over
+        let many = max_len.div_ceil(128) * a.heads * segments >= 1000;
+        let (kernel, align, br, threads, smem) = match T::ATTN {
+            AttnDtype::F32 => {
                 if a.variant.is_some() {
                     return Err(GpuError::shape(
                         OP,
@@ -183,14 +248,33 @@ impl Device {
                     ));
                 }
                 (
-                    k,
+                    Kernel::FlashAttnF32,
                     1,
                     F32_ATTN_ROWS,
                     128,
                     (F32_ATTN_ROWS + F32_ATTN_KEYS) * (a.head_dim + 1) * 4,
                 )
             }
-            None => {
+            AttnDtype::F16 => {
+                if !self.supports_f16() {
+                    return Err(GpuError::shape(
+                        OP,
+                        format!("this device's tier {} has no f16 kernels", self.tier()),
+                    ));
+                }
+                let tier = self.tier().arch.kernels.f16_attention();
+                let variant = match a.variant {
+                    Some(v) => v,
+                    None if tier == F16Attention::Sm75 => FlashVariant::Sm75,
+                    None if many => FlashVariant::M2,
+                    None => FlashVariant::M1,
+                };
+                let (kernel, br, kv_rows) = f16_kernel(a.head_dim, variant, tier)?;
+                // Q [br] + K, V rows of hdp + 8 f16 (kernels/flash_attn.cu)
+                let hdp = a.head_dim.next_multiple_of(16);
+                (kernel, 8, br, 128, (br + kv_rows) * (hdp + 8) * 2)
+            }
+            AttnDtype::Bf16 => {
                 if !self.supports_bf16() {
                     return Err(GpuError::shape(
                         OP,
@@ -201,13 +285,11 @@ impl Device {
                         ),
                     ));
                 }
-                let segments = cu.len() - 1;
                 let ws = self.has_kernel(Kernel::FlashAttnWsHd64C3Bf16);
                 // Measured on the H200 (docs/notes/flash-attn-sm90a.md): the warp-specialised kernels are the
                 // fastest at every tower shape (336–537 TFLOP/s, 1.17–1.72× cuDNN); without sm_90a, 128-row
                 // mma.sync blocks (M2) win once the grid fills the 132 SMs several times over (≥ ~1000
                 // blocks), 64-row blocks (M1) below that.
-                let many = max_len.div_ceil(128) * a.heads * segments >= 1000;
                 let variant = match a.variant {
                     Some(v) => v,
                     None if ws => ws_default(a.head_dim, cu, a.heads, self.multiprocessors()?),
@@ -228,7 +310,7 @@ impl Device {
                         };
                         let br = if variant == FlashVariant::M1 { 64 } else { 128 };
                         // Q [br] + K, V [2 × 64] rows of hdp + 8 bf16 (kernels/flash_attn.cu)
-                        (kernel, br, 128, (br + 4 * 64) * (hdp + 8) * 2)
+                        (kernel, br, 128, (br + MMA_KV_ROWS) * (hdp + 8) * 2)
                     }
                     FlashVariant::Ws2 | FlashVariant::Ws3 => {
                         let c = WsConfig::new(a.head_dim, variant)
@@ -240,6 +322,12 @@ impl Device {
                             128 * (c.consumers as u32 + 1),
                             c.shared_bytes(a.head_dim),
                         )
+                    }
+                    FlashVariant::Sm75 => {
+                        return Err(GpuError::shape(
+                            OP,
+                            "FlashVariant::Sm75 is Turing's f16 kernel: bf16 has none",
+                        ))
                     }
                 };
                 if !self.has_kernel(kernel) {
@@ -341,7 +429,7 @@ impl Device {
             });
         }
         let hd = a.head_dim as i32;
-        let exact = T::EXACT_ATTN.is_some();
+        let exact = T::ATTN == AttnDtype::F32;
         self.launch(kernel, cfg, |b| {
             b.arg(&qa)
                 .arg(&ka)
@@ -385,6 +473,42 @@ mod tests {
         // head dims 72 and 96: 192-row blocks at every tower shape
         assert_eq!(ws_default(72, &cu(&[2394]), 16, 132), FlashVariant::Ws3);
         assert_eq!(ws_default(96, &cu(&[1296; 6]), 16, 132), FlashVariant::Ws3);
+    }
+
+    /// The f16 kernels per tier: Turing's everywhere, the m16n8k16 ones from 8.0 only, no warp-specialised
+    /// f16; Turing's shared memory (Q 64 rows + one 32-key K and V tile, pitch hdp + 8) within the
+    /// 64 KB of tier 7.5, the m16n8k16 ones within the 99 KB of 8.6 / 8.9 / 12.x.
+    #[test]
+    fn f16_kernels_per_tier() {
+        use F16Attention::{M16n8k16, Sm75};
+        let smem = |hd: usize, v, t| {
+            f16_kernel(hd, v, t).map(|(_, br, kv)| (br + kv) * (hd.next_multiple_of(16) + 8) * 2)
+        };
+        for hd in [64, 72, 96] {
+            for tier in [Sm75, M16n8k16] {
+                let bytes = smem(hd, FlashVariant::Sm75, tier).unwrap_or(usize::MAX);
+                assert!(bytes <= 27 * 1024, "hd {hd}: {bytes}");
+                assert!(f16_kernel(hd, FlashVariant::Ws3, tier).is_err());
+            }
+            assert!(f16_kernel(hd, FlashVariant::M1, Sm75).is_err());
+            assert!(f16_kernel(hd, FlashVariant::M2, Sm75).is_err());
+            let m2 = smem(hd, FlashVariant::M2, M16n8k16).unwrap_or(usize::MAX);
+            assert!(m2 <= 99 * 1024, "hd {hd}: {m2}");
+        }
+        assert_eq!(smem(96, FlashVariant::Sm75, Sm75).ok(), Some(128 * 104 * 2));
+        assert_eq!(
+            smem(72, FlashVariant::M1, M16n8k16).ok(),
+            Some(320 * 88 * 2)
+        );
+        assert_eq!(
+            f16_kernel(72, FlashVariant::Sm75, Sm75).map(|k| k.0).ok(),
+            Some(Kernel::FlashAttnSm75Hd72M1F16)
+        );
+        assert_eq!(
+            f16_kernel(64, FlashVariant::M2, M16n8k16).map(|k| k.0).ok(),
+            Some(Kernel::FlashAttnHd64M2F16)
+        );
+        assert!(f16_kernel(80, FlashVariant::Sm75, Sm75).is_err());
     }
 
     /// Shared memory per configuration, by hand from the layout kernels/flash_attn_sm90a.cu documents; every

@@ -147,6 +147,12 @@ impl Device {
                 Mat::dense(1, n).check(OP, "bias", b)?;
                 (b.addr(), 1)
             }
+            Some(GemmBias::F16(_)) => {
+                return Err(GpuError::shape(
+                    OP,
+                    "the fused kernel is bf16: its bias is f32 or bf16, not f16",
+                ))
+            }
         };
         let (xa, wa, ya) = (off(x, xm.offset), w.addr(), off(y, ym.offset));
         // the tensor maps' global addresses and row strides must be multiples of 16 bytes
@@ -290,6 +296,12 @@ impl HostSource for InterleavedGateUp<'_> {
         self.runs(start, out.len(), |s, d| {
             let len = d.len();
             self.src.read_bf16(s, &mut out[d.start..d.start + len])
+        });
+    }
+    fn read_f16(&self, start: usize, out: &mut [half::f16]) {
+        self.runs(start, out.len(), |s, d| {
+            let len = d.len();
+            self.src.read_f16(s, &mut out[d.start..d.start + len])
         });
     }
 }

@@ -2,8 +2,8 @@
 //! gather and the 3×3 stride-2 im2col.
 
 use cudarc::driver::PushKernelArg;
-use half::bf16;
 
+use super::act::HalfElem;
 use super::common::{need_len, product, to_i32, Mat};
 use crate::device::{grid_stride, DeviceBuffer};
 use crate::kernels::Kernel;
@@ -113,15 +113,15 @@ impl Device {
         })
     }
 
-    /// 2×2 merge gather into `[blocks, 4h]` rows ordered (c, ky, kx). `grid_w = None`: tokens are
-    /// block-major (4 consecutive tokens per block, glm); `Some(gw)`: a raster grid of width gw.
-    pub fn block_gather_2x2(
+    /// 2×2 merge gather into `[blocks, 4h]` rows ordered (c, ky, kx), bf16 or f16. `grid_w = None`:
+    /// tokens are block-major (4 consecutive tokens per block, glm); `Some(gw)`: a raster grid of width gw.
+    pub fn block_gather_2x2<T: HalfElem>(
         &self,
-        input: &DeviceBuffer<bf16>,
+        input: &DeviceBuffer<T>,
         tokens: usize,
         h: usize,
         grid_w: Option<usize>,
-        out: &mut DeviceBuffer<bf16>,
+        out: &mut DeviceBuffer<T>,
     ) -> Result<()> {
         const OP: &str = "block_gather_2x2";
         if !tokens.is_multiple_of(4) || h == 0 {
@@ -148,20 +148,21 @@ impl Device {
             to_i32(OP, "h", h)?,
             to_i32(OP, "grid_w", grid_w.unwrap_or(0))?,
         );
-        self.launch(Kernel::BlockGather2x2Bf16, grid_stride(n), |b| {
+        self.launch(T::BLOCK_GATHER_2X2, grid_stride(n), |b| {
             b.arg(&oa).arg(&ia).arg(&nb).arg(&hh).arg(&gw);
         })
     }
 
-    /// 3×3 stride-2 pad-1 im2col of `batch` `[gh, gw, c]` grids into `[batch·oh·ow, 9c]` rows (c, ky, kx).
-    pub fn im2col_3x3s2(
+    /// 3×3 stride-2 pad-1 im2col of `batch` `[gh, gw, c]` grids into `[batch·oh·ow, 9c]` rows (c, ky, kx),
+    /// bf16 or f16.
+    pub fn im2col_3x3s2<T: HalfElem>(
         &self,
-        input: &DeviceBuffer<bf16>,
+        input: &DeviceBuffer<T>,
         batch: usize,
         gh: usize,
         gw: usize,
         c: usize,
-        out: &mut DeviceBuffer<bf16>,
+        out: &mut DeviceBuffer<T>,
     ) -> Result<()> {
         const OP: &str = "im2col_3x3s2";
         let (oh, ow) = ((gh.max(1) - 1) / 2 + 1, (gw.max(1) - 1) / 2 + 1);
@@ -185,7 +186,7 @@ impl Device {
             to_i32(OP, "gw", gw)?,
             to_i32(OP, "c", c)?,
         );
-        self.launch(Kernel::Im2col3x3s2Bf16, grid_stride(n_out), |b| {
+        self.launch(T::IM2COL_3X3S2, grid_stride(n_out), |b| {
             b.arg(&oa).arg(&ia).arg(&bt).arg(&a).arg(&bb).arg(&cc);
         })
     }

@@ -2,7 +2,7 @@
 //! warp group.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use half::bf16;
+use half::{bf16, f16};
 
 use super::act::Clamp;
 use super::common::{all_aligned, need_len, off, Mat};
@@ -10,20 +10,30 @@ use crate::device::{grid_stride, opt_addr, DeviceBuffer, Elem};
 use crate::kernels::Kernel;
 use crate::{Device, GpuError, Result};
 
-/// Output element types of the norm kernels (f32 or bf16).
+/// Output element types of the norm kernels (f32, bf16 or f16).
 pub trait NormOut: Elem {
     #[doc(hidden)]
     const RMS: Kernel;
     #[doc(hidden)]
     const LN: Kernel;
+    /// [`Device::residual_rms_add`]'s next pre-norm in this type (`None`: f32, no such kernel).
+    #[doc(hidden)]
+    const RESIDUAL_RMS_NEXT: Option<Kernel>;
 }
 impl NormOut for f32 {
     const RMS: Kernel = Kernel::RmsNormF32;
     const LN: Kernel = Kernel::LayerNormF32;
+    const RESIDUAL_RMS_NEXT: Option<Kernel> = None;
 }
 impl NormOut for bf16 {
     const RMS: Kernel = Kernel::RmsNormBf16;
     const LN: Kernel = Kernel::LayerNormBf16;
+    const RESIDUAL_RMS_NEXT: Option<Kernel> = Some(Kernel::ResidualRmsAddF32);
+}
+impl NormOut for f16 {
+    const RMS: Kernel = Kernel::RmsNormF16;
+    const LN: Kernel = Kernel::LayerNormF16;
+    const RESIDUAL_RMS_NEXT: Option<Kernel> = Some(Kernel::ResidualRmsAddF32F16);
 }
 
 const NORM_THREADS: u32 = 256;
@@ -53,7 +63,7 @@ fn row_cfg(rows: usize, h: usize) -> (LaunchConfig, i32) {
 }
 
 /// Vector path flag of rms_norm / layer_norm: 16-byte loads of x (and of the weight / bias) and
-/// 16-byte (f32) or 8-byte (bf16) stores of y; needs widths, strides and offsets multiples of 4.
+/// 16-byte (f32) or 8-byte (bf16, f16) stores of y; needs widths, strides and offsets multiples of 4.
 fn norm_vec<O: Elem>(xm: Mat, ym: Mat, in_addrs: &[u64], ya: u64) -> i32 {
     (xm.cols.is_multiple_of(4)
         && xm.ld.is_multiple_of(4)
@@ -76,7 +86,7 @@ fn check_width(op: &'static str, h: usize, rows: usize) -> Result<()> {
 }
 
 impl Device {
-    /// RMSNorm of `x` rows (f32) into `y` (f32 or bf16): `y = clamp(x·rsqrt(mean(x²)+eps)·w)`; `w = None` is weightless.
+    /// RMSNorm of `x` rows (f32) into `y` (f32, bf16 or f16): `y = clamp(x·rsqrt(mean(x²)+eps)·w)`; `w = None` is weightless.
     pub fn rms_norm<O: NormOut>(
         &self,
         x: &DeviceBuffer<f32>,
@@ -227,7 +237,43 @@ impl Device {
         clamp: Clamp,
         next: Option<(Option<&DeviceBuffer<f32>>, &mut DeviceBuffer<bf16>, f32)>,
     ) -> Result<()> {
+        self.residual_rms_add_next(x, y, ym, w_post, eps, clamp, next)
+    }
+
+    /// [`Device::residual_rms_add`] with the next pre-norm in f16 (the f16 product mode).
+    #[allow(clippy::too_many_arguments)]
+    pub fn residual_rms_add_f16(
+        &self,
+        x: &mut DeviceBuffer<f32>,
+        y: &DeviceBuffer<f32>,
+        ym: Mat,
+        w_post: Option<&DeviceBuffer<f32>>,
+        eps: f32,
+        clamp: Clamp,
+        next: Option<(Option<&DeviceBuffer<f32>>, &mut DeviceBuffer<f16>, f32)>,
+    ) -> Result<()> {
+        self.residual_rms_add_next(x, y, ym, w_post, eps, clamp, next)
+    }
+
+    /// [`Device::residual_rms_add`] with the next pre-norm in `N` (bf16 or f16).
+    #[allow(clippy::too_many_arguments)]
+    fn residual_rms_add_next<N: NormOut>(
+        &self,
+        x: &mut DeviceBuffer<f32>,
+        y: &DeviceBuffer<f32>,
+        ym: Mat,
+        w_post: Option<&DeviceBuffer<f32>>,
+        eps: f32,
+        clamp: Clamp,
+        next: Option<(Option<&DeviceBuffer<f32>>, &mut DeviceBuffer<N>, f32)>,
+    ) -> Result<()> {
         const OP: &str = "residual_rms_add";
+        let Some(kernel) = N::RESIDUAL_RMS_NEXT else {
+            return Err(GpuError::shape(
+                OP,
+                format!("no kernel writes the next pre-norm in {}", N::NAME),
+            ));
+        };
         ym.check(OP, "y", y)?;
         let dense = Mat::dense(ym.rows, ym.cols);
         dense.check(OP, "x", x)?;
@@ -247,13 +293,13 @@ impl Device {
         };
         let (xa, ya, wa) = (x.addr(), off(y, ym.offset), opt_addr(w_post));
         let (cfg, rw) = row_cfg(ym.rows, ym.cols);
-        // vector path: float4 rows of y and x (x dense), 8-byte bf16 stores into next_out
+        // vector path: float4 rows of y and x (x dense), 8-byte bf16 / f16 stores into next_out
         let vec = (ym.cols.is_multiple_of(4)
             && ym.ld.is_multiple_of(4)
             && all_aligned(&[xa, ya, wa, nw], 16)
             && all_aligned(&[no], 8)) as i32;
         let (rows, h, ldy) = (ym.rows as i32, ym.cols as i32, ym.ld as i64);
-        self.launch(Kernel::ResidualRmsAddF32, cfg, |b| {
+        self.launch(kernel, cfg, |b| {
             b.arg(&xa)
                 .arg(&ya)
                 .arg(&wa)
