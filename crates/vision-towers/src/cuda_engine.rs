@@ -6,7 +6,7 @@ use std::any::Any;
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use gpu_core::{DeviceTower, GraphStats, GraphStatus, Precision, RowsTarget};
+use gpu_core::{Batch, DeviceTower, GraphStats, GraphStatus, HostBatch, Precision, RowsTarget};
 use tower_gemma::GemmaCuda;
 use tower_glm5::GlmCuda;
 use tower_step::StepCuda;
@@ -19,10 +19,7 @@ use tower_core::ClassifiedError;
 /// What the facade needs of a family's CUDA tower beyond the contract: its inputs among a
 /// request's. Its errors are gpu-core's one `CudaError` over the family's own error, mapped once
 /// (`cuda_err`).
-pub(crate) trait CudaFamily:
-    DeviceTower<HostBatch: 'static, Batch: 'static, Error = gpu_core::CudaError<Self::Refusal>>
-    + 'static
-{
+pub(crate) trait CudaFamily: DeviceTower<Meta: 'static, Family = Self::Refusal> + 'static {
     /// The family's own error (the weights or the input are wrong).
     type Refusal: ClassifiedError;
 
@@ -191,7 +188,7 @@ pub(crate) trait CudaSession {
 /// The lock of a family's tower and the batch it runs.
 struct Held<'a, T: DeviceTower> {
     tower: MutexGuard<'a, T>,
-    in_flight: Option<T::Batch>,
+    in_flight: Option<Batch<T::Meta>>,
 }
 
 impl<T: CudaFamily> CudaSession for Held<'_, T> {
@@ -200,7 +197,7 @@ impl<T: CudaFamily> CudaSession for Held<'_, T> {
         input: Box<dyn Any + Send>,
         patches: usize,
     ) -> Option<Result<Box<dyn Any>, InputError>> {
-        let host = input.downcast::<T::HostBatch>().ok()?;
+        let host = input.downcast::<HostBatch<T::Meta>>().ok()?;
         Some(
             self.tower
                 .stage(*host)
@@ -210,7 +207,7 @@ impl<T: CudaFamily> CudaSession for Held<'_, T> {
     }
 
     fn launch(&mut self, staged: Box<dyn Any>, patches: usize) -> Option<Result<(), InputError>> {
-        let batch = staged.downcast::<T::Batch>().ok()?;
+        let batch = staged.downcast::<Batch<T::Meta>>().ok()?;
         Some(match self.tower.run_pass(&batch) {
             Ok(()) => {
                 self.in_flight = Some(*batch);
