@@ -306,13 +306,13 @@ fn device_stages(
 
 /// The device half of one request on `t`, each stage synchronised before the next is timed.
 fn stages<T: DeviceTower>(t: &mut T, images: &[T::Image<'_>], iters: usize) -> Result<[f64; 4]> {
-    let e = |e: T::Error| anyhow!("{e}");
+    let e = |e: gpu_core::CudaError<T::Family>| anyhow!("{e}");
     let mut out = [(); 4].map(|_| Vec::with_capacity(iters));
     for i in 0..iters + 2 {
         let t0 = Instant::now();
         let host = T::prepare_host(t.config(), t.precision(), images).map_err(e)?;
         let t1 = Instant::now();
-        let batch = T::upload_with(host, |inputs| t.device().upload_inputs(inputs)).map_err(e)?;
+        let batch = host.upload_with(|inputs| t.device().upload_inputs(inputs))?;
         t.device().synchronize()?;
         let t2 = Instant::now();
         t.run(&batch, false).map_err(e)?;

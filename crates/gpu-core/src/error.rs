@@ -139,21 +139,84 @@ impl<F: std::error::Error + Classify + 'static> Classify for CudaError<F> {
     }
 }
 
-/// The two impls every family error needs, written once: its kind (`$input` is the input's fault,
+/// A family tower's error type, written once: the variants every family shares (no vision
+/// weights, a config value, a missing, misshapen or unknown tensor, the input), its weight
+/// readers' errors (`readers { … }`, each transparent and converted by `?`), the family's own
+/// (`{ … }`), the conversion of a [`tower_core::ConfigError`] into its `Config` variant, its kind (`Input` is the input's fault,
 /// every other variant the weight file's or its configs') and the conversion into
-/// [`CudaError`]`<$family>` that the CUDA path's `?` uses (a generic `From<F>` would overlap
-/// `From<GpuError>`).
+/// [`CudaError`]`<Family>` that the CUDA path's `?` uses (a generic `From<F>` would overlap
+/// `From<GpuError>`). The expansion derives `thiserror::Error`: the family crate depends on
+/// thiserror.
 ///
-/// `gpu_core::family_error!(GemmaError, GemmaError::Input);`
+/// ```ignore
+/// gpu_core::family_error! {
+///     /// Everything that can go wrong loading or running the Gemma-4 tower.
+///     GemmaError, "Gemma-4",
+///     readers {
+///         /// The GGUF reader refused a tensor.
+///         Gguf(gguf_reader::GgufError),
+///     }
+///     {}
+/// }
+/// ```
 #[macro_export]
 macro_rules! family_error {
-    ($family:ident, $input:path) => {
+    (
+        $(#[$doc:meta])* $family:ident, $name:literal,
+        readers { $($(#[$rdoc:meta])* $reader:ident($rty:ty),)* }
+        { $($own:tt)* }
+    ) => {
+        $(#[$doc])*
+        #[derive(Debug, thiserror::Error)]
+        pub enum $family {
+            #[doc = concat!("The weight file has no ", $name, " vision tower (another family, or a text-only release).")]
+            #[error("no {family} vision weights: {0}", family = $name)]
+            NoVisionWeights(String),
+            /// A config value is missing, of the wrong type, out of range, or disagrees with the
+            /// tensors.
+            #[error("config: {0}")]
+            Config(String),
+            /// A tensor the tower needs is absent.
+            #[error("missing tensor {0}")]
+            MissingTensor(String),
+            /// A tensor has a shape other than the config implies.
+            #[error("tensor {name}: shape {found:?}, expected {expected:?}")]
+            Shape {
+                /// The tensor.
+                name: String,
+                /// Its shape in the file (outermost first).
+                found: Vec<usize>,
+                /// The shape the config implies.
+                expected: Vec<usize>,
+            },
+            /// The weight file holds a vision tensor this tower does not know; it is refused,
+            /// never ignored.
+            #[error("unknown vision tensor {0} (this tower does not know what to do with it)")]
+            UnknownTensor(String),
+            $(
+                $(#[$rdoc])*
+                #[error(transparent)]
+                $reader(#[from] $rty),
+            )*
+            $($own)*
+            /// The input is inconsistent with itself or the config (row width, positions, grid,
+            /// views).
+            #[error("input: {0}")]
+            Input(String),
+        }
+
         impl $crate::tower_core::Classify for $family {
             fn kind(&self) -> $crate::tower_core::ErrorKind {
                 match self {
-                    $input(_) => $crate::tower_core::ErrorKind::Input,
+                    $family::Input(_) => $crate::tower_core::ErrorKind::Input,
                     _ => $crate::tower_core::ErrorKind::Weights,
                 }
+            }
+        }
+
+        impl From<$crate::tower_core::ConfigError> for $family {
+            fn from(e: $crate::tower_core::ConfigError) -> Self {
+                $family::Config(e.to_string())
             }
         }
 

@@ -23,6 +23,7 @@
 #![deny(missing_docs)]
 
 mod act_linear;
+mod batch;
 mod device;
 mod error;
 mod gemm;
@@ -32,6 +33,7 @@ pub mod kernels;
 mod mixed;
 mod ops;
 mod profile;
+mod qkv_attn;
 mod rows_out;
 mod runner;
 mod staging;
@@ -54,6 +56,7 @@ mod gpu_tests_graph;
 mod gpu_tests_layout;
 
 pub use act_linear::{fuses, ActLinear};
+pub use batch::{Batch, HostBatch, PassRows, PassWorkspace};
 pub use device::{
     device_count, is_available, Device, DeviceBuffer, DeviceOptions, Elem, FAKE_DEVICE_ENV,
 };
@@ -77,14 +80,15 @@ pub use ops::{
     GATE_UP_GROUP, MAX_F32_ATTN_HEAD_DIM, MAX_NORM_WIDTH,
 };
 pub use profile::OpTime;
+pub use qkv_attn::{QkNorm, QkvAttention};
 pub use rows_out::{OwnedRows, RowsDtype, RowsTarget, PER_THREAD_DEFAULT_STREAM};
-pub use runner::{split_rows, PassRunner};
+pub use runner::{split_rows, PassRunner, TowerBase};
 pub use staging::{
     all_finite, recycled_bf16, DeviceInputs, HostGemm, HostInputs, InputBuffers, NonFinite,
     Uploader, UPLOAD_SLOTS,
 };
 pub use tier::{parse_tier, Arch, F16Attention, KernelSet, Tier, TierError, FORCE_TIER_ENV};
-pub use tower::DeviceTower;
+pub use tower::{DeviceTower, TowerResult};
 // The shared vocabulary, from the crate below every other (gpu-core's own paths kept).
 /// The crate below gpu-core, for [`family_error!`]'s expansion in the tower crates.
 pub use tower_core;

@@ -2,10 +2,58 @@
 //! forward, the uploader of staged batches and the workspace. A family keeps its weights, its
 //! workspace layout (`W`), its planning and its op sequence; the lifecycle around them is here.
 
+use std::sync::Arc;
+
 use crate::{
-    Device, DeviceInputs, GraphStats, GraphStatus, Graphs, HostInputs, InputBuffers, Precision,
-    Result, Uploader,
+    attention_head_dim, CudaError, Device, DeviceInputs, GraphStats, GraphStatus, Graphs,
+    HostInputs, InputBuffers, Precision, Result, Uploader,
 };
+
+/// What every family's CUDA tower holds beside its weights, written once: the device, the
+/// config, the precision of the GEMMs, the head dim attention runs at, and the [`PassRunner`].
+#[derive(Debug)]
+pub struct TowerBase<C, W> {
+    /// The device the tower runs on.
+    pub dev: Arc<Device>,
+    /// The family's dimensions and laws.
+    pub cfg: C,
+    /// The precision the weights were uploaded in.
+    pub precision: Precision,
+    /// Head dim the attention kernels run at (`head_dim`, or the next kernel size when padded).
+    pub kd: usize,
+    /// The LM width of the rows.
+    pub width: usize,
+    /// Graphs, uploader and workspace: the lifecycle every tower shares.
+    pub passes: PassRunner<W>,
+}
+
+impl<C, W> TowerBase<C, W> {
+    /// The base of a tower of `cfg` with heads of `head_dim` and rows `width` wide on `dev` in
+    /// `precision`: refused when
+    /// the device's tier lacks the precision ([`Device::precision_refusal`]) or the attention
+    /// kernels the head dim ([`attention_head_dim`]).
+    pub fn new<F: std::error::Error + 'static>(
+        dev: Arc<Device>,
+        cfg: C,
+        precision: Precision,
+        head_dim: usize,
+        width: usize,
+    ) -> std::result::Result<Self, CudaError<F>> {
+        if let Some(why) = dev.precision_refusal(precision) {
+            return Err(CudaError::Unsupported(why));
+        }
+        let kd = attention_head_dim(precision, head_dim)
+            .map_err(|e| CudaError::Unsupported(e.to_string()))?;
+        Ok(TowerBase {
+            dev,
+            cfg,
+            precision,
+            kd,
+            width,
+            passes: PassRunner::default(),
+        })
+    }
+}
 
 /// Graphs, uploader and workspace of one tower (see the module docs).
 #[derive(Debug)]

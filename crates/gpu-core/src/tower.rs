@@ -5,9 +5,13 @@
 use std::sync::Arc;
 
 use crate::{
-    Device, DeviceBuffer, DeviceInputs, GpuError, GraphKey, GraphStats, GraphStatus, HostInputs,
-    PassRunner, Precision, Ran, RowsTarget,
+    Batch, CudaError, Device, DeviceBuffer, GraphKey, GraphStats, GraphStatus, HostBatch, PassRows,
+    PassRunner, PassWorkspace, Precision, Ran, RowsTarget, TowerBase,
 };
+
+/// Short for the result of a [`DeviceTower`] `D`'s calls: gpu-core's one [`CudaError`] over the
+/// family's own error.
+pub type TowerResult<T, D> = std::result::Result<T, CudaError<<D as DeviceTower>::Family>>;
 
 /// A family's tower on a CUDA device: a pass is prepared on the host ([`DeviceTower::prepare_host`],
 /// no device needed, so it can run on any thread), staged ([`DeviceTower::stage`]: an
@@ -16,11 +20,12 @@ use crate::{
 /// [`DeviceTower::rows`]).
 ///
 /// A family states only what is its own (the required items): its host-side planning and
-/// validation, how a batch is built around its uploaded inputs, how big its workspace must be
-/// for a batch ([`DeviceTower::grow`]), its op sequence and projection ([`DeviceTower::pass`]),
-/// and how its rows come back. The lifecycle around them (staging, the workspace taken out of
-/// the [`PassRunner`] for a pass and put back, the CUDA graphs of the encoder, downloading and
-/// splitting the rows) is written once here, as the provided methods.
+/// validation ([`DeviceTower::prepare_host`]), how big its workspace must be for a batch
+/// ([`DeviceTower::grow`]), its op sequence ([`DeviceTower::forward`]) and projection
+/// ([`DeviceTower::project`]), its stages, and where its [`TowerBase`] is. The lifecycle around
+/// them (the batch, staging, the workspace taken out of the [`PassRunner`] for a pass and put
+/// back, the CUDA graphs of the encoder, downloading and splitting the rows) is written once
+/// here, as the provided methods.
 ///
 /// **Architecture Invariant:** a family's implementation holds only the family's own laws; the
 /// lifecycle around it is written once against this trait.
@@ -29,18 +34,20 @@ pub trait DeviceTower: Send {
     type Config: Send + Sync;
     /// One image's inputs, borrowed from the caller's tensors.
     type Image<'a>: Sync;
-    /// A batch validated and converted on the host, ready to stage.
-    type HostBatch: Send;
-    /// A batch whose inputs are on (or on their way to) the device.
-    type Batch;
-    /// The family's error; a device failure converts from [`GpuError`].
-    type Error: From<GpuError> + std::fmt::Display;
+    /// What a batch is apart from its input values, graph key and rows (tokens, segments, grids
+    /// or views): the meta of its [`HostBatch`] and [`Batch`].
+    type Meta: Send;
+    /// The family's own error (the weights or the input are wrong), inside [`CudaError`].
+    type Family: std::error::Error + Send + Sync + 'static;
     /// The device buffers of a pass (the family's layout), kept in the tower's [`PassRunner`].
-    type Workspace;
-    /// The activations a pass downloads along the way when asked ([`DeviceTower::run`]).
+    type Workspace: PassWorkspace;
+    /// The activations the encoder downloads along the way when asked ([`DeviceTower::forward`]).
+    type EncoderStages;
+    /// The activations a pass downloads when asked ([`DeviceTower::run`]): the encoder's with
+    /// the rows ([`DeviceTower::with_rows`]).
     type Stages;
     /// One image's rows as [`DeviceTower::rows`] gives them back.
-    type Rows: Into<Vec<f32>>;
+    type Rows: PassRows<Self::Meta> + Into<Vec<f32>>;
 
     /// Validates `images` for a tower of `config` in `precision` and lays their inputs out for
     /// one pass, without a device.
@@ -48,75 +55,137 @@ pub trait DeviceTower: Send {
         config: &Self::Config,
         precision: Precision,
         images: &[Self::Image<'_>],
-    ) -> Result<Self::HostBatch, Self::Error>;
-
-    /// Rows the pass over `batch` gives each of its images, in order.
-    fn rows_per_image(batch: &Self::HostBatch) -> Vec<usize>;
-
-    /// The device batch of `host`, its inputs put on the device by `upload` (a plain upload for
-    /// [`DeviceTower::prepare`], a staged one for [`DeviceTower::stage`]).
-    fn upload_with(
-        host: Self::HostBatch,
-        upload: impl FnOnce(&HostInputs) -> Result<DeviceInputs, GpuError>,
-    ) -> Result<Self::Batch, Self::Error>;
-
-    /// Rows (in the LM width) the pass over `batch` gives, all images together.
-    fn batch_rows(batch: &Self::Batch) -> usize;
+    ) -> TowerResult<HostBatch<Self::Meta>, Self>;
 
     /// Makes the workspace big enough for `batch` (with the buffers stages need when `keep`),
     /// and whatever else the family keeps per batch layout; through [`PassRunner::regrow`].
-    fn grow(&mut self, batch: &Self::Batch, keep: bool) -> Result<(), Self::Error>;
+    fn grow(&mut self, batch: &Batch<Self::Meta>, keep: bool) -> TowerResult<(), Self>;
 
-    /// The family's pass on `ws` (taken out of the runner, grown for `batch`): inputs loaded,
-    /// the encoder (through [`DeviceTower::encoder`]), then the projection into `out` (the
-    /// workspace's rows when `None`); with `keep` the stages come back too.
+    /// The family's encoder on `ws`, whose input buffers hold `batch`'s: everything up to the
+    /// projection to the LM width; with `keep` the stages are downloaded along the way.
+    fn forward(
+        &self,
+        ws: &mut Self::Workspace,
+        batch: &Batch<Self::Meta>,
+        keep: bool,
+    ) -> TowerResult<Option<Self::EncoderStages>, Self>;
+
+    /// The projection to the LM width after [`DeviceTower::forward`], into `out` (the
+    /// workspace's rows when `None`); outside any graph, since `out` changes from call to call.
+    fn project(
+        &self,
+        ws: &mut Self::Workspace,
+        batch: &Batch<Self::Meta>,
+        out: Option<RowsTarget<'_>>,
+    ) -> TowerResult<(), Self>;
+
+    /// The stages of a pass: the encoder's, with its rows (`[rows, width]`, as the projection
+    /// laid them out).
+    fn with_rows(
+        &self,
+        stages: Self::EncoderStages,
+        batch: &Batch<Self::Meta>,
+        rows: Vec<f32>,
+    ) -> Self::Stages;
+
+    /// Bytes of the model's tensors on the device (without the workspace and helper buffers).
+    fn weight_bytes(&self) -> usize;
+
+    /// What every tower holds beside its weights.
+    fn base(&self) -> &TowerBase<Self::Config, Self::Workspace>;
+
+    /// What every tower holds beside its weights, to change.
+    fn base_mut(&mut self) -> &mut TowerBase<Self::Config, Self::Workspace>;
+
+    /// Rows the pass over `batch` gives each of its images, in order.
+    fn rows_per_image(batch: &HostBatch<Self::Meta>) -> Vec<usize> {
+        batch.rows_per_image().to_vec()
+    }
+
+    /// Rows (in the LM width) the pass over `batch` gives, all images together.
+    fn batch_rows(batch: &Batch<Self::Meta>) -> usize {
+        batch.rows()
+    }
+
+    /// The family's error for a call the tower cannot serve (a wrong target, no workspace yet).
+    fn unsupported(what: String) -> CudaError<Self::Family> {
+        CudaError::Unsupported(what)
+    }
+
+    /// Dimensions and laws.
+    fn config(&self) -> &Self::Config {
+        &self.base().cfg
+    }
+
+    /// The LM width of the rows.
+    fn width(&self) -> usize {
+        self.base().width
+    }
+
+    /// The precision the weights were uploaded in.
+    fn precision(&self) -> Precision {
+        self.base().precision
+    }
+
+    /// The device it runs on.
+    fn device(&self) -> &Arc<Device> {
+        &self.base().dev
+    }
+
+    /// Graphs, uploader and workspace of the tower.
+    fn passes(&self) -> &PassRunner<Self::Workspace> {
+        &self.base().passes
+    }
+
+    /// Graphs, uploader and workspace of the tower, to change.
+    fn passes_mut(&mut self) -> &mut PassRunner<Self::Workspace> {
+        &mut self.base_mut().passes
+    }
+
+    /// The pass on `ws` (taken out of the runner, grown for `batch`): the batch's inputs loaded
+    /// into the workspace's fixed buffers, the encoder (through [`DeviceTower::encoder`]), then
+    /// the projection into `out`; with `keep` the stages come back too, with the rows.
     fn pass(
         &mut self,
         ws: &mut Self::Workspace,
-        batch: &Self::Batch,
+        batch: &Batch<Self::Meta>,
         keep: bool,
         out: Option<RowsTarget<'_>>,
-    ) -> Result<(Option<Self::Stages>, Ran), Self::Error>;
+    ) -> TowerResult<(Option<Self::Stages>, Ran), Self> {
+        self.passes()
+            .load_inputs(self.device(), batch.inputs(), ws.inputs_mut())?;
+        let key = batch.graph_key();
+        let (stages, ran) =
+            self.encoder(ws, key, keep, |t, ws, keep| t.forward(ws, batch, keep))?;
+        self.project(ws, batch, out)?;
+        let Some(stages) = stages else {
+            return Ok((None, ran));
+        };
+        let rows = self
+            .device()
+            .download_prefix(ws.rows(), batch.rows() * self.width())?;
+        Ok((Some(self.with_rows(stages, batch, rows)), ran))
+    }
 
     /// Downloads the rows of the last pass over `batch` from the workspace, per image (waits).
-    fn rows(&self, batch: &Self::Batch) -> Result<Vec<Self::Rows>, Self::Error>;
-
-    /// The family's error for a call the tower cannot serve (a wrong target, no workspace yet).
-    fn unsupported(what: String) -> Self::Error;
-
-    /// Dimensions and laws.
-    fn config(&self) -> &Self::Config;
-
-    /// The precision the weights were uploaded in.
-    fn precision(&self) -> Precision;
-
-    /// The LM width of the rows.
-    fn width(&self) -> usize;
-
-    /// The device it runs on.
-    fn device(&self) -> &Arc<Device>;
-
-    /// Graphs, uploader and workspace of the tower.
-    fn passes(&self) -> &PassRunner<Self::Workspace>;
-
-    /// Graphs, uploader and workspace of the tower, to change.
-    fn passes_mut(&mut self) -> &mut PassRunner<Self::Workspace>;
+    fn rows(&self, batch: &Batch<Self::Meta>) -> TowerResult<Vec<Self::Rows>, Self> {
+        let all = self.download_rows(batch.rows(), |ws| ws.rows())?;
+        Ok(Self::Rows::split(batch, all, self.width()))
+    }
 
     /// Validates `images` and uploads their inputs synchronously (the host half, then a plain
     /// upload: no copy stream, no page-locked slots).
-    fn prepare(&self, images: &[Self::Image<'_>]) -> Result<Self::Batch, Self::Error> {
+    fn prepare(&self, images: &[Self::Image<'_>]) -> TowerResult<Batch<Self::Meta>, Self> {
         let host = Self::prepare_host(self.config(), self.precision(), images)?;
-        Self::upload_with(host, |inputs| self.device().upload_inputs(inputs))
+        Ok(host.upload_with(|inputs| self.device().upload_inputs(inputs))?)
     }
 
     /// Queues the upload of a host batch from page-locked memory on a copy stream of its own and
     /// returns at once: the copy overlaps whatever the device is running. The batch stays valid
     /// until two more are staged ([`crate::UPLOAD_SLOTS`]).
-    fn stage(&mut self, host: Self::HostBatch) -> Result<Self::Batch, Self::Error> {
+    fn stage(&mut self, host: HostBatch<Self::Meta>) -> TowerResult<Batch<Self::Meta>, Self> {
         let (dev, precision) = (self.device().clone(), self.precision());
-        Self::upload_with(host, |inputs| {
-            self.passes_mut().stage(&dev, precision, inputs)
-        })
+        Ok(host.upload_with(|inputs| self.passes_mut().stage(&dev, precision, inputs))?)
     }
 
     /// Runs the whole forward on `batch`; the rows stay on the device ([`DeviceTower::rows`]).
@@ -128,18 +197,18 @@ pub trait DeviceTower: Send {
     /// second, replayed after), else it runs eagerly ([`DeviceTower::encoder`]).
     fn run(
         &mut self,
-        batch: &Self::Batch,
+        batch: &Batch<Self::Meta>,
         keep_stages: bool,
-    ) -> Result<Option<Self::Stages>, Self::Error> {
+    ) -> TowerResult<Option<Self::Stages>, Self> {
         self.run_graphed(batch, keep_stages).map(|(s, _)| s)
     }
 
     /// [`DeviceTower::run`], also saying how the encoder ran.
     fn run_graphed(
         &mut self,
-        batch: &Self::Batch,
+        batch: &Batch<Self::Meta>,
         keep_stages: bool,
-    ) -> Result<(Option<Self::Stages>, Ran), Self::Error> {
+    ) -> TowerResult<(Option<Self::Stages>, Ran), Self> {
         self.with_workspace(batch, keep_stages, |t, ws| {
             t.pass(ws, batch, keep_stages, None)
         })
@@ -148,7 +217,11 @@ pub trait DeviceTower: Send {
     /// Runs the pass and writes its rows, image after image in the LM width, into `out`, which
     /// must hold exactly that many elements: the projection writes there directly, after the
     /// (graphed) encoder. Queued on the device's stream; returns how the encoder ran.
-    fn run_into(&mut self, batch: &Self::Batch, out: RowsTarget<'_>) -> Result<Ran, Self::Error> {
+    fn run_into(
+        &mut self,
+        batch: &Batch<Self::Meta>,
+        out: RowsTarget<'_>,
+    ) -> TowerResult<Ran, Self> {
         let rows = Self::batch_rows(batch);
         if out.len() != rows * self.width() {
             return Err(Self::unsupported(format!(
@@ -164,12 +237,12 @@ pub trait DeviceTower: Send {
 
     /// Runs the pass into the tower's workspace (queued, through its graphs where they are on);
     /// its rows come from [`DeviceTower::pass_rows`].
-    fn run_pass(&mut self, batch: &Self::Batch) -> Result<(), Self::Error> {
+    fn run_pass(&mut self, batch: &Batch<Self::Meta>) -> TowerResult<(), Self> {
         self.run(batch, false).map(|_| ())
     }
 
     /// The rows of the last pass over `batch`, per image in the LM width, on the host (waits).
-    fn pass_rows(&self, batch: &Self::Batch) -> Result<Vec<Vec<f32>>, Self::Error> {
+    fn pass_rows(&self, batch: &Batch<Self::Meta>) -> TowerResult<Vec<Vec<f32>>, Self> {
         Ok(self.rows(batch)?.into_iter().map(Into::into).collect())
     }
 
@@ -179,7 +252,7 @@ pub trait DeviceTower: Send {
         &mut self,
         images: &[Self::Image<'_>],
         keep_stages: bool,
-    ) -> Result<(Vec<Self::Rows>, Option<Self::Stages>), Self::Error> {
+    ) -> TowerResult<(Vec<Self::Rows>, Option<Self::Stages>), Self> {
         let batch = self.prepare(images)?;
         let stages = self.run(&batch, keep_stages)?;
         Ok((self.rows(&batch)?, stages))
@@ -204,10 +277,10 @@ pub trait DeviceTower: Send {
     /// out of the runner for the call (so `f` may borrow the whole tower), then put back.
     fn with_workspace<R>(
         &mut self,
-        batch: &Self::Batch,
+        batch: &Batch<Self::Meta>,
         keep: bool,
-        f: impl FnOnce(&mut Self, &mut Self::Workspace) -> Result<R, Self::Error>,
-    ) -> Result<R, Self::Error> {
+        f: impl FnOnce(&mut Self, &mut Self::Workspace) -> TowerResult<R, Self>,
+    ) -> TowerResult<R, Self> {
         self.grow(batch, keep)?;
         let mut ws = self
             .passes_mut()
@@ -227,8 +300,8 @@ pub trait DeviceTower: Send {
         ws: &mut Self::Workspace,
         key: &GraphKey,
         keep: bool,
-        mut forward: impl FnMut(&Self, &mut Self::Workspace, bool) -> Result<Option<S>, Self::Error>,
-    ) -> Result<(Option<S>, Ran), Self::Error> {
+        mut forward: impl FnMut(&Self, &mut Self::Workspace, bool) -> TowerResult<Option<S>, Self>,
+    ) -> TowerResult<(Option<S>, Ran), Self> {
         if keep || self.precision() != Precision::Bf16 {
             return Ok((forward(self, ws, keep)?, Ran::Eager));
         }
@@ -246,7 +319,7 @@ pub trait DeviceTower: Send {
         &self,
         rows: usize,
         buf: impl FnOnce(&Self::Workspace) -> &DeviceBuffer<f32>,
-    ) -> Result<Vec<f32>, Self::Error> {
+    ) -> TowerResult<Vec<f32>, Self> {
         let ws = self
             .passes()
             .workspace()

@@ -29,6 +29,7 @@
 #![deny(missing_docs)]
 
 mod checkpoint;
+pub mod config;
 mod dtype;
 mod error;
 mod header;

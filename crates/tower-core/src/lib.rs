@@ -4,6 +4,7 @@
 //!   facade, the bindings and xtask;
 //! - [`LmAttention`]: how the language model attends over an image's rows;
 //! - [`Activation`]: the activation functions the towers' MLPs use, by their transformers names;
+//! - [`config`]: the config checks every family makes and their one error, [`ConfigError`];
 //! - [`ErrorKind`] and [`Classify`]: whose fault a failure is (the weights, the input, the
 //!   device…), stated by the error itself so that no binding guesses it from the call;
 //! - [`HostTower`]: a family's host reference behind one trait;
@@ -15,6 +16,7 @@
 //! the model): a law of one family never lives here, only the vocabulary the families share.
 
 mod act;
+pub mod config;
 mod error;
 mod host;
 mod inputs;
@@ -23,6 +25,7 @@ mod metric;
 mod precision;
 
 pub use act::{Activation, UnknownActivation, ACTIVATION_NAMES};
+pub use config::ConfigError;
 pub use error::{ClassifiedError, Classify, ErrorKind, FamilyError};
 pub use host::HostTower;
 pub use inputs::{GemmaImage, GlmImage, StepImage, StepView};

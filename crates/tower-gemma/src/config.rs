@@ -3,7 +3,8 @@
 use crate::error::{GemmaError, Result};
 use gguf_reader::GgufFile;
 use serde_json::Value;
-use tower_core::Activation;
+use st_reader::config::{activation, opt_usize, req_usize};
+use tower_core::{config, Activation};
 
 /// transformers `Gemma4VisionConfig.rms_norm_eps` default (configuration_gemma4.py).
 pub const DEFAULT_RMS_NORM_EPS: f64 = 1e-6;
@@ -89,10 +90,6 @@ impl GemmaConfig {
                 )));
             }
         }
-        let act_name = v
-            .get("hidden_activation")
-            .and_then(Value::as_str)
-            .unwrap_or(DEFAULT_ACTIVATION);
         let theta = v
             .get("rope_parameters")
             .and_then(|r| r.get("rope_theta"))
@@ -132,7 +129,7 @@ impl GemmaConfig {
             layers: req_usize(v, "num_hidden_layers")?,
             heads,
             head_dim,
-            activation: activation_by_name(act_name)?,
+            activation: activation(v, "hidden_activation", DEFAULT_ACTIVATION)?,
             eps: v
                 .get("rms_norm_eps")
                 .and_then(Value::as_f64)
@@ -178,7 +175,7 @@ impl GemmaConfig {
             .unwrap_or(DEFAULT_RMS_NORM_EPS);
         // llama.cpp writes no activation key for gemma4v (and then runs gelu_quick).
         let act = match activation {
-            GgufActivation::Model => activation_by_name(DEFAULT_ACTIVATION)?,
+            GgufActivation::Model => config::activation("hidden_activation", DEFAULT_ACTIVATION)?,
             GgufActivation::LlamaCppGeluQuick => Activation::QuickGelu,
         };
         let cfg = GemmaConfig {
@@ -217,12 +214,7 @@ impl GemmaConfig {
                 self.head_dim
             ));
         }
-        if self.layers > MAX_LAYERS {
-            return bad(format!(
-                "{} encoder layers exceed the limit of {MAX_LAYERS}",
-                self.layers
-            ));
-        }
+        config::layers_within(self.layers, MAX_LAYERS)?;
         if self.patch == 0 || self.pool == 0 {
             return bad("patch_size and pooling_kernel_size must be positive".into());
         }
@@ -232,38 +224,12 @@ impl GemmaConfig {
                 self.patch
             ));
         }
-        let positive = |v: f64| v.is_finite() && v > 0.0;
-        if !positive(self.eps) || !positive(self.rope_theta) {
-            return bad(format!(
-                "eps {} and rope θ {} must be positive",
-                self.eps, self.rope_theta
-            ));
-        }
-        Ok(())
+        Ok(config::positive_eps_theta(
+            "eps",
+            self.eps,
+            self.rope_theta,
+        )?)
     }
-}
-
-/// The activation `name` (`hidden_activation`) is, by the one table every family reads
-/// ([`tower_core::ACTIVATION_NAMES`]).
-fn activation_by_name(name: &str) -> Result<Activation> {
-    Activation::from_name(name).map_err(|e| GemmaError::Config(format!("hidden_activation {e}")))
-}
-
-fn opt_usize(v: &Value, key: &str) -> Result<Option<usize>> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(x) => x
-            .as_u64()
-            .and_then(|n| usize::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| {
-                GemmaError::Config(format!("{key} = {x} is not a non-negative integer"))
-            }),
-    }
-}
-
-fn req_usize(v: &Value, key: &str) -> Result<usize> {
-    opt_usize(v, key)?.ok_or_else(|| GemmaError::Config(format!("{key} missing")))
 }
 
 #[cfg(test)]

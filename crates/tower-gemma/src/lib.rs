@@ -30,7 +30,7 @@ pub fn lm_attention(config: Option<&serde_json::Value>) -> LmAttention {
 }
 
 pub use config::{GemmaConfig, GgufActivation, MAX_LAYERS, MAX_PATCH_SIZE};
-pub use cuda::{CudaError, GemmaBatch, GemmaCuda, GemmaHostBatch, Precision};
+pub use cuda::{CudaError, GemmaBatch, GemmaCuda, GemmaHostBatch, GemmaMeta, Precision};
 pub use error::{GemmaError, Result};
 pub use forward::{forward_host, GemmaImage, GemmaStages, ATTENTION_SCALE};
 pub use weights::{

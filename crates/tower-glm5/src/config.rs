@@ -6,7 +6,8 @@
 
 use crate::error::{GlmError, Result};
 use serde_json::Value;
-use tower_core::Activation;
+use st_reader::config::{activation, opt_bool, opt_f64, opt_usize};
+use tower_core::{config, Activation};
 
 /// transformers `Glm5NextVisionConfig` / `GlmOcrVisionConfig` `depth` default.
 pub const DEFAULT_DEPTH: usize = 24;
@@ -193,10 +194,6 @@ impl GlmConfig {
                 })?,
             ),
         };
-        let act_name = v
-            .get("hidden_act")
-            .and_then(Value::as_str)
-            .unwrap_or(DEFAULT_HIDDEN_ACT);
         let cfg = GlmConfig {
             family,
             hidden,
@@ -214,13 +211,8 @@ impl GlmConfig {
             eps: opt_f64(v, "rms_norm_eps")?.unwrap_or(DEFAULT_RMS_NORM_EPS),
             rope_theta,
             swiglu_limit,
-            activation: activation_by_name(act_name)?,
-            attention_bias: match v.get("attention_bias") {
-                None | Some(Value::Null) => DEFAULT_ATTENTION_BIAS,
-                Some(x) => x.as_bool().ok_or_else(|| {
-                    GlmError::Config(format!("attention_bias = {x} is not a boolean"))
-                })?,
-            },
+            activation: activation(v, "hidden_act", DEFAULT_HIDDEN_ACT)?,
+            attention_bias: opt_bool(v, "attention_bias")?.unwrap_or(DEFAULT_ATTENTION_BIAS),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -228,21 +220,6 @@ impl GlmConfig {
 
     fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(GlmError::Config(m));
-        if [
-            self.hidden,
-            self.heads,
-            self.layers,
-            self.intermediate,
-            self.text_hidden,
-            self.merger_inner,
-            self.in_channels,
-            self.patch,
-            self.temporal_patch,
-        ]
-        .contains(&0)
-        {
-            return bad(format!("zero dimension in {self:?}"));
-        }
         let dims = [
             self.hidden,
             self.heads,
@@ -254,6 +231,9 @@ impl GlmConfig {
             self.patch,
             self.temporal_patch,
         ];
+        if dims.contains(&0) {
+            return bad(format!("zero dimension in {self:?}"));
+        }
         if dims.iter().any(|&d| d > MAX_DIMENSION) {
             return bad(format!("a dimension exceeds {MAX_DIMENSION} in {self:?}"));
         }
@@ -291,40 +271,10 @@ impl GlmConfig {
                 self.merge
             ));
         }
-        let positive = |v: f64| v.is_finite() && v > 0.0;
-        if !positive(self.eps) || !positive(self.rope_theta) {
-            return bad(format!(
-                "rms_norm_eps {} and rope θ {} must be positive",
-                self.eps, self.rope_theta
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// The activation `name` (`hidden_act`) is, by the one table every family reads
-/// ([`tower_core::ACTIVATION_NAMES`]).
-fn activation_by_name(name: &str) -> Result<Activation> {
-    Activation::from_name(name).map_err(|e| GlmError::Config(format!("hidden_act {e}")))
-}
-
-fn opt_usize(v: &Value, key: &str) -> Result<Option<usize>> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(x) => x
-            .as_u64()
-            .and_then(|n| usize::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| GlmError::Config(format!("{key} = {x} is not a non-negative integer"))),
-    }
-}
-
-fn opt_f64(v: &Value, key: &str) -> Result<Option<f64>> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(x) => x
-            .as_f64()
-            .map(Some)
-            .ok_or_else(|| GlmError::Config(format!("{key} = {x} is not a number"))),
+        Ok(config::positive_eps_theta(
+            "rms_norm_eps",
+            self.eps,
+            self.rope_theta,
+        )?)
     }
 }

@@ -17,7 +17,7 @@ pub use config::{
     GlmConfig, GlmFamily, DEFAULT_PROJECTION_INTERMEDIATE_SIZE, DEFAULT_RMS_NORM_EPS,
     DEFAULT_ROPE_THETA, DEFAULT_SWIGLU_LIMIT, MAX_DIMENSION, MAX_LAYERS, MERGER_LAYER_NORM_EPS,
 };
-pub use cuda::{CudaError, GlmBatch, GlmCuda, GlmHostBatch, Precision};
+pub use cuda::{CudaError, GlmBatch, GlmCuda, GlmHostBatch, GlmMeta, Precision};
 pub use error::{GlmError, Result};
 pub use forward::{
     attention_scale, forward_host, split_images, vision_cu_seqlens, vision_positions, GlmImage,

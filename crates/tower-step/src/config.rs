@@ -3,7 +3,8 @@
 
 use crate::error::{Result, StepError};
 use serde_json::Value;
-use tower_core::Activation;
+use st_reader::config::{activation, opt_bool, opt_f64, opt_usize};
+use tower_core::{config, Activation};
 
 /// `Step3p7VisionConfig.hidden_size` default (configuration_step3p7.py).
 pub const DEFAULT_HIDDEN: usize = 1536;
@@ -104,12 +105,7 @@ impl StepConfig {
         let hidden = legacy_usize(v, "width", "hidden_size")?.unwrap_or(DEFAULT_HIDDEN);
         let layers = legacy_usize(v, "layers", "num_hidden_layers")?.unwrap_or(DEFAULT_LAYERS);
         let heads = legacy_usize(v, "heads", "num_attention_heads")?.unwrap_or(DEFAULT_HEADS);
-        let mlp_ratio = match v.get("mlp_ratio") {
-            None | Some(Value::Null) => DEFAULT_MLP_RATIO,
-            Some(x) => x
-                .as_f64()
-                .ok_or_else(|| StepError::Config(format!("mlp_ratio = {x} is not a number")))?,
-        };
+        let mlp_ratio = opt_f64(v, "mlp_ratio")?.unwrap_or(DEFAULT_MLP_RATIO);
         let inter = hidden as f64 * mlp_ratio;
         if !(inter.is_finite() && inter >= 1.0) {
             return Err(StepError::Config(format!(
@@ -125,10 +121,6 @@ impl StepConfig {
                 )));
             }
         }
-        let act_name = v
-            .get("hidden_act")
-            .and_then(Value::as_str)
-            .unwrap_or(DEFAULT_ACTIVATION);
         let rope = v.get("rope_parameters");
         if let Some(kind) = rope
             .and_then(|r| r.get("rope_type"))
@@ -160,12 +152,7 @@ impl StepConfig {
                 )));
             }
         }
-        let projector_bias = match config.get("projector_bias") {
-            None | Some(Value::Null) => DEFAULT_PROJECTOR_BIAS,
-            Some(b) => b.as_bool().ok_or_else(|| {
-                StepError::Config(format!("projector_bias = {b} is not a boolean"))
-            })?,
-        };
+        let projector_bias = opt_bool(config, "projector_bias")?.unwrap_or(DEFAULT_PROJECTOR_BIAS);
         let lm_bidirectional = config
             .get("text_config")
             .and_then(|t| t.get("use_bidirectional_attention"))
@@ -177,7 +164,7 @@ impl StepConfig {
             layers,
             heads,
             head_dim: hidden.checked_div(heads).unwrap_or(0),
-            activation: activation_by_name(act_name)?,
+            activation: activation(v, "hidden_act", DEFAULT_ACTIVATION)?,
             eps: v
                 .get("layer_norm_eps")
                 .and_then(Value::as_f64)
@@ -205,12 +192,7 @@ impl StepConfig {
         {
             return bad(format!("zero dimension in {self:?}"));
         }
-        if self.layers > MAX_LAYERS {
-            return bad(format!(
-                "{} encoder layers exceed the limit of {MAX_LAYERS}",
-                self.layers
-            ));
-        }
+        config::layers_within(self.layers, MAX_LAYERS)?;
         if self.patch > MAX_PATCH_SIZE || self.pos_side > MAX_IMAGE_SIZE {
             return bad(format!(
                 "patch_size {} / position table side {} exceed the limits {MAX_PATCH_SIZE} / {MAX_IMAGE_SIZE}",
@@ -229,39 +211,19 @@ impl StepConfig {
                 self.head_dim
             ));
         }
-        let positive = |v: f64| v.is_finite() && v > 0.0;
-        if !positive(self.eps) || !positive(self.rope_theta) {
-            return bad(format!(
-                "eps {} and rope θ {} must be positive",
-                self.eps, self.rope_theta
-            ));
-        }
-        Ok(())
+        Ok(config::positive_eps_theta(
+            "eps",
+            self.eps,
+            self.rope_theta,
+        )?)
     }
-}
-
-/// The activation `name` (`hidden_act`) is, by the one table every family reads
-/// ([`tower_core::ACTIVATION_NAMES`]).
-fn activation_by_name(name: &str) -> Result<Activation> {
-    Activation::from_name(name).map_err(|e| StepError::Config(format!("hidden_act {e}")))
 }
 
 /// The legacy key when present (it wins, as `kwargs.pop(legacy, field)` does), else the field.
 fn legacy_usize(v: &Value, legacy: &str, field: &str) -> Result<Option<usize>> {
     match opt_usize(v, legacy)? {
         Some(x) => Ok(Some(x)),
-        None => opt_usize(v, field),
-    }
-}
-
-fn opt_usize(v: &Value, key: &str) -> Result<Option<usize>> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(x) => x
-            .as_u64()
-            .and_then(|n| usize::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| StepError::Config(format!("{key} = {x} is not a non-negative integer"))),
+        None => Ok(opt_usize(v, field)?),
     }
 }
 

@@ -27,7 +27,7 @@ mod forward;
 mod weights;
 
 pub use config::{StepConfig, MAX_IMAGE_SIZE, MAX_LAYERS, MAX_PATCH_SIZE};
-pub use cuda::{CudaError, Precision, StepBatch, StepCuda, StepHostBatch};
+pub use cuda::{CudaError, Precision, StepBatch, StepCuda, StepHostBatch, StepMeta};
 pub use error::{Result, StepError};
 pub use forward::{
     attention_scale, forward_host, StepImage, StepProcessorOutput, StepRows, StepStages, StepView,

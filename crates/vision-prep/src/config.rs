@@ -539,6 +539,31 @@ pub enum PromptTokens {
     },
 }
 
+impl PromptTokens {
+    /// Every token of the table.
+    pub fn all(&self) -> Vec<&Token> {
+        match self {
+            PromptTokens::Gemma4 { boi, image, eoi } => vec![boi, image, eoi],
+            PromptTokens::Glm { image } => vec![image],
+            PromptTokens::Step3p7 {
+                patch_start,
+                patch_end,
+                patch_newline,
+                im_start,
+                im_end,
+                im_patch,
+            } => vec![
+                patch_start,
+                patch_end,
+                patch_newline,
+                im_start,
+                im_end,
+                im_patch,
+            ],
+        }
+    }
+}
+
 /// Token table for `law`, from the configs.
 pub fn tokens_for(law: &Law, cfg: &ModelConfigs) -> PromptTokens {
     match law {

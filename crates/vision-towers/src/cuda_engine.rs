@@ -1,226 +1,49 @@
-//! Every family's CUDA tower behind one path: the facade's plumbing (a pass, a stream session,
-//! rows into a device buffer, graphs) is written once over [`gpu_core::DeviceTower`]; a family
-//! only says which of the request's inputs are its own and how its errors read.
+//! Every family's CUDA tower behind one path, written once over [`gpu_core::DeviceTower`]: a
+//! device encode's passes into one device buffer ([`run_job`]) and the CUDA session of a stream
+//! of passes ([`cuda_session`]: each pass staged, launched and collected with the tower's lock
+//! held).
 
-use std::any::Any;
-use std::ops::Range;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use gpu_core::{DeviceTower, GraphStats, GraphStatus, Precision, RowsTarget};
-use tower_gemma::GemmaCuda;
-use tower_glm5::GlmCuda;
-use tower_step::StepCuda;
-
-use crate::device_rows::{Dest, DeviceResult, DeviceRows, Job};
-use crate::inputs::Images;
-use crate::tower_error::{cuda_err, InputError};
+use gpu_core::{Batch, DeviceTower, HostBatch, RowsTarget};
 use tower_core::ClassifiedError;
 
-/// What the facade needs of a family's CUDA tower beyond the contract: its inputs among a
-/// request's. Its errors are gpu-core's one `CudaError` over the family's own error, mapped once
-/// (`cuda_err`).
-pub(crate) trait CudaFamily:
-    DeviceTower<HostBatch: 'static, Batch: 'static, Error = gpu_core::CudaError<Self::Refusal>>
-    + 'static
-{
-    /// The family's own error (the weights or the input are wrong).
-    type Refusal: ClassifiedError;
+use crate::device_rows::{Dest, DeviceResult, DeviceRows, Job};
+use crate::session::{not_staged, Inbox, PassTicket, StreamSession};
+use crate::tower_error::{cuda_err, InputError};
 
-    /// The request's inputs when they are this family's.
-    fn inputs<'b, 'a>(images: &'b Images<'a>) -> Option<&'b [Self::Image<'a>]>;
-}
-
-impl CudaFamily for GemmaCuda {
-    type Refusal = tower_gemma::GemmaError;
-
-    fn inputs<'b, 'a>(images: &'b Images<'a>) -> Option<&'b [Self::Image<'a>]> {
-        match images {
-            Images::Gemma4(v) => Some(v),
-            _ => None,
-        }
-    }
-}
-
-impl CudaFamily for GlmCuda {
-    type Refusal = tower_glm5::GlmError;
-
-    fn inputs<'b, 'a>(images: &'b Images<'a>) -> Option<&'b [Self::Image<'a>]> {
-        match images {
-            Images::Glm(v) => Some(v),
-            _ => None,
-        }
-    }
-}
-
-impl CudaFamily for StepCuda {
-    type Refusal = tower_step::StepError;
-
-    fn inputs<'b, 'a>(images: &'b Images<'a>) -> Option<&'b [Self::Image<'a>]> {
-        match images {
-            Images::Step3p7(v) => Some(v),
-            _ => None,
-        }
-    }
-}
-
-/// A family's CUDA tower as the facade holds it: the config on the host, the tower behind a
-/// mutex (its runs need `&mut`; CUDA passes from several threads take turns).
-#[derive(Debug)]
-pub(crate) struct Cuda<T: DeviceTower> {
-    pub(crate) config: T::Config,
-    pub(crate) cuda: Mutex<T>,
-}
-
-impl<T: DeviceTower> Cuda<T> {
-    fn lock(&self) -> MutexGuard<'_, T> {
-        self.cuda.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// The one path over every family's CUDA tower (object-safe: the facade holds `&dyn`). A
-/// method that takes the request's inputs answers `None` when they are another family's.
-pub(crate) trait CudaEngine {
-    /// Turns graph replay on or off.
-    fn set_graphs(&mut self, on: bool);
-    /// Graph status (waits for a pass in progress).
-    fn graph_status(&self) -> GraphStatus;
-    /// Graph statistics (waits for a pass in progress).
-    fn graph_stats(&self) -> GraphStats;
-    /// One synchronous pass over `images[range]` (`patches` in all): rows per image.
-    fn pass(
-        &self,
-        images: &Images<'_>,
-        range: Range<usize>,
-        patches: usize,
-    ) -> Option<Result<Vec<Vec<f32>>, InputError>>;
-    /// The host half of a pass (no device): a family's host batch, type-erased.
-    fn pass_input(
-        &self,
-        precision: Precision,
-        images: &Images<'_>,
-        patches: usize,
-    ) -> Option<Result<Box<dyn Any + Send>, InputError>>;
-    /// A device encode's passes, rows into one device buffer.
-    fn run_device(
-        &self,
-        job: &Job<'_>,
-        images: &Images<'_>,
-    ) -> Option<Result<DeviceResult, InputError>>;
-    /// The tower held for a stream of passes (its lock taken until the session drops).
-    fn session(&self) -> Box<dyn CudaSession + '_>;
-}
-
-impl<T: CudaFamily> CudaEngine for Cuda<T> {
-    fn set_graphs(&mut self, on: bool) {
-        self.cuda
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .set_graphs(on);
-    }
-
-    fn graph_status(&self) -> GraphStatus {
-        self.lock().graph_status().clone()
-    }
-
-    fn graph_stats(&self) -> GraphStats {
-        self.lock().graph_stats()
-    }
-
-    fn pass(
-        &self,
-        images: &Images<'_>,
-        range: Range<usize>,
-        patches: usize,
-    ) -> Option<Result<Vec<Vec<f32>>, InputError>> {
-        let v = T::inputs(images)?;
-        let mut c = self.lock();
-        let run = |c: &mut T| {
-            let batch = c.prepare(&v[range])?;
-            c.run_pass(&batch)?;
-            c.pass_rows(&batch)
-        };
-        Some(run(&mut c).map_err(|e| cuda_err(e, patches)))
-    }
-
-    fn pass_input(
-        &self,
-        precision: Precision,
-        images: &Images<'_>,
-        patches: usize,
-    ) -> Option<Result<Box<dyn Any + Send>, InputError>> {
-        let v = T::inputs(images)?;
-        Some(
-            T::prepare_host(&self.config, precision, v)
-                .map(|b| Box::new(b) as Box<dyn Any + Send>)
-                .map_err(|e| cuda_err(e, patches)),
-        )
-    }
-
-    fn run_device(
-        &self,
-        job: &Job<'_>,
-        images: &Images<'_>,
-    ) -> Option<Result<DeviceResult, InputError>> {
-        let v = T::inputs(images)?;
-        Some(run_job(job, &self.cuda, &self.config, v))
-    }
-
-    fn session(&self) -> Box<dyn CudaSession + '_> {
-        Box::new(Held::<T> {
-            tower: self.lock(),
-            in_flight: None,
-        })
-    }
-}
-
-/// A CUDA tower held for a stream of passes: stage, launch, collect (see `session.rs`).
-pub(crate) trait CudaSession {
-    /// Stages a host batch made by [`CudaEngine::pass_input`] (`None` if it is another
-    /// family's): its upload is queued on the copy stream.
-    fn stage(
-        &mut self,
-        input: Box<dyn Any + Send>,
-        patches: usize,
-    ) -> Option<Result<Box<dyn Any>, InputError>>;
-    /// Launches a staged batch (`None` if it is another family's); queued, returns at once.
-    fn launch(&mut self, staged: Box<dyn Any>, patches: usize) -> Option<Result<(), InputError>>;
-    /// The rows of the pass in flight, per image (waits); `None` when none is in flight.
-    fn collect(&mut self, patches: usize) -> Result<Option<Vec<Vec<f32>>>, InputError>;
-}
-
-/// The lock of a family's tower and the batch it runs.
-struct Held<'a, T: DeviceTower> {
+/// The CUDA path's session: the tower's lock, the staged batch and the batch in flight.
+struct CudaSession<'a, T: DeviceTower> {
     tower: MutexGuard<'a, T>,
-    in_flight: Option<T::Batch>,
+    inbox: Inbox<HostBatch<T::Meta>>,
+    staged: Option<Batch<T::Meta>>,
+    in_flight: Option<Batch<T::Meta>>,
+    /// Patches of the pass in flight (for out-of-memory messages).
+    patches: usize,
 }
 
-impl<T: CudaFamily> CudaSession for Held<'_, T> {
-    fn stage(
-        &mut self,
-        input: Box<dyn Any + Send>,
-        patches: usize,
-    ) -> Option<Result<Box<dyn Any>, InputError>> {
-        let host = input.downcast::<T::HostBatch>().ok()?;
-        Some(
-            self.tower
-                .stage(*host)
-                .map(|b| Box::new(b) as Box<dyn Any>)
-                .map_err(|e| cuda_err(e, patches)),
-        )
+impl<T: DeviceTower<Family: ClassifiedError>> StreamSession for CudaSession<'_, T> {
+    fn stage(&mut self, ticket: PassTicket, patches: usize) -> Result<(), InputError> {
+        let host = self.inbox.take(ticket)?;
+        let batch = self.tower.stage(host).map_err(|e| cuda_err(e, patches))?;
+        self.staged = Some(batch);
+        Ok(())
     }
 
-    fn launch(&mut self, staged: Box<dyn Any>, patches: usize) -> Option<Result<(), InputError>> {
-        let batch = staged.downcast::<T::Batch>().ok()?;
-        Some(match self.tower.run_pass(&batch) {
+    fn launch(&mut self, patches: usize) -> Result<(), InputError> {
+        self.patches = patches;
+        let batch = self.staged.take().ok_or_else(not_staged)?;
+        match self.tower.run_pass(&batch) {
             Ok(()) => {
-                self.in_flight = Some(*batch);
+                self.in_flight = Some(batch);
                 Ok(())
             }
             Err(e) => Err(cuda_err(e, patches)),
-        })
+        }
     }
 
-    fn collect(&mut self, patches: usize) -> Result<Option<Vec<Vec<f32>>>, InputError> {
+    fn collect(&mut self) -> Result<Option<Vec<Vec<f32>>>, InputError> {
+        let patches = self.patches;
         match self.in_flight.take() {
             Some(b) => Ok(Some(
                 self.tower.pass_rows(&b).map_err(|e| cuda_err(e, patches))?,
@@ -230,9 +53,29 @@ impl<T: CudaFamily> CudaSession for Held<'_, T> {
     }
 }
 
+/// The CUDA session of a stream: `tower` (its lock held until the session drops) stages,
+/// launches and collects the passes that arrive in `inbox`.
+pub(crate) fn cuda_session<'a, T: DeviceTower<Family: ClassifiedError>>(
+    tower: MutexGuard<'a, T>,
+    inbox: Inbox<HostBatch<T::Meta>>,
+) -> Box<dyn StreamSession + 'a> {
+    Box::new(CudaSession {
+        tower,
+        inbox,
+        staged: None,
+        in_flight: None,
+        patches: 0,
+    })
+}
+
+/// The lock of a CUDA tower (a panic in another pass does not poison it for good).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Runs `job`'s passes on `cuda` (a tower of `config`) over its family's `images`, rows into
 /// the job's destination.
-pub(crate) fn run_job<T: CudaFamily>(
+pub(crate) fn run_job<T: DeviceTower<Family: ClassifiedError>>(
     job: &Job<'_>,
     cuda: &Mutex<T>,
     config: &T::Config,
@@ -249,7 +92,7 @@ pub(crate) fn run_job<T: CudaFamily>(
         rows_per_image.extend(rows);
     }
     let total: usize = rows_per_image.iter().sum();
-    let mut tower = cuda.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut tower = lock(cuda);
     let width = tower.width();
     let dev = tower.device().clone();
     let all_patches = job.patches.iter().fold(0usize, |a, &p| a.saturating_add(p));

@@ -1,18 +1,8 @@
-//! A request's tower inputs: vision-prep's typed inputs (tower-core's image types) gathered per
-//! family, their patch counts, and the split into passes.
+//! A request's split into passes of whole images under the patch ceiling.
 
 use std::ops::Range;
 
-use tower_core::{GemmaImage, GlmImage, StepImage};
-
 use crate::tower_error::InputError;
-
-/// A family's tower inputs for a whole request.
-pub(crate) enum Images<'a> {
-    Gemma4(Vec<GemmaImage<'a>>),
-    Glm(Vec<GlmImage<'a>>),
-    Step3p7(Vec<StepImage<'a>>),
-}
 
 /// Splits images of `patches` each into consecutive passes of at most `ceiling` patches; one
 /// (empty) pass for no images, so the tower gives its own answer.

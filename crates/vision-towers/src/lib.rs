@@ -14,6 +14,7 @@
 mod cuda_engine;
 mod device_rows;
 mod engine;
+mod families;
 mod family;
 mod inputs;
 mod inspect;

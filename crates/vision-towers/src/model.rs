@@ -3,7 +3,7 @@
 //! law for image spans.
 
 use crate::device_rows::{Dest, DeviceResult};
-use crate::inputs::Images;
+use crate::engine::Inputs;
 use crate::tower::Rows;
 use crate::tower_error::InputError;
 use crate::{
@@ -280,7 +280,7 @@ impl Model {
     /// image bytes; rows f32 on the host, per image.
     pub fn encode_tensors(&self, tensors: &ProcessorTensors) -> Result<Rows, ModelError> {
         self.tower
-            .with_tensor_images(tensors, |imgs| self.tower.run(imgs))
+            .run(Inputs::Tensors(tensors))
             .map_err(|e| self.tensor_err(e))
     }
 
@@ -293,9 +293,7 @@ impl Model {
     ) -> Result<DeviceRows, ModelError> {
         let r = self
             .tower
-            .with_tensor_images(tensors, |imgs| {
-                self.tower.run_device(imgs, Dest::Owned(dtype))
-            })
+            .run_device(Inputs::Tensors(tensors), Dest::Owned(dtype))
             .map_err(|e| self.tensor_err(e))?;
         r.owned
             .ok_or_else(|| ModelError::Tower(TowerError::Unsupported("no rows came back".into())))
@@ -309,9 +307,7 @@ impl Model {
         out: &DeviceOut,
     ) -> Result<Vec<usize>, ModelError> {
         self.tower
-            .with_tensor_images(tensors, |imgs| {
-                self.tower.run_device(imgs, Dest::Caller(out))
-            })
+            .run_device(Inputs::Tensors(tensors), Dest::Caller(out))
             .map(|r: DeviceResult| r.rows_per_image)
             .map_err(|e| self.tensor_err(e))
     }
@@ -326,7 +322,7 @@ impl Model {
     fn with_prepared<R>(
         &self,
         images: &[ImageSource<'_>],
-        run: impl FnOnce(&Tower, &Images<'_>) -> Result<(R, Vec<usize>), InputError>,
+        run: impl FnOnce(&Tower, Inputs<'_>) -> Result<(R, Vec<usize>), InputError>,
     ) -> Result<(Vec<Plan>, R), ModelError> {
         let prepared = images
             .par_iter()
@@ -337,13 +333,8 @@ impl Model {
                     .map_err(|source| ModelError::Image { index, source })
             })
             .collect::<Result<Vec<Prepared>, ModelError>>()?;
-        let inputs = self
-            .tower
-            .images_of(&prepared)
+        let (out, counts) = run(&self.tower, Inputs::Prepared(&prepared))
             .map_err(|e| ModelError::of_images(e.at(&self.path)))?;
-        let (out, counts) =
-            run(&self.tower, &inputs).map_err(|e| ModelError::of_images(e.at(&self.path)))?;
-        drop(inputs);
         let mut plans = Vec::with_capacity(prepared.len());
         for (index, p) in prepared.into_iter().enumerate() {
             let got = counts.get(index).copied().unwrap_or(0);

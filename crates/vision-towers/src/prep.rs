@@ -1,10 +1,9 @@
 //! The model's preprocessor (from its config files, or a GGUF's defaults) and image reading.
 
 use crate::WeightFile;
+use st_reader::Checkpoint;
 use std::path::{Path, PathBuf};
-use vision_prep::{
-    GgufGemma4Settings, ImageSource, ModelConfigs, PrepSettings, Preprocessor, PromptTokens, Token,
-};
+use vision_prep::{GgufGemma4Settings, ImageSource, ModelConfigs, PrepSettings, Preprocessor};
 
 /// An image file larger than this is refused before it is read (the decode budget applies
 /// after; this only bounds the read).
@@ -44,6 +43,16 @@ pub enum PrepOpenError {
     },
 }
 
+impl PrepOpenError {
+    /// The error of vision-prep's refusal of the model at `model` (its configs).
+    pub(crate) fn at(model: &Path) -> impl Fn(vision_prep::PrepError) -> PrepOpenError + Copy + '_ {
+        move |source| PrepOpenError::Prep {
+            path: model.to_path_buf(),
+            source,
+        }
+    }
+}
+
 impl tower_core::Classify for PrepOpenError {
     /// The processor's own refusal keeps its kind ([`vision_prep::PrepError`]'s); the tokenizer
     /// files are the model's (`Weights`); a file that cannot be read, or an image file over the
@@ -68,10 +77,6 @@ pub fn preprocessor_for(
     file: &WeightFile,
     settings: PrepSettings,
 ) -> Result<Preprocessor, PrepOpenError> {
-    let prep_err = |source| PrepOpenError::Prep {
-        path: model.to_path_buf(),
-        source,
-    };
     match file {
         WeightFile::Gguf(g) => {
             let patch_size = g.get("clip.vision.patch_size").and_then(|v| v.as_u32());
@@ -79,50 +84,39 @@ pub fn preprocessor_for(
                 patch_size,
                 ..Default::default()
             };
-            Preprocessor::gemma4_gguf(&gguf, settings).map_err(prep_err)
+            Preprocessor::gemma4_gguf(&gguf, settings).map_err(PrepOpenError::at(model))
         }
-        WeightFile::SafeTensors(ck) => {
-            let mut cfg = ModelConfigs {
-                config: ck.config().cloned(),
-                preprocessor_config: ck.preprocessor_config().cloned(),
-                processor_config: ck.processor_config().cloned(),
-                tokenizer_config: ck.tokenizer_config().cloned(),
-                tokenizer_json: None,
-            };
-            let pre = Preprocessor::from_configs(&cfg, settings).map_err(prep_err)?;
-            if all_ids_known(pre.tokens()) {
-                return Ok(pre);
-            }
-            cfg.tokenizer_json = ck.tokenizer_json()?;
-            Preprocessor::from_configs(&cfg, settings).map_err(prep_err)
-        }
+        WeightFile::SafeTensors(ck) => from_checkpoint_configs(
+            model,
+            ck,
+            |cfg| Preprocessor::from_configs(cfg, settings),
+            |pre| pre.tokens().all().iter().all(|t| t.id.is_some()),
+        ),
     }
 }
 
-/// Whether every prompt token of the table has an id.
-fn all_ids_known(tokens: &PromptTokens) -> bool {
-    let list: Vec<&Token> = match tokens {
-        PromptTokens::Gemma4 { boi, image, eoi } => vec![boi, image, eoi],
-        PromptTokens::Glm { image } => vec![image],
-        PromptTokens::Step3p7 {
-            patch_start,
-            patch_end,
-            patch_newline,
-            im_start,
-            im_end,
-            im_patch,
-        } => {
-            vec![
-                patch_start,
-                patch_end,
-                patch_newline,
-                im_start,
-                im_end,
-                im_patch,
-            ]
-        }
+/// A processor built from the checkpoint's configs (`build`) and, only when it leaves a prompt
+/// token without an id (`ids_known` is false), built again with the checkpoint's `tokenizer.json`
+/// (read only then).
+pub(crate) fn from_checkpoint_configs<P>(
+    model: &Path,
+    ck: &Checkpoint,
+    build: impl Fn(&ModelConfigs) -> Result<P, vision_prep::PrepError>,
+    ids_known: impl Fn(&P) -> bool,
+) -> Result<P, PrepOpenError> {
+    let mut cfg = ModelConfigs {
+        config: ck.config().cloned(),
+        preprocessor_config: ck.preprocessor_config().cloned(),
+        processor_config: ck.processor_config().cloned(),
+        tokenizer_config: ck.tokenizer_config().cloned(),
+        tokenizer_json: None,
     };
-    list.iter().all(|t| t.id.is_some())
+    let pre = build(&cfg).map_err(PrepOpenError::at(model))?;
+    if ids_known(&pre) {
+        return Ok(pre);
+    }
+    cfg.tokenizer_json = ck.tokenizer_json()?;
+    build(&cfg).map_err(PrepOpenError::at(model))
 }
 
 /// Image bytes from a command-line argument: a `data:` URI, a refused scheme (`http:`, …), or

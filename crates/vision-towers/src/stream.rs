@@ -24,8 +24,9 @@ use std::time::Instant;
 use rayon::prelude::*;
 use vision_prep::{ImageSource, Plan, Prepared};
 
+use crate::engine::Inputs;
 use crate::model::{Encoded, Model, ModelError};
-use crate::session::PassInput;
+use crate::session::{PassMaker, PassTicket, StreamSession};
 use crate::tower_error::InputError;
 use crate::{TowerError, DEFAULT_MAX_PATCHES_PER_PASS};
 
@@ -81,7 +82,7 @@ enum Unit {
         first: usize,
         plans: Vec<Plan>,
         patches: usize,
-        input: PassInput,
+        input: PassTicket,
     },
     Failed {
         index: usize,
@@ -139,11 +140,12 @@ impl Model {
         let ceiling = policy.max_patches.min(self.tower().max_patches_per_pass());
         let (tx, rx) = sync_channel::<Unit>(1);
         let mut it = images.into_iter();
+        let (mut maker, mut session) = self.tower().stream();
         std::thread::scope(|scope| {
-            let producer =
-                scope.spawn(move || self.produce(&mut it, policy.max_images, ceiling, tx));
+            let producer = scope
+                .spawn(move || self.produce(&mut it, policy.max_images, ceiling, &mut *maker, tx));
             let mut stats = StreamStats::default();
-            let r = self.consume(rx, &mut sink, &mut stats);
+            let r = self.consume(rx, &mut *session, &mut sink, &mut stats);
             match producer.join() {
                 Ok(waited) => stats.waited_for_device_s = waited,
                 Err(panic) => std::panic::resume_unwind(panic),
@@ -160,6 +162,7 @@ impl Model {
         it: &mut (impl Iterator<Item = B> + Send),
         max_images: usize,
         ceiling: usize,
+        maker: &mut dyn PassMaker,
         tx: SyncSender<Unit>,
     ) -> f64 {
         let mut waited = 0.0;
@@ -195,7 +198,7 @@ impl Model {
                 let p = match r {
                     Ok(p) => p,
                     Err(source) => {
-                        if !self.flush(&mut open, &mut send)
+                        if !self.flush(&mut open, maker, &mut send)
                             || !send(Unit::Failed {
                                 index,
                                 error: ModelError::Image { index, source },
@@ -210,7 +213,8 @@ impl Model {
                     Ok(n) => n,
                     Err(e) => {
                         let error = ModelError::of_images(e.at(self.path()));
-                        if !self.flush(&mut open, &mut send) || !send(Unit::Failed { index, error })
+                        if !self.flush(&mut open, maker, &mut send)
+                            || !send(Unit::Failed { index, error })
                         {
                             return waited;
                         }
@@ -224,14 +228,16 @@ impl Model {
                         patches,
                         ceiling,
                     });
-                    if !self.flush(&mut open, &mut send) || !send(Unit::Failed { index, error }) {
+                    if !self.flush(&mut open, maker, &mut send)
+                        || !send(Unit::Failed { index, error })
+                    {
                         return waited;
                     }
                     continue;
                 }
                 if !open.prepared.is_empty()
                     && (open.prepared.len() >= max_images || open.patches + patches > ceiling)
-                    && !self.flush(&mut open, &mut send)
+                    && !self.flush(&mut open, maker, &mut send)
                 {
                     return waited;
                 }
@@ -242,12 +248,17 @@ impl Model {
                 open.patches += patches;
             }
         }
-        self.flush(&mut open, &mut send);
+        self.flush(&mut open, maker, &mut send);
         waited
     }
 
     /// Sends the open pass (if any) and starts an empty one; false when the stream is over.
-    fn flush(&self, open: &mut Open, send: &mut impl FnMut(Unit) -> bool) -> bool {
+    fn flush(
+        &self,
+        open: &mut Open,
+        maker: &mut dyn PassMaker,
+        send: &mut impl FnMut(Unit) -> bool,
+    ) -> bool {
         if open.prepared.is_empty() {
             return true;
         }
@@ -258,7 +269,7 @@ impl Model {
         } = std::mem::take(open);
         let last = first + prepared.len() - 1;
         let plans: Vec<Plan> = prepared.iter().map(|p| p.plan.clone()).collect();
-        match self.tower().pass_input(prepared) {
+        match maker.make(prepared) {
             Ok((input, done)) => {
                 // their rows now live in the pass input: the next images write into their buffers
                 for p in done {
@@ -279,8 +290,10 @@ impl Model {
     }
 
     fn patches_of(&self, p: &Prepared) -> Result<usize, InputError> {
-        let images = self.tower().images_of(std::slice::from_ref(p))?;
-        Ok(self.tower().patches(&images)?.first().copied().unwrap_or(0))
+        let patches = self
+            .tower()
+            .patches(Inputs::Prepared(std::slice::from_ref(p)))?;
+        Ok(patches.first().copied().unwrap_or(0))
     }
 
     /// A pass's failure, naming its images.
@@ -343,10 +356,10 @@ impl Model {
     fn consume(
         &self,
         rx: Receiver<Unit>,
+        session: &mut dyn StreamSession,
         sink: &mut impl FnMut(usize, Result<Encoded, ModelError>),
         stats: &mut StreamStats,
     ) -> Result<(), ModelError> {
-        let mut session = self.tower().session();
         let mut in_flight: VecDeque<(usize, Vec<Plan>)> = VecDeque::new();
         let span = |(f, p): &(usize, Vec<Plan>)| (*f, f + p.len().saturating_sub(1));
         loop {
@@ -361,7 +374,7 @@ impl Model {
                     input,
                 } => {
                     let last = first + plans.len().saturating_sub(1);
-                    let staged = session
+                    session
                         .stage(input, patches)
                         .map_err(|e| self.pass_err(first, last, e))?;
                     let done = match in_flight.pop_front() {
@@ -374,7 +387,7 @@ impl Model {
                     };
                     // Launch first, then hand the previous pass's rows to the sink while the
                     // device runs this one.
-                    let launched = session.launch(staged, patches);
+                    let launched = session.launch(patches);
                     if let Some((prev, rows)) = done {
                         self.deliver(prev, rows, sink, stats)?;
                     }

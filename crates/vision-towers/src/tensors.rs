@@ -2,13 +2,8 @@
 //! family's tower inputs built from them (the upstream names and layouts).
 
 use st_reader::Checkpoint;
-use tower_gemma::GemmaImage;
-use tower_step::StepProcessorOutput;
 
-use crate::inputs::Images;
-use crate::tower::Tower;
 use crate::tower_error::InputError;
-use crate::Family;
 
 /// An image processor's output tensors by their upstream names (`pixel_values`,
 /// `image_grid_thw`, `image_position_ids`, `num_local_patches`, …) and layouts, as the
@@ -128,7 +123,7 @@ impl ProcessorTensors {
         Ok(set)
     }
 
-    fn f32(&self, name: &str) -> Result<(&[f32], &[usize]), InputError> {
+    pub(crate) fn f32(&self, name: &str) -> Result<(&[f32], &[usize]), InputError> {
         self.f32s
             .iter()
             .find(|(n, _, _)| n == name)
@@ -136,107 +131,11 @@ impl ProcessorTensors {
             .ok_or_else(|| InputError::Message(format!("no float tensor {name}")))
     }
 
-    fn i64(&self, name: &str) -> Result<(&[i64], &[usize]), InputError> {
+    pub(crate) fn i64(&self, name: &str) -> Result<(&[i64], &[usize]), InputError> {
         self.i64s
             .iter()
             .find(|(n, _, _)| n == name)
             .map(|(_, s, v)| (v.as_slice(), s.as_slice()))
             .ok_or_else(|| InputError::Message(format!("no I64 tensor {name}")))
-    }
-}
-
-impl Tower {
-    /// Builds the family's tower inputs from `set` (the upstream processor's tensor names and
-    /// layouts) and hands them to `f`.
-    pub(crate) fn with_tensor_images<R>(
-        &self,
-        set: &ProcessorTensors,
-        f: impl FnOnce(&Images<'_>) -> Result<R, InputError>,
-    ) -> Result<R, InputError> {
-        match self.family() {
-            Family::Gemma4 => {
-                let (pv, pv_shape) = set.f32("pixel_values")?;
-                let (pos, pos_shape) = set.i64("image_position_ids")?;
-                let (b, p, d) = match pv_shape[..] {
-                    [b, p, d] => (b, p, d),
-                    _ => {
-                        return Err(InputError::Message(format!(
-                            "pixel_values has shape {pv_shape:?}, expected [B, P, 3·p²]"
-                        )))
-                    }
-                };
-                if pos_shape != [b, p, 2] {
-                    return Err(InputError::Message(format!(
-                        "image_position_ids has shape {pos_shape:?}, expected [{b}, {p}, 2]"
-                    )));
-                }
-                let images: Vec<GemmaImage<'_>> = (0..b)
-                    .map(|i| GemmaImage {
-                        patches: &pv[i * p * d..(i + 1) * p * d],
-                        positions: &pos[i * p * 2..(i + 1) * p * 2],
-                    })
-                    .collect();
-                f(&Images::Gemma4(images))
-            }
-            Family::Glm5Next | Family::GlmOcr => {
-                let config = self.glm_config().ok_or_else(|| self.wrong_inputs("glm"))?;
-                let (pv, _) = set.f32("pixel_values")?;
-                let (grid, grid_shape) = set.i64("image_grid_thw")?;
-                if grid_shape.len() != 2 || grid_shape[1] != 3 {
-                    return Err(InputError::Message(format!(
-                        "image_grid_thw has shape {grid_shape:?}, expected [n, 3]"
-                    )));
-                }
-                let grids = grid
-                    .chunks_exact(3)
-                    .map(|g| {
-                        let d = |v: i64| {
-                            usize::try_from(v)
-                                .map_err(|_| InputError::Message(format!("negative grid {g:?}")))
-                        };
-                        Ok([d(g[0])?, d(g[1])?, d(g[2])?])
-                    })
-                    .collect::<Result<Vec<[usize; 3]>, InputError>>()?;
-                let images =
-                    tower_glm5::split_images(config, pv, &grids).map_err(InputError::family)?;
-                f(&Images::Glm(images))
-            }
-            Family::Step3p7 => {
-                let (pv, pv_shape) = set.f32("pixel_values")?;
-                let side = match pv_shape[..] {
-                    [_, 3, s, s2] if s == s2 => s,
-                    _ => {
-                        return Err(InputError::Message(format!(
-                            "pixel_values has shape {pv_shape:?}, expected [B, 3, S, S]"
-                        )))
-                    }
-                };
-                let (local, local_shape) = set.f32("pixel_values_local").unwrap_or((&[], &[]));
-                let local_side = local_shape.get(2).copied().unwrap_or(0);
-                let (counts, _) = set.i64("num_local_patches")?;
-                let counts = counts
-                    .iter()
-                    .map(|&c| {
-                        usize::try_from(c).map_err(|_| {
-                            InputError::Message(format!("num_local_patches {c} is negative"))
-                        })
-                    })
-                    .collect::<Result<Vec<usize>, InputError>>()?;
-                let masks: Option<Vec<bool>> = set
-                    .i64("patch_newline_masks")
-                    .ok()
-                    .map(|(m, _)| m.iter().map(|&v| v != 0).collect());
-                let out = StepProcessorOutput {
-                    pixel_values: pv,
-                    side,
-                    pixel_values_local: local,
-                    local_side,
-                    num_local_patches: &counts,
-                    patch_newline_masks: masks.as_deref(),
-                };
-                let images = out.images().map_err(InputError::family)?;
-                f(&Images::Step3p7(images))
-            }
-        }
     }
 }

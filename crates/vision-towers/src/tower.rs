@@ -1,30 +1,25 @@
 //! One type over every family's tower: open a weight file on a device, feed it prepared inputs,
 //! get rows. A request is run in passes of at most `max_patches_per_pass` patches each.
 
-use std::ops::Range;
 use std::path::Path;
 
-use gpu_core::{GraphStats, GraphStatus, RowsDtype};
+use gpu_core::{GraphStats, GraphStatus};
 use st_reader::Checkpoint;
-use tower_core::{GemmaImage, GlmImage, HostTower};
-use tower_gemma::GemmaTower;
-use tower_glm5::{GlmConfig, GlmTower};
-use tower_step::{StepConfig, StepTower};
 use vision_prep::Prepared;
 
-use crate::cuda_engine::Cuda;
-use crate::device_rows::{Dest, DeviceResult, Job};
-use crate::engine::Engine;
-use crate::inputs::{pass_ranges, Images};
+use crate::device_rows::{Dest, DeviceResult};
+use crate::engine::{DeviceRun, Inputs, TowerEngine};
+use crate::session::{PassMaker, StreamSession};
 use crate::tower_error::InputError;
-use crate::upload::{open_device, upload_mapped, LoadedHost, Upload};
+use crate::upload::{load_host, open_device, upload_mapped, Upload};
 use crate::{Device, Family, Precision, ProcessorTensors, TowerError, TowerOptions};
 
 /// A loaded tower of any family, on the host or on a CUDA device. `Send + Sync`: share one
 /// behind an `Arc`; CUDA passes from several threads take turns on the device.
 #[derive(Debug)]
 pub struct Tower {
-    pub(crate) engine: Engine,
+    /// The family's tower where it runs (the facade's one generic engine, behind one `dyn`).
+    engine: Box<dyn TowerEngine>,
     device: Device,
     precision: Precision,
     max_patches_per_pass: usize,
@@ -83,7 +78,7 @@ impl Tower {
             Ok(())
         };
         let host = |cpu_reason: Option<String>| -> Result<Tower, TowerError> {
-            let mut t = Tower::on_host(LoadedHost::load(path)?, options);
+            let mut t = Tower::on_host(load_host(path)?, options);
             t.cpu_reason = cpu_reason;
             Ok(t)
         };
@@ -123,7 +118,7 @@ impl Tower {
             )));
         }
         // Straight from the memory-mapped file to the device: no host f32 copy of the model.
-        let engine = match upload_mapped(path, dev, precision) {
+        let mut engine = match upload_mapped(path, dev, precision) {
             Ok(engine) => engine,
             Err(Upload::Refused(reason, family)) if !explicit => {
                 fallback(&reason)?;
@@ -142,7 +137,7 @@ impl Tower {
             }
             Err(Upload::Failed(e)) => return Err(e),
         };
-        let engine = engine.with_graphs(options.graphs);
+        engine.set_graphs(options.graphs);
         Ok(Tower {
             engine,
             device: Device::Cuda(ordinal),
@@ -153,13 +148,9 @@ impl Tower {
         })
     }
 
-    fn on_host(host: LoadedHost, options: &TowerOptions) -> Tower {
+    fn on_host(engine: Box<dyn TowerEngine>, options: &TowerOptions) -> Tower {
         Tower {
-            engine: match host {
-                LoadedHost::Gemma4(t) => Engine::GemmaHost(t),
-                LoadedHost::Glm(t) => Engine::GlmHost(t),
-                LoadedHost::Step3p7(t) => Engine::StepHost(t),
-            },
+            engine,
             device: Device::Cpu,
             precision: Precision::F32,
             max_patches_per_pass: options.max_patches_per_pass,
@@ -184,13 +175,7 @@ impl Tower {
 
     /// The family of this tower.
     pub fn family(&self) -> Family {
-        match &self.engine {
-            Engine::GemmaHost(_) | Engine::GemmaCuda(_) => Family::Gemma4,
-            Engine::GlmHost(GlmTower { config, .. }) | Engine::GlmCuda(Cuda { config, .. }) => {
-                glm_family(config)
-            }
-            Engine::StepHost(_) | Engine::StepCuda(_) => Family::Step3p7,
-        }
+        self.engine.family()
     }
 
     /// The device it runs on: [`Device::Cpu`] or [`Device::Cuda`] (never `Auto`).
@@ -211,26 +196,17 @@ impl Tower {
     /// Whether the CUDA path replays CUDA graphs for repeated batch layouts and, if a capture
     /// failed, why not (`None` on the host). Waits for a pass in progress.
     pub fn graph_status(&self) -> Option<GraphStatus> {
-        self.engine.cuda().map(|c| c.graph_status())
+        self.engine.graph_status()
     }
 
     /// What the CUDA path's graph cache did so far (`None` on the host).
     pub fn graph_stats(&self) -> Option<GraphStats> {
-        self.engine.cuda().map(|c| c.graph_stats())
+        self.engine.graph_stats()
     }
 
     /// The LM width of its rows.
     pub fn width(&self) -> usize {
-        match &self.engine {
-            Engine::GemmaHost(GemmaTower { config, .. })
-            | Engine::GemmaCuda(Cuda { config, .. }) => config.text_hidden,
-            Engine::GlmHost(GlmTower { config, .. }) | Engine::GlmCuda(Cuda { config, .. }) => {
-                config.text_hidden
-            }
-            Engine::StepHost(StepTower { config, .. }) | Engine::StepCuda(Cuda { config, .. }) => {
-                config.text_hidden
-            }
-        }
+        self.engine.width()
     }
 
     /// Runs the tower on the processor's tensors as `vtower prep` (= the upstream processor)
@@ -250,8 +226,7 @@ impl Tower {
                 .map_or_else(|| message.clone(), str::to_owned))
         })?;
         let set = ProcessorTensors::from_checkpoint(&ck).map_err(bad)?;
-        self.with_tensor_images(&set, |images| self.run(images))
-            .map_err(|e| e.at(inputs))
+        self.run(Inputs::Tensors(&set)).map_err(|e| e.at(inputs))
     }
 
     /// Runs the tower on tensors prepared in memory by `vision-prep`.
@@ -260,195 +235,47 @@ impl Tower {
             .map_err(|e| e.at(Path::new("<prepared image>")))
     }
 
-    pub(crate) fn glm_config(&self) -> Option<&GlmConfig> {
-        match &self.engine {
-            Engine::GlmHost(GlmTower { config, .. }) | Engine::GlmCuda(Cuda { config, .. }) => {
-                Some(config)
-            }
-            _ => None,
-        }
-    }
-
-    pub(crate) fn step_config(&self) -> Option<&StepConfig> {
-        match &self.engine {
-            Engine::StepHost(StepTower { config, .. }) | Engine::StepCuda(Cuda { config, .. }) => {
-                Some(config)
-            }
-            _ => None,
-        }
-    }
-
-    /// Runs `images` in passes of at most `max_patches_per_pass` patches (whole images, in
+    /// Runs `inputs` in passes of at most `max_patches_per_pass` patches (whole images, in
     /// order) and returns every image's rows in request order.
-    pub(crate) fn run(&self, images: &Images<'_>) -> Result<Rows, InputError> {
-        let patches = self.patches(images)?;
-        let passes = pass_ranges(&patches, self.max_patches_per_pass)?;
-        let split = passes.len() > 1;
-        let mut per_image = Vec::with_capacity(patches.len());
-        for range in passes {
-            let n = patches[range.clone()]
-                .iter()
-                .fold(0usize, |a, &p| a.saturating_add(p));
-            let rows = self.pass(images, range.clone(), n).map_err(|e| {
-                if split {
-                    InputError::Pass {
-                        first: range.start,
-                        last: range.end.saturating_sub(1),
-                        source: Box::new(e),
-                    }
-                } else {
-                    e
-                }
-            })?;
-            per_image.extend(rows);
-        }
+    pub(crate) fn run(&self, inputs: Inputs<'_>) -> Result<Rows, InputError> {
         Ok(Rows {
             width: self.width(),
-            per_image,
+            per_image: self.engine.run(inputs, self.max_patches_per_pass)?,
         })
     }
 
-    pub(crate) fn wrong_inputs(&self, what: &str) -> InputError {
-        InputError::Message(format!(
-            "the {} tower was given {what} inputs",
-            self.family().name()
-        ))
-    }
-
-    /// One pass over `images[range]` (`patches` in all).
-    fn pass(
-        &self,
-        images: &Images<'_>,
-        range: Range<usize>,
-        patches: usize,
-    ) -> Result<Vec<Vec<f32>>, InputError> {
-        if let Some(rows) = self
-            .engine
-            .cuda()
-            .and_then(|c| c.pass(images, range.clone(), patches))
-        {
-            return rows;
-        }
-        match (&self.engine, images) {
-            (Engine::GemmaHost(t), Images::Gemma4(v)) => host_pass(t, &v[range]),
-            (Engine::GlmHost(t), Images::Glm(v)) => host_pass(t, &v[range]),
-            (Engine::StepHost(t), Images::Step3p7(v)) => host_pass(t, &v[range]),
-            (_, Images::Gemma4(_)) => Err(self.wrong_inputs("gemma4")),
-            (_, Images::Glm(_)) => Err(self.wrong_inputs("glm")),
-            (_, Images::Step3p7(_)) => Err(self.wrong_inputs("step3p7")),
-        }
-    }
-}
-
-/// One pass of any family's host reference (tower-core's `HostTower`): rows per image.
-fn host_pass<T: HostTower>(
-    tower: &T,
-    images: &[T::Image<'_>],
-) -> Result<Vec<Vec<f32>>, InputError> {
-    tower.encode_rows(images).map_err(InputError::family)
-}
-
-fn glm_family(config: &GlmConfig) -> Family {
-    match config.family {
-        tower_glm5::GlmFamily::GlmOcr => Family::GlmOcr,
-        _ => Family::Glm5Next,
-    }
-}
-
-impl Tower {
     /// Patches (tower tokens before any merge or pooling) of each image.
-    pub(crate) fn patches(&self, images: &Images<'_>) -> Result<Vec<usize>, InputError> {
-        Ok(match images {
-            Images::Gemma4(v) => v.iter().map(GemmaImage::num_patches).collect(),
-            Images::Glm(v) => v.iter().map(GlmImage::num_patches).collect(),
-            Images::Step3p7(v) => {
-                let patch = self
-                    .step_config()
-                    .ok_or_else(|| self.wrong_inputs("step3p7"))?
-                    .patch;
-                v.iter().map(|i| i.num_patches(patch)).collect()
-            }
-        })
+    pub(crate) fn patches(&self, inputs: Inputs<'_>) -> Result<Vec<usize>, InputError> {
+        self.engine.patches(inputs)
     }
-}
 
-impl Tower {
     /// Runs the tower on several prepared images in padding-free passes (one attention segment
     /// per image, per frame pair, or per view).
     pub(crate) fn encode_batch(&self, prepared: &[Prepared]) -> Result<Rows, InputError> {
-        let images = self.images_of(prepared)?;
-        self.run(&images)
+        self.run(Inputs::Prepared(prepared))
     }
 
-    /// The tower inputs of prepared images (borrowed from them).
-    pub(crate) fn images_of<'a>(&self, prepared: &'a [Prepared]) -> Result<Images<'a>, InputError> {
-        let missing =
-            |what: &str| InputError::Message(format!("a prepared image lacks the {what} tensors"));
-        Ok(match self.family() {
-            Family::Gemma4 => Images::Gemma4(
-                prepared
-                    .iter()
-                    .map(|p| p.gemma4().ok_or_else(|| missing("gemma4")))
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-            Family::Glm5Next | Family::GlmOcr => Images::Glm(
-                prepared
-                    .iter()
-                    .map(|p| p.glm().ok_or_else(|| missing("glm")))
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-            Family::Step3p7 => Images::Step3p7(
-                prepared
-                    .iter()
-                    .map(|p| p.step3p7().ok_or_else(|| missing("step3p7")))
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-        })
-    }
-}
-
-impl Tower {
-    /// Runs `images` on the CUDA device in passes of at most `max_patches_per_pass` patches and
+    /// Runs `inputs` on the CUDA device in passes of at most `max_patches_per_pass` patches and
     /// writes every image's rows, in request order, into one buffer: the library's or the
     /// caller's (`dest`). The host is not blocked by the forward.
     pub(crate) fn run_device(
         &self,
-        images: &Images<'_>,
+        inputs: Inputs<'_>,
         dest: Dest<'_>,
     ) -> Result<DeviceResult, InputError> {
-        let patches = self.patches(images)?;
-        let passes = pass_ranges(&patches, self.max_patches_per_pass())?;
-        let precision = self.precision();
-        let want = match dest {
-            Dest::Owned(d) => d,
-            Dest::Caller(out) => out.dtype,
-        };
-        if precision == Precision::F32 && want == RowsDtype::Bf16 {
-            return Err(InputError::Message(
-                "bf16 rows need a bf16 tower (cuBLASLt has no f32-input GEMM with a bf16 \
-                 output); open the model in bf16 or ask for float32 rows"
-                    .into(),
-            ));
-        }
-        let job = Job {
-            passes: &passes,
-            patches: &patches,
-            precision,
+        let run = DeviceRun {
+            ceiling: self.max_patches_per_pass,
+            precision: self.precision,
             dest,
         };
-        match self.engine.cuda() {
-            Some(c) => c.run_device(&job, images).unwrap_or_else(|| {
-                Err(InputError::Message(format!(
-                    "the {} tower was given another family's inputs",
-                    self.family().name()
-                )))
-            }),
-            None => Err(InputError::Message(format!(
-                "rows on a GPU need a model opened on CUDA; this one runs on {} (its rows come \
-                 back to the host as float32)",
-                self.device()
-            ))),
-        }
+        self.engine.run_device(inputs, run)
+    }
+
+    /// The two ends of a stream of passes (see `session.rs`): the maker for the producer's
+    /// thread, the session (on CUDA holding the tower's lock until it drops) for this one.
+    pub(crate) fn stream(&self) -> (Box<dyn PassMaker + '_>, Box<dyn StreamSession + '_>) {
+        self.engine
+            .stream(self.precision, self.max_patches_per_pass)
     }
 }
 

@@ -153,6 +153,8 @@ impl TowerError {
 #[derive(Debug)]
 pub(crate) enum InputError {
     Message(String),
+    /// Valid but not available here (`TowerError::Unsupported`).
+    Unsupported(String),
     Family(FamilyError),
     OverCeiling {
         index: usize,
@@ -189,6 +191,7 @@ impl InputError {
         let path = path.to_path_buf();
         match self {
             InputError::Message(message) => TowerError::Inputs { path, message },
+            InputError::Unsupported(message) => TowerError::Unsupported(message),
             InputError::Family(source) => TowerError::Refused { path, source },
             InputError::OverCeiling {
                 index,

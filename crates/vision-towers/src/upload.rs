@@ -1,28 +1,18 @@
-//! Putting a weight file's tower where it runs: the host load of each family, the CUDA device
-//! probe, and the upload straight from the memory map.
+//! Putting a weight file's tower where it runs: the host load, the CUDA device probe, and the
+//! upload straight from the memory map, each written once over the families ([`TowerFamily`]);
+//! the file's detected family picks the type here, the one place the facade names them.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 // gpu-core's CUDA context; the facade's public `Device` is where a tower runs (Auto/Cpu/Cuda(N)).
 use gpu_core::Device as CudaDevice;
-use gpu_core::{DeviceTower, GpuError};
+use gpu_core::{CudaError, GpuError};
 use tower_core::FamilyError;
-use tower_gemma::{GemmaCuda, GemmaTower, GgufActivation};
-use tower_glm5::{GlmCuda, GlmTower};
-use tower_step::{StepCuda, StepTower};
 
-use crate::cuda_engine::Cuda;
-use crate::engine::Engine;
+use crate::engine::{Engine, TowerEngine};
+use crate::families::{Gemma4, Glm, Step3p7, TowerFamily};
 use crate::{detect_family, Family, Precision, TowerError, WeightFile};
-
-/// The host tower a weight file holds.
-#[allow(clippy::large_enum_variant)] // short-lived: becomes an Engine at open
-pub(crate) enum LoadedHost {
-    Gemma4(GemmaTower),
-    Glm(GlmTower),
-    Step3p7(StepTower),
-}
 
 /// Why a CUDA device did not open.
 pub(crate) struct NotOpened {
@@ -71,120 +61,96 @@ pub(crate) fn upload_mapped(
     path: &Path,
     dev: Arc<CudaDevice>,
     precision: Precision,
-) -> Result<Engine, Upload> {
+) -> Result<Box<dyn TowerEngine>, Upload> {
     let file = WeightFile::open(path).map_err(|e| Upload::Failed(e.into()))?;
-    let family = detect_family(&file);
-    let failed = |e: GpuError| {
-        Upload::Failed(if e.is_out_of_memory() {
-            TowerError::OutOfMemory {
-                path: path.to_path_buf(),
-                during: "uploading the weights".into(),
-                source: Box::new(e),
-            }
-        } else {
-            TowerError::Gpu {
-                path: path.to_path_buf(),
-                source: Box::new(e),
-            }
-        })
+    let uploaded = match detect_family(&file) {
+        Some(f @ Family::Gemma4) => upload::<Gemma4>(path, &file, dev, precision, f),
+        Some(f @ (Family::Glm5Next | Family::GlmOcr)) => {
+            upload::<Glm>(path, &file, dev, precision, f)
+        }
+        Some(f @ Family::Step3p7) => upload::<Step3p7>(path, &file, dev, precision, f),
+        None => None,
     };
-    let refused =
-        |m: String, f: Family| Upload::Refused(format!("unsupported on the CUDA path: {m}"), f);
-    let p = precision;
-    match (family, &file) {
-        (Some(Family::Gemma4), file) => {
-            use tower_gemma::CudaError as E;
-            let r = match file {
-                WeightFile::Gguf(g) => GemmaCuda::from_gguf(dev, g, GgufActivation::Model, p),
-                WeightFile::SafeTensors(ck) => GemmaCuda::from_checkpoint(dev, ck, p),
-            };
-            match r {
-                Ok(c) => Ok(Engine::GemmaCuda(Cuda {
-                    config: c.config().clone(),
-                    cuda: Mutex::new(c),
-                })),
-                Err(E::Gpu(e)) => Err(failed(e)),
-                Err(E::Unsupported(m)) => Err(refused(m, Family::Gemma4)),
-                Err(E::Family(e)) => Err(Upload::Failed(TowerError::Refused {
-                    path: path.to_path_buf(),
-                    source: FamilyError::new(e),
-                })),
-            }
-        }
-        (Some(f @ (Family::Glm5Next | Family::GlmOcr)), WeightFile::SafeTensors(ck)) => {
-            use tower_glm5::CudaError as E;
-            match GlmCuda::from_checkpoint(dev, ck, p) {
-                Ok(c) => Ok(Engine::GlmCuda(Cuda {
-                    config: c.config().clone(),
-                    cuda: Mutex::new(c),
-                })),
-                Err(E::Gpu(e)) => Err(failed(e)),
-                Err(E::Unsupported(m)) => Err(refused(m, f)),
-                Err(E::Family(e)) => Err(Upload::Failed(TowerError::Refused {
-                    path: path.to_path_buf(),
-                    source: FamilyError::new(e),
-                })),
-            }
-        }
-        (Some(Family::Step3p7), WeightFile::SafeTensors(ck)) => {
-            use tower_step::CudaError as E;
-            match StepCuda::from_checkpoint(dev, ck, p) {
-                Ok(c) => Ok(Engine::StepCuda(Cuda {
-                    config: c.config().clone(),
-                    cuda: Mutex::new(c),
-                })),
-                Err(E::Gpu(e)) => Err(failed(e)),
-                Err(E::Unsupported(m)) => Err(refused(m, Family::Step3p7)),
-                Err(E::Family(e)) => Err(Upload::Failed(TowerError::Refused {
-                    path: path.to_path_buf(),
-                    source: FamilyError::new(e),
-                })),
-            }
-        }
-        // The host loader gives these files their own answer (not implemented, unknown family).
-        _ => LoadedHost::load(path)
+    // The host loader gives the other files their own answer (not implemented, unknown family).
+    uploaded.unwrap_or_else(|| {
+        load_host(path)
             .and_then(|_| {
                 Err(TowerError::Unsupported(format!(
                     "{}: no CUDA path for this file",
                     path.display()
                 )))
             })
-            .map_err(Upload::Failed),
-    }
+            .map_err(Upload::Failed)
+    })
 }
 
-impl LoadedHost {
-    pub(crate) fn load(path: &Path) -> Result<LoadedHost, TowerError> {
-        let file = WeightFile::open(path)?;
-        let refused = |source: FamilyError| TowerError::Refused {
+/// A family's CUDA engine of `file` (`None` for a file kind it has no CUDA loader for).
+fn upload<F: TowerFamily>(
+    path: &Path,
+    file: &WeightFile,
+    dev: Arc<CudaDevice>,
+    precision: Precision,
+    family: Family,
+) -> Option<Result<Box<dyn TowerEngine>, Upload>> {
+    let engine = |t: F::Cuda| Box::new(Engine::<F>::cuda(t)) as Box<dyn TowerEngine>;
+    Some(
+        F::upload(file, dev, precision)?
+            .map(engine)
+            .map_err(|e| match e {
+                CudaError::Gpu(e) if e.is_out_of_memory() => {
+                    Upload::Failed(TowerError::OutOfMemory {
+                        path: path.to_path_buf(),
+                        during: "uploading the weights".into(),
+                        source: Box::new(e),
+                    })
+                }
+                CudaError::Gpu(e) => Upload::Failed(TowerError::Gpu {
+                    path: path.to_path_buf(),
+                    source: Box::new(e),
+                }),
+                CudaError::Unsupported(m) => {
+                    Upload::Refused(format!("unsupported on the CUDA path: {m}"), family)
+                }
+                CudaError::Family(e) => Upload::Failed(TowerError::Refused {
+                    path: path.to_path_buf(),
+                    source: FamilyError::new(e),
+                }),
+            }),
+    )
+}
+
+/// The host engine of the weight file at `path`.
+pub(crate) fn load_host(path: &Path) -> Result<Box<dyn TowerEngine>, TowerError> {
+    let file = WeightFile::open(path)?;
+    let Some(family) = detect_family(&file) else {
+        return Err(TowerError::UnknownFamily {
             path: path.to_path_buf(),
-            source,
-        };
-        let gemma_err = |e: tower_gemma::GemmaError| refused(FamilyError::new(e));
-        match (detect_family(&file), file) {
-            (Some(Family::Gemma4), WeightFile::Gguf(g)) => {
-                GemmaTower::from_gguf(&g, GgufActivation::Model)
-                    .map(LoadedHost::Gemma4)
-                    .map_err(gemma_err)
-            }
-            (Some(Family::Gemma4), WeightFile::SafeTensors(ck)) => GemmaTower::from_checkpoint(&ck)
-                .map(LoadedHost::Gemma4)
-                .map_err(gemma_err),
-            (Some(Family::Glm5Next | Family::GlmOcr), WeightFile::SafeTensors(ck)) => {
-                GlmTower::from_checkpoint(&ck)
-                    .map(LoadedHost::Glm)
-                    .map_err(|e| refused(FamilyError::new(e)))
-            }
-            (Some(Family::Step3p7), WeightFile::SafeTensors(ck)) => StepTower::from_checkpoint(&ck)
-                .map(LoadedHost::Step3p7)
-                .map_err(|e| refused(FamilyError::new(e))),
-            (Some(f), _) => Err(TowerError::NotImplemented {
+        });
+    };
+    let loaded = match family {
+        Family::Gemma4 => host::<Gemma4>(path, file),
+        Family::Glm5Next | Family::GlmOcr => host::<Glm>(path, file),
+        Family::Step3p7 => host::<Step3p7>(path, file),
+    };
+    loaded.unwrap_or_else(|| {
+        Err(TowerError::NotImplemented {
+            path: path.to_path_buf(),
+            family: family.name(),
+        })
+    })
+}
+
+/// A family's host engine of `file` (`None` for a file kind it has no loader for).
+fn host<F: TowerFamily>(
+    path: &Path,
+    file: WeightFile,
+) -> Option<Result<Box<dyn TowerEngine>, TowerError>> {
+    Some(
+        F::load_host(file)?
+            .map(|t| Box::new(Engine::<F>::host(t)) as Box<dyn TowerEngine>)
+            .map_err(|e| TowerError::Refused {
                 path: path.to_path_buf(),
-                family: f.name(),
+                source: FamilyError::new(e),
             }),
-            (None, _) => Err(TowerError::UnknownFamily {
-                path: path.to_path_buf(),
-            }),
-        }
-    }
+    )
 }

@@ -5,7 +5,8 @@
 use std::path::Path;
 
 use crate::device_rows::Dest;
-use crate::inputs::Images;
+use crate::engine::Inputs;
+use crate::prep::from_checkpoint_configs;
 use crate::tower_error::InputError;
 use crate::{DeviceOut, DeviceRows};
 use crate::{Family, Model, ModelError, PrepOpenError, RowsDtype, TowerError, WeightFile};
@@ -47,10 +48,7 @@ pub fn video_preprocessor_for(
     file: &WeightFile,
     settings: VideoSettings,
 ) -> Result<VideoPreprocessor, PrepOpenError> {
-    let prep_err = |source| PrepOpenError::Prep {
-        path: model.to_path_buf(),
-        source,
-    };
+    let prep_err = PrepOpenError::at(model);
     let ck = match file {
         WeightFile::Gguf(g) => {
             // The class defaults with the file's patch size, validated as a config would be
@@ -74,20 +72,12 @@ pub fn video_preprocessor_for(
         None if model.is_dir() => read_video_config(model).map_err(prep_err)?,
         None => None,
     };
-    let mut cfg = ModelConfigs {
-        config: ck.config().cloned(),
-        preprocessor_config: ck.preprocessor_config().cloned(),
-        processor_config: ck.processor_config().cloned(),
-        tokenizer_config: ck.tokenizer_config().cloned(),
-        tokenizer_json: None,
-    };
-    let pre =
-        VideoPreprocessor::from_configs(&cfg, video_cfg.as_ref(), settings).map_err(prep_err)?;
-    if pre.tokens().all().iter().all(|t| t.id.is_some()) {
-        return Ok(pre);
-    }
-    cfg.tokenizer_json = ck.tokenizer_json()?;
-    VideoPreprocessor::from_configs(&cfg, video_cfg.as_ref(), settings).map_err(prep_err)
+    from_checkpoint_configs(
+        model,
+        ck,
+        |cfg| VideoPreprocessor::from_configs(cfg, video_cfg.as_ref(), settings),
+        |pre| pre.tokens().all().iter().all(|t| t.id.is_some()),
+    )
 }
 
 impl Model {
@@ -191,7 +181,7 @@ impl Model {
         &self,
         pre: &VideoPreprocessor,
         video: &Video<'_>,
-        run: impl FnOnce(&Model, &Images<'_>) -> Result<(R, usize), InputError>,
+        run: impl FnOnce(&Model, Inputs<'_>) -> Result<(R, usize), InputError>,
     ) -> Result<(VideoPlan, R), ModelError> {
         if pre.family() != self.family() {
             return Err(self.video_err(PrepError::NoVideoPath(format!(
@@ -201,14 +191,9 @@ impl Model {
             ))));
         }
         let prepared = pre.prepare_video(video).map_err(|e| self.video_err(e))?;
-        let missing = || {
-            ModelError::Tower(TowerError::Unsupported(
-                "the prepared video lacks its tower tensors".into(),
-            ))
-        };
+        // A prepared video without its tower tensors is `TowerError::Unsupported`.
         let images = match self.family() {
-            Family::Glm5Next => Images::Glm(vec![prepared.glm().ok_or_else(missing)?]),
-            Family::Gemma4 => Images::Gemma4(prepared.gemma4_frames().ok_or_else(missing)?),
+            Family::Glm5Next | Family::Gemma4 => Inputs::Video(&prepared),
             other => {
                 return Err(self.video_err(PrepError::NoVideoPath(format!(
                     "the {} tower",
@@ -216,8 +201,7 @@ impl Model {
                 ))))
             }
         };
-        let (out, got) =
-            run(self, &images).map_err(|e| ModelError::of_images(e.at(self.path())))?;
+        let (out, got) = run(self, images).map_err(|e| ModelError::of_images(e.at(self.path())))?;
         let planned = prepared.plan.rows as usize;
         if got != planned {
             return Err(ModelError::RowsOffPlan {

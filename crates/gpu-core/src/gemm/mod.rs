@@ -61,6 +61,17 @@ pub enum GemmOutput<'a> {
     Rows(crate::RowsTarget<'a>),
 }
 
+impl<'a> GemmOutput<'a> {
+    /// A tower's projection output: the caller's target when there is one, else the
+    /// workspace's f32 rows.
+    pub fn rows_or(target: Option<crate::RowsTarget<'a>>, rows: &'a mut DeviceBuffer<f32>) -> Self {
+        match target {
+            Some(t) => GemmOutput::Rows(t),
+            None => GemmOutput::F32(rows),
+        }
+    }
+}
+
 /// Optional bias `[n]`.
 #[derive(Debug, Clone, Copy)]
 pub enum GemmBias<'a> {

@@ -13,10 +13,10 @@ impl GemmaCuda {
         rows: usize,
         clamp: Clamp,
     ) -> CudaResult<()> {
-        let h = self.cfg.hidden;
+        let h = self.base.cfg.hidden;
         let m = Mat::dense(rows, h);
-        let eps = self.cfg.eps as f32;
-        Ok(self.dev.rms_norm_mixed(x, m, w, hn, m, eps, clamp)?)
+        let eps = self.base.cfg.eps as f32;
+        Ok(self.base.dev.rms_norm_mixed(x, m, w, hn, m, eps, clamp)?)
     }
 
     /// `out[:, g.col .. g.col + g.width] = hn · g.wᵀ` for every group, each on its own clamped pre-norm.
@@ -33,7 +33,7 @@ impl GemmaCuda {
         n: usize,
         prenormed: bool,
     ) -> CudaResult<()> {
-        let h = self.cfg.hidden;
+        let h = self.base.cfg.hidden;
         for g in gs {
             if !prenormed {
                 self.norm_into(x, Some(norm_w), hn, n, g.clamp_in)?;
@@ -43,7 +43,7 @@ impl GemmaCuda {
                 y_offset: g.col,
                 ..GemmShape::dense(n, g.width, h)
             };
-            self.dev.gemm(
+            self.base.dev.gemm(
                 GemmBuffer::inputs(hn, &g.w)?,
                 None,
                 out.out(),
@@ -57,15 +57,15 @@ impl GemmaCuda {
     pub(super) fn run_in(
         &self,
         ws: &mut Workspace,
-        batch: &BatchMeta,
+        batch: &GemmaBatch,
         keep: bool,
     ) -> CudaResult<Option<GemmaStages>> {
-        let c = &self.cfg;
-        let d = &*self.dev;
-        let (n, h, heads, kd) = (batch.n, c.hidden, c.heads, self.kd);
+        let c = &self.base.cfg;
+        let d = &*self.base.dev;
+        let (n, h, heads, kd) = (batch.n, c.hidden, c.heads, self.base.kd);
         let (wp, mi, pd) = (heads * kd, c.intermediate, c.patch_dim());
         let eps = c.eps as f32;
-        let bf16_mode = self.precision == Precision::Bf16;
+        let bf16_mode = self.base.precision == Precision::Bf16;
         let mut stages = keep.then(GemmaStages::default);
 
         // Patch projection (input law folded into weight and bias) + position tables.
@@ -78,14 +78,15 @@ impl GemmaCuda {
         )?;
         d.pos_add_xy(&mut ws.x, n, h, &self.pos, c.pos_rows, &ws.inp.pos)?;
         if let Some(s) = stages.as_mut() {
-            s.patch_embed = self.dev.download_prefix(&ws.x, n * h)?;
+            s.patch_embed = self.base.dev.download_prefix(&ws.x, n * h)?;
         }
 
-        let rope = RopeSpec {
-            layout: RopeLayout::Gemma4,
-            pos: &ws.inp.pos,
-            inv_freq: &self.inv_freq,
-        };
+        let attention = ws.inp.attention(
+            (heads, c.head_dim, kd),
+            (RopeLayout::Gemma4, &self.inv_freq),
+            ATTENTION_SCALE,
+            &batch.cu,
+        );
         let nl = self.layers.len();
         // In bf16 mode a single unclamped group reads the pre-norm fused into the residual kernel.
         let fusable = |gs: &[Group]| bf16_mode && gs.len() == 1 && gs[0].clamp_in == Clamp::NONE;
@@ -106,14 +107,20 @@ impl GemmaCuda {
                 n,
                 prenormed,
             )?;
-            match (&mut ws.qkv, &mut ws.attn) {
-                (GemmBuffer::Bf16(qkv), GemmBuffer::Bf16(attn)) => {
-                    self.attention_core(l, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
-                }
-                (GemmBuffer::F32(qkv), GemmBuffer::F32(attn)) => {
-                    self.attention_core(l, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
-                }
-                _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
+            d.qkv_attention(
+                &mut ws.qkv,
+                &mut ws.attn,
+                &attention,
+                &QkNorm {
+                    norm: [true; 3],
+                    clamps: l.qkv_out,
+                    ..QkNorm::weighted(&l.q_norm, &l.k_norm, eps)
+                },
+            )?;
+            // o_proj's input clamp.
+            if l.o_in != Clamp::NONE {
+                let m = Mat::dense(n, wp);
+                d.act_in_place_mixed(&mut ws.attn, m, Activation::Identity, l.o_in, Clamp::NONE)?;
             }
             d.gemm(
                 GemmBuffer::inputs(&ws.attn, &l.o)?,
@@ -195,18 +202,18 @@ impl GemmaCuda {
                 )?;
             }
             if let (Some(s), 0) = (stages.as_mut(), li) {
-                s.block_0 = self.dev.download_prefix(&ws.x, n * h)?;
+                s.block_0 = self.base.dev.download_prefix(&ws.x, n * h)?;
             }
         }
         if let Some(s) = stages.as_mut() {
-            s.blocks_out = self.dev.download_prefix(&ws.x, n * h)?;
+            s.blocks_out = self.base.dev.download_prefix(&ws.x, n * h)?;
         }
 
         // transformers Gemma4VisionPooler: k×k average by position, then × sqrt(H) in f32.
         self.pool(ws, batch)?;
-        let np = batch.pooled_rows;
+        let np = batch.rows();
         if let Some(s) = stages.as_mut() {
-            s.pooled = self.dev.download_prefix(&ws.pooled, np * h)?;
+            s.pooled = self.base.dev.download_prefix(&ws.pooled, np * h)?;
         }
         // Standardisation `(p − b)·s` = `p·diag(s) + (−b·s)` as one f32 GEMM.
         let std_buf = match &self.std {
@@ -226,7 +233,7 @@ impl GemmaCuda {
             None => &ws.pooled,
         };
         if let Some(s) = stages.as_mut() {
-            s.standardized = self.dev.download_prefix(std_buf, np * h)?;
+            s.standardized = self.base.dev.download_prefix(std_buf, np * h)?;
         }
         // Gemma4MultimodalEmbedder: weightless RMSNorm; its projection to the LM width follows
         // in `project`.
@@ -235,66 +242,12 @@ impl GemmaCuda {
         Ok(stages)
     }
 
-    /// The attention core on the fused qkv GEMM output, in its precision: per-head RMS (q, k
-    /// weighted; v weightless) with the q/k/v output clamps and rope on q, k (in place), attention
-    /// into `attn`, then o_proj's input clamp.
-    pub(super) fn attention_core<T: ActElem>(
-        &self,
-        l: &DevLayer,
-        qkv: &mut DeviceBuffer<T>,
-        attn: &mut DeviceBuffer<T>,
-        (cu_dev, cu): (&DeviceBuffer<i32>, &[i32]),
-        rope: &RopeSpec<'_>,
-    ) -> CudaResult<()> {
-        let (c, d) = (&self.cfg, &*self.dev);
-        let n = cu.last().map_or(0, |&t| t as usize);
-        let (heads, hd, kd) = (c.heads, c.head_dim, self.kd);
-        let wp = heads * kd;
-        for (off, nh) in head_groups(heads, hd, kd) {
-            let spec = QkvSpec {
-                tokens: n,
-                heads: nh,
-                head_dim: hd,
-                ld: 3 * wp,
-                offsets: [off, wp + off, 2 * wp + off],
-                q_weight: Some(&l.q_norm),
-                k_weight: Some(&l.k_norm),
-                norm: [true, true, true],
-                eps: c.eps as f32,
-                clamps: l.qkv_out,
-            };
-            d.qk_norm_rope(qkv, &spec, Some(rope))?;
-        }
-        let args = AttnArgs {
-            q: (&*qkv, Mat::strided(n, wp, 3 * wp, 0)),
-            k: (&*qkv, Mat::strided(n, wp, 3 * wp, wp)),
-            v: (&*qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
-            heads,
-            head_dim: kd,
-            cu_seqlens: cu_dev,
-            cu_seqlens_host: cu,
-            scale: ATTENTION_SCALE,
-            variant: None,
-        };
-        d.flash_attn(&args, attn, Mat::dense(n, wp))?;
-        if l.o_in != Clamp::NONE {
-            d.act_in_place(
-                attn,
-                Mat::dense(n, wp),
-                Activation::Identity,
-                l.o_in,
-                Clamp::NONE,
-            )?;
-        }
-        Ok(())
-    }
-
     /// Pools every image of `ws.x` into `ws.pooled` (rows concatenated in image order). Consecutive
     /// images of one width pool as one taller grid (k divides every height, so no window crosses
     /// an image); a run that does not start at row 0 is copied through exact identity GEMMs first,
     /// via `ws.y` and `ws.std` (both free at this point), so nothing is allocated.
-    pub(super) fn pool(&self, ws: &mut Workspace, batch: &BatchMeta) -> CudaResult<()> {
-        let (c, d) = (&self.cfg, &*self.dev);
+    pub(super) fn pool(&self, ws: &mut Workspace, batch: &GemmaBatch) -> CudaResult<()> {
+        let (c, d) = (&self.base.cfg, &*self.base.dev);
         let (h, k) = (c.hidden, c.pool);
         let root_h = (h as f64).sqrt() as f32;
         let mut i = 0;

@@ -26,11 +26,10 @@
 use std::sync::Arc;
 
 use gpu_core::{
-    head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, split_rows, ActElem, ActLinear,
-    Activation, AttnArgs, Clamp, DeviceBuffer, DeviceInputs, DeviceTower, Epilogue, FusedAct, Gate,
-    GemmBias, GemmBuffer, GemmInputs, GemmOutput, GemmShape, GraphKey, HostGemm, HostInputs,
-    HostTensor, InputBuffers, Mat, PassRunner, QkvSpec, Ran, RopeLayout, RopeSpec, RowsTarget,
-    Stager, TensorStore,
+    pad_head_cols, pad_head_rows, rope_inv_freq, ActLinear, Activation, Batch, Clamp, DeviceBuffer,
+    DeviceTower, Epilogue, FusedAct, Gate, GemmBias, GemmBuffer, GemmInputs, GemmOutput, GemmShape,
+    GraphKey, HostBatch, HostGemm, HostInputs, HostTensor, InputBuffers, Mat, PassWorkspace,
+    QkNorm, RopeLayout, RowsTarget, Stager, TensorStore, TowerBase,
 };
 
 use crate::config::GemmaConfig;
@@ -109,73 +108,46 @@ pub struct Workspace {
     rows: DeviceBuffer<f32>,
 }
 
-/// What a batch is, apart from its input values: tokens, segments, grids and the layout a CUDA
-/// graph is keyed by.
+impl PassWorkspace for Workspace {
+    fn inputs_mut(&mut self) -> &mut InputBuffers {
+        &mut self.inp
+    }
+    fn rows(&self) -> &DeviceBuffer<f32> {
+        &self.rows
+    }
+}
+
+/// What a Gemma-4 batch is, apart from its input values, its graph key and its rows: tokens,
+/// segments and grids.
 #[derive(Debug, Clone)]
-struct BatchMeta {
+pub struct GemmaMeta {
     n: usize,
     cu: Vec<i32>,
     /// `(gw, gh)` per image.
     grids: Vec<(usize, usize)>,
-    /// Soft tokens (pooled rows) of each image.
-    rows_per: Vec<usize>,
-    pooled_rows: usize,
-    key: GraphKey,
+}
+
+impl GemmaMeta {
+    /// Patches (tokens) in the batch.
+    pub fn tokens(&self) -> usize {
+        self.n
+    }
+    /// Images in the batch.
+    pub fn images(&self) -> usize {
+        self.grids.len()
+    }
 }
 
 /// A batch of validated images prepared on the host ([`DeviceTower::prepare_host`]), ready for
 /// [`DeviceTower::stage`]; building one needs no device.
-#[derive(Debug, Clone)]
-pub struct GemmaHostBatch {
-    meta: BatchMeta,
-    inputs: HostInputs,
-}
-
-impl GemmaHostBatch {
-    /// Patches (tokens) in the batch.
-    pub fn tokens(&self) -> usize {
-        self.meta.n
-    }
-    /// Images in the batch.
-    pub fn images(&self) -> usize {
-        self.meta.grids.len()
-    }
-}
+pub type GemmaHostBatch = HostBatch<GemmaMeta>;
 
 /// A batch of validated images on the device: pixels, positions, attention segments and grids.
-#[derive(Debug)]
-pub struct GemmaBatch {
-    meta: BatchMeta,
-    inputs: DeviceInputs,
-}
-
-impl GemmaBatch {
-    /// Patches (tokens) in the batch.
-    pub fn tokens(&self) -> usize {
-        self.meta.n
-    }
-    /// Soft tokens (pooled rows) in the batch.
-    pub fn pooled_rows(&self) -> usize {
-        self.meta.pooled_rows
-    }
-    /// Images in the batch.
-    pub fn images(&self) -> usize {
-        self.meta.grids.len()
-    }
-    /// The layout a CUDA graph of this batch is keyed by (segments, then grids).
-    pub fn graph_key(&self) -> &GraphKey {
-        &self.meta.key
-    }
-}
+pub type GemmaBatch = Batch<GemmaMeta>;
 
 /// The Gemma-4 tower's weights on a CUDA device, with a workspace kept between calls.
 #[derive(Debug)]
 pub struct GemmaCuda {
-    dev: Arc<Device>,
-    cfg: GemmaConfig,
-    precision: Precision,
-    /// Head dim the attention kernels run at (`head_dim`, or the next kernel size when padded).
-    kd: usize,
     patch_w: GemmBuffer,
     patch_b: DeviceBuffer<f32>,
     pos: DeviceBuffer<f32>,
@@ -186,9 +158,8 @@ pub struct GemmaCuda {
     inv_freq: DeviceBuffer<f32>,
     /// f32 identity `[H, H]`: exact row-block copies (pooling images at an offset).
     eye_h: DeviceBuffer<f32>,
-    weight_bytes: usize,
-    /// Graphs, uploader and workspace: the lifecycle every tower shares.
-    passes: PassRunner<Workspace>,
+    /// Device, config, precision, kernel head dim, graphs and workspace.
+    base: TowerBase<GemmaConfig, Workspace>,
 }
 
 /// q/k/v rows padded per head from `hd` to `kd` (zero rows); `None` when nothing is padded.
@@ -266,11 +237,8 @@ impl GemmaCuda {
         precision: Precision,
     ) -> CudaResult<GemmaCuda> {
         let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
-        if let Some(why) = dev.precision_refusal(precision) {
-            return Err(CudaError::Unsupported(why));
-        }
-        let kd = gpu_core::attention_head_dim(precision, hd)
-            .map_err(|e| CudaError::Unsupported(e.to_string()))?;
+        let base = TowerBase::new(dev.clone(), cfg.clone(), precision, hd, cfg.text_hidden)?;
+        let kd = base.kd;
         let wp = heads * kd;
         let p = precision;
         let d = &*dev;
@@ -362,10 +330,7 @@ impl GemmaCuda {
             }
             None => None,
         };
-        let mut t = GemmaCuda {
-            cfg: cfg.clone(),
-            precision,
-            kd,
+        let t = GemmaCuda {
             patch_w: st.upload_gemm(d, p, &patch2)?,
             patch_b: d.upload(&bias)?,
             pos: st.upload::<f32>(d, &w.pos)?,
@@ -374,12 +339,9 @@ impl GemmaCuda {
             proj: st.upload_gemm(d, p, &w.proj)?,
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
             eye_h: d.upload(&eye(h, 1.0f32, 0.0))?,
-            weight_bytes: 0,
-            passes: PassRunner::default(),
-            dev: dev.clone(),
+            base,
         };
-        t.weight_bytes = t.count_weight_bytes();
-        t.dev.synchronize()?;
+        dev.synchronize()?;
         drop(st);
         Ok(t)
     }
@@ -407,50 +369,21 @@ impl GemmaCuda {
         GemmaCuda::new(dev, &cfg, &w, precision)
     }
 
-    fn count_weight_bytes(&self) -> usize {
-        let f = |b: &DeviceBuffer<f32>| 4 * b.len();
-        let mut n = self.patch_w.bytes() + f(&self.patch_b) + f(&self.pos) + self.proj.bytes();
-        n += f(&self.inv_freq);
-        if let Some((a, b)) = &self.std {
-            n += f(a) + f(b);
-        }
-        for l in &self.layers {
-            n += f(&l.ln_in) + f(&l.ln_post_attn) + f(&l.ln_pre_ffn) + f(&l.ln_post_ffn);
-            n += f(&l.q_norm) + f(&l.k_norm) + l.o.bytes() + l.down.bytes();
-            n += l.qkv.iter().map(|g| g.w.bytes()).sum::<usize>();
-            n += match &l.mlp {
-                Mlp::Joint { gate_up, .. } => gate_up.bytes(),
-                Mlp::Split { groups, .. } => groups.iter().map(|g| g.w.bytes()).sum(),
-            };
-        }
-        n
-    }
-
-    /// Bytes of the model's tensors on the device (without the helper identities and workspace).
-    pub fn weight_bytes(&self) -> usize {
-        self.weight_bytes
-    }
-
-    /// The device this tower runs on.
-    pub fn device(&self) -> &Device {
-        &self.dev
-    }
-
     fn ensure_workspace(&mut self, n: usize, np: usize) -> CudaResult<()> {
-        if let Some(ws) = self.passes.workspace() {
+        if let Some(ws) = self.base.passes.workspace() {
             if ws.cap >= n && ws.cap_p >= np {
                 return Ok(());
             }
         }
-        let (cap, cap_p) = match self.passes.workspace() {
+        let (cap, cap_p) = match self.base.passes.workspace() {
             Some(ws) => (ws.cap.max(n), ws.cap_p.max(np)),
             None => (n, np),
         };
-        let c = &self.cfg;
-        let (h, wp, mi) = (c.hidden, c.heads * self.kd, c.intermediate);
-        let d = &*self.dev;
-        let p = self.precision;
-        self.passes.regrow(|| -> CudaResult<Workspace> {
+        let c = &self.base.cfg;
+        let (h, wp, mi) = (c.hidden, c.heads * self.base.kd, c.intermediate);
+        let d = &*self.base.dev;
+        let p = self.base.precision;
+        self.base.passes.regrow(|| -> CudaResult<Workspace> {
             Ok(Workspace {
                 inp: InputBuffers::alloc(d, p, cap * c.patch_dim(), 2 * cap, cap + 1)?,
                 cap,
@@ -477,38 +410,15 @@ impl GemmaCuda {
         })?;
         Ok(())
     }
-
-    /// Gemma4MultimodalEmbedder's projection of the normed soft tokens to the LM width, into
-    /// `out` or the workspace's rows.
-    fn project(
-        &self,
-        ws: &mut Workspace,
-        batch: &BatchMeta,
-        out: Option<RowsTarget<'_>>,
-    ) -> CudaResult<()> {
-        let c = &self.cfg;
-        let y = match out {
-            Some(t) => GemmOutput::Rows(t),
-            None => GemmOutput::F32(&mut ws.rows),
-        };
-        self.dev.gemm(
-            GemmBuffer::inputs(&ws.normed, &self.proj)?,
-            None,
-            y,
-            GemmShape::dense(batch.pooled_rows, c.text_hidden, c.hidden),
-            Epilogue::None,
-        )?;
-        Ok(())
-    }
 }
 
 impl DeviceTower for GemmaCuda {
     type Config = GemmaConfig;
     type Image<'a> = GemmaImage<'a>;
-    type HostBatch = GemmaHostBatch;
-    type Batch = GemmaBatch;
-    type Error = CudaError;
+    type Meta = GemmaMeta;
+    type Family = GemmaError;
     type Workspace = Workspace;
+    type EncoderStages = GemmaStages;
     type Stages = GemmaStages;
     /// `[n_i, text_hidden]` per image.
     type Rows = Vec<f32>;
@@ -548,16 +458,15 @@ impl DeviceTower for GemmaCuda {
         }
         let mut layout: Vec<usize> = cu.iter().map(|&c| c as usize).collect();
         layout.extend(grids.iter().flat_map(|&(gw, gh)| [gw, gh]));
-        Ok(GemmaHostBatch {
-            meta: BatchMeta {
+        Ok(HostBatch::new(
+            GemmaMeta {
                 n: pos.len() / 2,
                 cu: cu.clone(),
                 grids,
-                pooled_rows: rows_per.iter().sum(),
-                rows_per,
-                key: GraphKey { precision, layout },
             },
-            inputs: HostInputs {
+            GraphKey { precision, layout },
+            rows_per,
+            HostInputs {
                 // Converted straight from the prepared images (no f32 copy of the batch first).
                 rows: HostGemm::from_f32_parts(
                     precision,
@@ -566,86 +475,71 @@ impl DeviceTower for GemmaCuda {
                 pos,
                 cu,
             },
-        })
-    }
-
-    fn rows_per_image(batch: &GemmaHostBatch) -> Vec<usize> {
-        batch.meta.rows_per.clone()
-    }
-
-    fn upload_with(
-        host: GemmaHostBatch,
-        upload: impl FnOnce(&HostInputs) -> Result<DeviceInputs, GpuError>,
-    ) -> CudaResult<GemmaBatch> {
-        Ok(GemmaBatch {
-            inputs: upload(&host.inputs)?,
-            meta: host.meta,
-        })
-    }
-
-    fn batch_rows(batch: &GemmaBatch) -> usize {
-        batch.meta.pooled_rows
+        ))
     }
 
     fn grow(&mut self, batch: &GemmaBatch, _keep: bool) -> CudaResult<()> {
-        self.ensure_workspace(batch.meta.n, batch.meta.pooled_rows)
+        self.ensure_workspace(batch.n, batch.rows())
     }
 
-    /// The encoder (graphed in bf16 without stages), then the projection into `out` (the
-    /// workspace's rows when `None`), outside any graph since `out` changes from call to call.
-    fn pass(
-        &mut self,
+    fn forward(
+        &self,
         ws: &mut Workspace,
         batch: &GemmaBatch,
         keep: bool,
+    ) -> CudaResult<Option<GemmaStages>> {
+        self.run_in(ws, batch, keep)
+    }
+
+    /// Gemma4MultimodalEmbedder's projection of the normed soft tokens to the LM width, into
+    /// `out` or the workspace's rows.
+    fn project(
+        &self,
+        ws: &mut Workspace,
+        batch: &GemmaBatch,
         out: Option<RowsTarget<'_>>,
-    ) -> CudaResult<(Option<GemmaStages>, Ran)> {
-        self.passes
-            .load_inputs(&self.dev, &batch.inputs, &mut ws.inp)?;
-        let (mut stages, ran) = self.encoder(ws, &batch.meta.key, keep, |t, ws, keep| {
-            t.run_in(ws, &batch.meta, keep)
-        })?;
-        self.project(ws, &batch.meta, out)?;
-        if let Some(s) = stages.as_mut() {
-            s.rows = self
-                .dev
-                .download_prefix(&ws.rows, batch.meta.pooled_rows * self.cfg.text_hidden)?;
+    ) -> CudaResult<()> {
+        let c = &self.base.cfg;
+        self.base.dev.gemm(
+            GemmBuffer::inputs(&ws.normed, &self.proj)?,
+            None,
+            GemmOutput::rows_or(out, &mut ws.rows),
+            GemmShape::dense(batch.rows(), c.text_hidden, c.hidden),
+            Epilogue::None,
+        )?;
+        Ok(())
+    }
+
+    fn with_rows(&self, mut stages: GemmaStages, _: &GemmaBatch, rows: Vec<f32>) -> GemmaStages {
+        stages.rows = rows;
+        stages
+    }
+
+    fn weight_bytes(&self) -> usize {
+        let f = |b: &DeviceBuffer<f32>| 4 * b.len();
+        let mut n = self.patch_w.bytes() + f(&self.patch_b) + f(&self.pos) + self.proj.bytes();
+        n += f(&self.inv_freq);
+        if let Some((a, b)) = &self.std {
+            n += f(a) + f(b);
         }
-        Ok((stages, ran))
+        for l in &self.layers {
+            n += f(&l.ln_in) + f(&l.ln_post_attn) + f(&l.ln_pre_ffn) + f(&l.ln_post_ffn);
+            n += f(&l.q_norm) + f(&l.k_norm) + l.o.bytes() + l.down.bytes();
+            n += l.qkv.iter().map(|g| g.w.bytes()).sum::<usize>();
+            n += match &l.mlp {
+                Mlp::Joint { gate_up, .. } => gate_up.bytes(),
+                Mlp::Split { groups, .. } => groups.iter().map(|g| g.w.bytes()).sum(),
+            };
+        }
+        n
     }
 
-    /// One `[n_i, text_hidden]` per image.
-    fn rows(&self, batch: &GemmaBatch) -> CudaResult<Vec<Vec<f32>>> {
-        let all = self.download_rows(batch.meta.pooled_rows, |ws| &ws.rows)?;
-        Ok(split_rows(&all, &batch.meta.rows_per, self.cfg.text_hidden))
+    fn base(&self) -> &TowerBase<GemmaConfig, Workspace> {
+        &self.base
     }
 
-    fn unsupported(what: String) -> CudaError {
-        CudaError::Unsupported(what)
-    }
-
-    fn config(&self) -> &GemmaConfig {
-        &self.cfg
-    }
-
-    fn precision(&self) -> Precision {
-        self.precision
-    }
-
-    fn width(&self) -> usize {
-        self.cfg.text_hidden
-    }
-
-    fn device(&self) -> &Arc<Device> {
-        &self.dev
-    }
-
-    fn passes(&self) -> &PassRunner<Workspace> {
-        &self.passes
-    }
-
-    fn passes_mut(&mut self) -> &mut PassRunner<Workspace> {
-        &mut self.passes
+    fn base_mut(&mut self) -> &mut TowerBase<GemmaConfig, Workspace> {
+        &mut self.base
     }
 }
 
@@ -735,15 +629,15 @@ mod tests {
                     .map(|&v| gpu_core::bf16::from_f32(v).to_bits())
             })
             .collect();
-        let HostGemm::Bf16(rows) = &host.inputs.rows else {
+        let HostGemm::Bf16(rows) = &host.inputs().rows else {
             panic!("bf16 asked")
         };
         assert!(rows.iter().map(|v| v.to_bits()).eq(want.iter().copied()));
         let pos: Vec<i32> = grids.iter().flat_map(|g| g.positions.clone()).collect();
-        assert_eq!(host.inputs.pos, pos);
+        assert_eq!(host.inputs().pos, pos);
         let n0 = (grids[0].positions.len() / 2) as i32;
         let n1 = (grids[1].positions.len() / 2) as i32;
-        assert_eq!(host.inputs.cu, [0, n0, n0 + n1]);
+        assert_eq!(host.inputs().cu, [0, n0, n0 + n1]);
     }
 
     /// Zero-padded heads (hd 24 → kernel 64) compute the same q/k/v lanes and the same o output.

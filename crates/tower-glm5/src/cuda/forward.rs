@@ -12,9 +12,10 @@ impl GlmCuda {
         hn: &mut GemmBuffer,
         rows: usize,
     ) -> CudaResult<()> {
-        let m = Mat::dense(rows, self.cfg.hidden);
-        let eps = self.cfg.eps as f32;
+        let m = Mat::dense(rows, self.base.cfg.hidden);
+        let eps = self.base.cfg.eps as f32;
         Ok(self
+            .base
             .dev
             .rms_norm_mixed(x, m, Some(w), hn, m, eps, Clamp::NONE)?)
     }
@@ -22,15 +23,15 @@ impl GlmCuda {
     pub(super) fn run_in(
         &self,
         ws: &mut Workspace,
-        batch: &BatchMeta,
+        batch: &GlmBatch,
         keep: bool,
     ) -> CudaResult<Option<GlmStages>> {
-        let c = &self.cfg;
-        let d = &*self.dev;
-        let (n, h, kd) = (batch.n, c.hidden, self.kd);
+        let c = &self.base.cfg;
+        let d = &*self.base.dev;
+        let (n, h, kd) = (batch.n, c.hidden, self.base.kd);
         let (wp, mi, pd) = (c.heads * kd, c.intermediate, c.patch_dim());
         let (o, u) = (c.text_hidden, c.merge_unit());
-        let np = batch.merged_rows();
+        let np = batch.rows();
         let eps = c.eps as f32;
         let mut stages = keep.then(GlmStages::default);
         let acc = |m, nn, k| GemmShape {
@@ -47,14 +48,15 @@ impl GlmCuda {
             Epilogue::None,
         )?;
         if let Some(s) = stages.as_mut() {
-            s.patch_embed = self.dev.download_prefix(&ws.x, n * h)?;
+            s.patch_embed = self.base.dev.download_prefix(&ws.x, n * h)?;
         }
 
-        let rope = RopeSpec {
-            layout: RopeLayout::Glm,
-            pos: &ws.inp.pos,
-            inv_freq: &self.inv_freq,
-        };
+        let attention = ws.inp.attention(
+            (c.heads, c.head_dim, kd),
+            (RopeLayout::Glm, &self.inv_freq),
+            attention_scale(c.head_dim),
+            &batch.cu,
+        );
         for (li, b) in self.blocks.iter().enumerate() {
             // x += proj(attn(RMS(x)·norm1)) + b
             self.norm_into(&ws.x, &b.norm1, &mut ws.hn, n)?;
@@ -65,15 +67,12 @@ impl GlmCuda {
                 GemmShape::dense(n, 3 * wp, h),
                 Epilogue::None,
             )?;
-            match (&mut ws.qkv, &mut ws.attn) {
-                (GemmBuffer::Bf16(qkv), GemmBuffer::Bf16(attn)) => {
-                    self.attention_core(b, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
-                }
-                (GemmBuffer::F32(qkv), GemmBuffer::F32(attn)) => {
-                    self.attention_core(b, qkv, attn, (&ws.inp.cu, &batch.cu), &rope)?
-                }
-                _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
-            }
+            d.qkv_attention(
+                &mut ws.qkv,
+                &mut ws.attn,
+                &attention,
+                &QkNorm::weighted(&b.q_norm, &b.k_norm, eps),
+            )?;
             d.gemm(
                 GemmBuffer::inputs(&ws.attn, &b.proj)?,
                 bias(&b.proj_b),
@@ -92,11 +91,11 @@ impl GlmCuda {
                 Epilogue::None,
             )?;
             if let (Some(s), 0) = (stages.as_mut(), li) {
-                s.block_0 = self.dev.download_prefix(&ws.x, n * h)?;
+                s.block_0 = self.base.dev.download_prefix(&ws.x, n * h)?;
             }
         }
         if let Some(s) = stages.as_mut() {
-            s.blocks_out = self.dev.download_prefix(&ws.x, n * h)?;
+            s.blocks_out = self.base.dev.download_prefix(&ws.x, n * h)?;
         }
 
         // post_layernorm, then the m×m stride-m conv as one GEMM over [N/m², m²H] (module docs).
@@ -104,7 +103,7 @@ impl GlmCuda {
         if let (Some(s), Some(st)) = (stages.as_mut(), ws.stage.as_mut()) {
             let m = Mat::dense(n, h);
             d.rms_norm(&ws.x, m, Some(&self.post_norm), st, m, eps, Clamp::NONE)?;
-            s.post_norm = self.dev.download_prefix(st, n * h)?;
+            s.post_norm = self.base.dev.download_prefix(st, n * h)?;
         }
         d.gemm(
             GemmBuffer::inputs(&ws.hn, &self.ds_w)?,
@@ -114,7 +113,7 @@ impl GlmCuda {
             Epilogue::None,
         )?;
         if let Some(s) = stages.as_mut() {
-            s.downsample = self.dev.download_prefix(&ws.ds, np * o)?;
+            s.downsample = self.base.dev.download_prefix(&ws.ds, np * o)?;
         }
         // Merger: proj → LayerNorm(eps 1e-5) → erf GELU → gate|up → SwiGLU → down.
         let proj_in = match (&mut ws.ds_b, &self.m_proj) {
@@ -147,49 +146,5 @@ impl GlmCuda {
             .run(d, &ws.mn, np, ws.mgu.as_mut(), &mut ws.mact)?;
         // The down projection to the LM width follows in `project`.
         Ok(stages)
-    }
-
-    /// Per-head weighted RMS of q and k (v untouched) fused with the glm rope, in place on the
-    /// fused qkv GEMM output, then attention (scale hd^−½, one segment per frame) into `attn`.
-    pub(super) fn attention_core<T: ActElem>(
-        &self,
-        b: &DevBlock,
-        qkv: &mut DeviceBuffer<T>,
-        attn: &mut DeviceBuffer<T>,
-        (cu_dev, cu): (&DeviceBuffer<i32>, &[i32]),
-        rope: &RopeSpec<'_>,
-    ) -> CudaResult<()> {
-        let (c, d) = (&self.cfg, &*self.dev);
-        let n = cu.last().map_or(0, |&t| t as usize);
-        let (heads, hd, kd) = (c.heads, c.head_dim, self.kd);
-        let wp = heads * kd;
-        for (off, nh) in head_groups(heads, hd, kd) {
-            let spec = QkvSpec {
-                tokens: n,
-                heads: nh,
-                head_dim: hd,
-                ld: 3 * wp,
-                offsets: [off, wp + off, 2 * wp + off],
-                q_weight: Some(&b.q_norm),
-                k_weight: Some(&b.k_norm),
-                norm: [true, true, false],
-                eps: c.eps as f32,
-                clamps: [Clamp::NONE; 3],
-            };
-            d.qk_norm_rope(qkv, &spec, Some(rope))?;
-        }
-        let args = AttnArgs {
-            q: (&*qkv, Mat::strided(n, wp, 3 * wp, 0)),
-            k: (&*qkv, Mat::strided(n, wp, 3 * wp, wp)),
-            v: (&*qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
-            heads,
-            head_dim: kd,
-            cu_seqlens: cu_dev,
-            cu_seqlens_host: cu,
-            scale: attention_scale(hd),
-            variant: None,
-        };
-        d.flash_attn(&args, attn, Mat::dense(n, wp))?;
-        Ok(())
     }
 }

@@ -28,11 +28,10 @@
 use std::sync::Arc;
 
 use gpu_core::{
-    all_finite, bf16, head_groups, pad_head_cols, pad_head_rows, rope_inv_freq, split_rows,
-    ActElem, ActLinear, Activation, AttnArgs, Clamp, DeviceBuffer, DeviceInputs, DeviceTower,
-    Epilogue, FusedAct, Gate, GemmBias, GemmBuffer, GemmInputs, GemmOutput, GemmShape, GraphKey,
-    HostGemm, HostInputs, HostTensor, InputBuffers, Mat, PassRunner, QkvSpec, Ran, RopeLayout,
-    RopeSpec, RowsTarget, Stager, TensorStore,
+    all_finite, bf16, pad_head_cols, pad_head_rows, rope_inv_freq, ActLinear, Activation, Batch,
+    Clamp, DeviceBuffer, DeviceTower, Epilogue, FusedAct, Gate, GemmBias, GemmBuffer, GemmInputs,
+    GemmOutput, GemmShape, GraphKey, HostBatch, HostGemm, HostInputs, HostTensor, InputBuffers,
+    Mat, PassWorkspace, QkNorm, RopeLayout, RowsTarget, Stager, TensorStore, TowerBase,
 };
 use rayon::prelude::*;
 
@@ -113,80 +112,44 @@ pub struct Workspace {
     rows: DeviceBuffer<f32>,
 }
 
-/// What a batch is, apart from its input values: tokens, segments, rows per image and the
-/// layout a CUDA graph is keyed by.
-#[derive(Debug, Clone)]
-struct BatchMeta {
-    n: usize,
-    cu: Vec<i32>,
-    /// Output rows per image.
-    rows_per: Vec<usize>,
-    key: GraphKey,
+impl PassWorkspace for Workspace {
+    fn inputs_mut(&mut self) -> &mut InputBuffers {
+        &mut self.inp
+    }
+    fn rows(&self) -> &DeviceBuffer<f32> {
+        &self.rows
+    }
 }
 
-impl BatchMeta {
-    fn merged_rows(&self) -> usize {
-        self.rows_per.iter().sum()
+/// What a GLM batch is, apart from its input values, its graph key and its rows: tokens and
+/// segments.
+#[derive(Debug, Clone)]
+pub struct GlmMeta {
+    n: usize,
+    cu: Vec<i32>,
+}
+
+impl GlmMeta {
+    /// Patches (tokens) in the batch.
+    pub fn tokens(&self) -> usize {
+        self.n
+    }
+    /// The attention segments (one per frame pair), `[segments + 1]`.
+    pub fn cu_seqlens(&self) -> &[i32] {
+        &self.cu
     }
 }
 
 /// A batch of validated images prepared on the host ([`DeviceTower::prepare_host`]), ready for
 /// [`DeviceTower::stage`]; building one needs no device.
-#[derive(Debug, Clone)]
-pub struct GlmHostBatch {
-    meta: BatchMeta,
-    inputs: HostInputs,
-}
-
-impl GlmHostBatch {
-    /// Patches (tokens) in the batch.
-    pub fn tokens(&self) -> usize {
-        self.meta.n
-    }
-    /// Images in the batch.
-    pub fn images(&self) -> usize {
-        self.meta.rows_per.len()
-    }
-}
+pub type GlmHostBatch = HostBatch<GlmMeta>;
 
 /// A batch of validated images on the device: pixels, positions and attention segments.
-#[derive(Debug)]
-pub struct GlmBatch {
-    meta: BatchMeta,
-    inputs: DeviceInputs,
-}
-
-impl GlmBatch {
-    /// Patches (tokens) in the batch.
-    pub fn tokens(&self) -> usize {
-        self.meta.n
-    }
-    /// Merged output rows in the batch.
-    pub fn merged_rows(&self) -> usize {
-        self.meta.merged_rows()
-    }
-    /// Images in the batch.
-    pub fn images(&self) -> usize {
-        self.meta.rows_per.len()
-    }
-    /// The attention segments (one per frame pair), `[segments + 1]`.
-    pub fn cu_seqlens(&self) -> &[i32] {
-        &self.meta.cu
-    }
-    /// The layout a CUDA graph of this batch is keyed by (segments, then grids).
-    pub fn graph_key(&self) -> &GraphKey {
-        &self.meta.key
-    }
-}
+pub type GlmBatch = Batch<GlmMeta>;
 
 /// A GLM vision tower's weights on a CUDA device, with a workspace kept between calls.
 #[derive(Debug)]
 pub struct GlmCuda {
-    dev: Arc<Device>,
-    cfg: GlmConfig,
-    precision: Precision,
-    /// Head dim the attention kernels run at (`head_dim`, or the next kernel size when padded).
-    kd: usize,
     patch_w: GemmBuffer,
     patch_b: DeviceBuffer<f32>,
     blocks: Vec<DevBlock>,
@@ -202,9 +165,8 @@ pub struct GlmCuda {
     m_down: GemmBuffer,
     m_down_b: Option<DeviceBuffer<f32>>,
     inv_freq: DeviceBuffer<f32>,
-    weight_bytes: usize,
-    /// Graphs, uploader and workspace: the lifecycle every tower shares.
-    passes: PassRunner<Workspace>,
+    /// Device, config, precision, kernel head dim, graphs and workspace.
+    base: TowerBase<GlmConfig, Workspace>,
 }
 
 /// The SwiGLU of a config: glm5_next `act(min(g, L))·clamp(u, −L, L)`
@@ -267,6 +229,43 @@ fn pad_qkv(w: &[f32], inp: usize, heads: usize, hd: usize, kd: usize) -> Vec<f32
         .collect()
 }
 
+/// The host batch of validated `images` (`rows` patch rows each; none is refused) around their
+/// converted patch rows: rope positions (`vision_positions`), the attention segments (`vision_cu_seqlens`, one per
+/// frame pair) and the graph key.
+fn host_batch(
+    cfg: &GlmConfig,
+    precision: Precision,
+    images: &[GlmImage<'_>],
+    rows: &[usize],
+    patch_rows: HostGemm,
+) -> CudaResult<GlmHostBatch> {
+    if images.is_empty() {
+        return Err(GlmError::Input("no images".into()).into());
+    }
+    let grids: Vec<[usize; 3]> = images.iter().map(|i| i.grid_thw).collect();
+    let cu = vision_cu_seqlens(&grids)?;
+    let mut pos = Vec::new();
+    for img in images {
+        pos.extend(vision_positions(img.grid_thw, cfg.merge));
+    }
+    let unit = cfg.merge_unit();
+    let mut layout: Vec<usize> = cu.iter().map(|&c| c as usize).collect();
+    layout.extend(grids.iter().flatten());
+    Ok(HostBatch::new(
+        GlmMeta {
+            n: pos.len() / 2,
+            cu: cu.clone(),
+        },
+        GraphKey { precision, layout },
+        rows.iter().map(|r| r / unit).collect(),
+        HostInputs {
+            rows: patch_rows,
+            pos,
+            cu,
+        },
+    ))
+}
+
 impl GlmCuda {
     /// Uploads `w` once (see the module docs for the layout). Tensors kept as the file has them
     /// go from their store (host f32, or the memory-mapped file's bytes) straight into
@@ -279,11 +278,8 @@ impl GlmCuda {
         precision: Precision,
     ) -> CudaResult<GlmCuda> {
         let (h, heads, hd) = (cfg.hidden, cfg.heads, cfg.head_dim);
-        if let Some(why) = dev.precision_refusal(precision) {
-            return Err(CudaError::Unsupported(why));
-        }
-        let kd = gpu_core::attention_head_dim(precision, hd)
-            .map_err(|e| CudaError::Unsupported(e.to_string()))?;
+        let base = TowerBase::new(dev.clone(), cfg.clone(), precision, hd, cfg.text_hidden)?;
+        let kd = base.kd;
         if cfg.merge == 0 || w.blocks.len() != cfg.layers {
             return Err(CudaError::Unsupported(format!(
                 "merge {} / {} blocks for {} layers",
@@ -355,10 +351,7 @@ impl GlmCuda {
             .map_or_else(|| vec![0.0; w.patch.out], |b| b.to_f32_vec());
         let ds = &w.downsample;
         let ds_w = permute_downsample(&ds.w.to_f32_vec(), ds.inp, h, cfg.merge_unit());
-        let mut t = GlmCuda {
-            cfg: cfg.clone(),
-            precision,
-            kd,
+        let t = GlmCuda {
             patch_w: st.upload_gemm(d, p, &w.patch.w)?,
             patch_b: d.upload(&patch_b)?,
             blocks,
@@ -373,12 +366,9 @@ impl GlmCuda {
             m_down: st.upload_gemm(d, p, &w.merger_down.w)?,
             m_down_b: opt(&mut st, &w.merger_down.b)?,
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
-            weight_bytes: 0,
-            passes: PassRunner::default(),
-            dev: dev.clone(),
+            base,
         };
-        t.weight_bytes = t.count_weight_bytes();
-        t.dev.synchronize()?;
+        dev.synchronize()?;
         drop(st);
         Ok(t)
     }
@@ -394,53 +384,27 @@ impl GlmCuda {
         GlmCuda::new(dev, &cfg, &w, precision)
     }
 
-    fn count_weight_bytes(&self) -> usize {
-        let f = |b: &DeviceBuffer<f32>| 4 * b.len();
-        let o = |b: &Option<DeviceBuffer<f32>>| b.as_ref().map_or(0, f);
-        let ob = |b: &Option<GemmBuffer>| b.as_ref().map_or(0, GemmBuffer::bytes);
-        let mut n = self.patch_w.bytes() + f(&self.patch_b) + f(&self.post_norm);
-        n += self.ds_w.bytes() + o(&self.ds_b) + self.m_proj.bytes() + o(&self.m_proj_b);
-        n += f(&self.m_norm_w) + f(&self.m_norm_b) + self.m_gate_up.bytes();
-        n += self.m_down.bytes() + o(&self.m_down_b);
-        for b in &self.blocks {
-            n += f(&b.norm1) + f(&b.norm2) + f(&b.q_norm) + f(&b.k_norm);
-            n += b.qkv.bytes() + ob(&b.qkv_b) + b.proj.bytes() + o(&b.proj_b);
-            n += b.gate_up.bytes() + b.down.bytes() + o(&b.down_b);
-        }
-        n
-    }
-
-    /// Bytes of the model's tensors on the device (without the workspace).
-    pub fn weight_bytes(&self) -> usize {
-        self.weight_bytes
-    }
-
-    /// The device this tower runs on.
-    pub fn device(&self) -> &Device {
-        &self.dev
-    }
-
     fn ensure_workspace(&mut self, n: usize, np: usize, keep: bool) -> CudaResult<()> {
-        if let Some(ws) = self.passes.workspace() {
+        if let Some(ws) = self.base.passes.workspace() {
             if ws.cap >= n && ws.cap_p >= np && (!keep || ws.stage.is_some()) {
                 return Ok(());
             }
         }
-        let (cap, cap_p, had_stage) = match self.passes.workspace() {
+        let (cap, cap_p, had_stage) = match self.base.passes.workspace() {
             Some(ws) => (ws.cap.max(n), ws.cap_p.max(np), ws.stage.is_some()),
             None => (n, np, false),
         };
-        let c = &self.cfg;
+        let c = &self.base.cfg;
         let (h, wp, mi, o, pi) = (
             c.hidden,
-            c.heads * self.kd,
+            c.heads * self.base.kd,
             c.intermediate,
             c.text_hidden,
             c.merger_inner,
         );
-        let d = &*self.dev;
-        let p = self.precision;
-        self.passes.regrow(|| -> CudaResult<Workspace> {
+        let d = &*self.base.dev;
+        let p = self.base.precision;
+        self.base.passes.regrow(|| -> CudaResult<Workspace> {
             Ok(Workspace {
                 inp: InputBuffers::alloc(d, p, cap * c.patch_dim(), 2 * cap, cap + 1)?,
                 cap,
@@ -476,38 +440,15 @@ impl GlmCuda {
         })?;
         Ok(())
     }
-
-    /// The merger's down projection (SwiGLU output → LM width), into `out` or the workspace's
-    /// rows.
-    fn project(
-        &self,
-        ws: &mut Workspace,
-        batch: &BatchMeta,
-        out: Option<RowsTarget<'_>>,
-    ) -> CudaResult<()> {
-        let c = &self.cfg;
-        let y = match out {
-            Some(t) => GemmOutput::Rows(t),
-            None => GemmOutput::F32(&mut ws.rows),
-        };
-        self.dev.gemm(
-            GemmBuffer::inputs(&ws.mact, &self.m_down)?,
-            bias(&self.m_down_b),
-            y,
-            GemmShape::dense(batch.merged_rows(), c.text_hidden, c.merger_inner),
-            Epilogue::None,
-        )?;
-        Ok(())
-    }
 }
 
 impl DeviceTower for GlmCuda {
     type Config = GlmConfig;
     type Image<'a> = GlmImage<'a>;
-    type HostBatch = GlmHostBatch;
-    type Batch = GlmBatch;
-    type Error = CudaError;
+    type Meta = GlmMeta;
+    type Family = GlmError;
     type Workspace = Workspace;
+    type EncoderStages = GlmStages;
     type Stages = GlmStages;
     /// `[n_i/m², text_hidden]` per image.
     type Rows = Vec<f32>;
@@ -543,108 +484,68 @@ impl DeviceTower for GlmCuda {
         let parts: Vec<&[f32]> = images.iter().map(|i| i.patches).collect();
         let patch_rows =
             HostGemm::from_finite_f32_parts(precision, &parts).map_err(|e| non_finite(e.part))?;
-        let grids: Vec<[usize; 3]> = images.iter().map(|i| i.grid_thw).collect();
-        let cu = vision_cu_seqlens(&grids)?;
-        let mut pos = Vec::new();
-        for img in images {
-            pos.extend(vision_positions(img.grid_thw, cfg.merge));
-        }
-        let unit = cfg.merge_unit();
-        let mut layout: Vec<usize> = cu.iter().map(|&c| c as usize).collect();
-        layout.extend(grids.iter().flatten());
-        Ok(GlmHostBatch {
-            meta: BatchMeta {
-                n: pos.len() / 2,
-                cu: cu.clone(),
-                rows_per: rows.iter().map(|r| r / unit).collect(),
-                key: GraphKey { precision, layout },
-            },
-            inputs: HostInputs {
-                rows: patch_rows,
-                pos,
-                cu,
-            },
-        })
-    }
-
-    fn rows_per_image(batch: &GlmHostBatch) -> Vec<usize> {
-        batch.meta.rows_per.clone()
-    }
-
-    fn upload_with(
-        host: GlmHostBatch,
-        upload: impl FnOnce(&HostInputs) -> Result<DeviceInputs, GpuError>,
-    ) -> CudaResult<GlmBatch> {
-        Ok(GlmBatch {
-            inputs: upload(&host.inputs)?,
-            meta: host.meta,
-        })
-    }
-
-    fn batch_rows(batch: &GlmBatch) -> usize {
-        batch.merged_rows()
+        host_batch(cfg, precision, images, &rows, patch_rows)
     }
 
     fn grow(&mut self, batch: &GlmBatch, keep: bool) -> CudaResult<()> {
-        self.ensure_workspace(batch.meta.n, batch.merged_rows(), keep)
+        self.ensure_workspace(batch.n, batch.rows(), keep)
     }
 
-    /// Everything up to the merger's down projection (graphed in bf16 without stages), then
-    /// that projection into `out` (the workspace's rows when `None`), outside any graph since
-    /// `out` changes from call to call.
-    fn pass(
-        &mut self,
+    fn forward(
+        &self,
         ws: &mut Workspace,
         batch: &GlmBatch,
         keep: bool,
+    ) -> CudaResult<Option<GlmStages>> {
+        self.run_in(ws, batch, keep)
+    }
+
+    /// The merger's down projection (SwiGLU output → LM width), into `out` or the workspace's
+    /// rows.
+    fn project(
+        &self,
+        ws: &mut Workspace,
+        batch: &GlmBatch,
         out: Option<RowsTarget<'_>>,
-    ) -> CudaResult<(Option<GlmStages>, Ran)> {
-        self.passes
-            .load_inputs(&self.dev, &batch.inputs, &mut ws.inp)?;
-        let (mut stages, ran) = self.encoder(ws, &batch.meta.key, keep, |t, ws, keep| {
-            t.run_in(ws, &batch.meta, keep)
-        })?;
-        self.project(ws, &batch.meta, out)?;
-        if let Some(s) = stages.as_mut() {
-            s.rows = self
-                .dev
-                .download_prefix(&ws.rows, batch.meta.merged_rows() * self.cfg.text_hidden)?;
+    ) -> CudaResult<()> {
+        let c = &self.base.cfg;
+        self.base.dev.gemm(
+            GemmBuffer::inputs(&ws.mact, &self.m_down)?,
+            bias(&self.m_down_b),
+            GemmOutput::rows_or(out, &mut ws.rows),
+            GemmShape::dense(batch.rows(), c.text_hidden, c.merger_inner),
+            Epilogue::None,
+        )?;
+        Ok(())
+    }
+
+    fn with_rows(&self, mut stages: GlmStages, _: &GlmBatch, rows: Vec<f32>) -> GlmStages {
+        stages.rows = rows;
+        stages
+    }
+
+    fn weight_bytes(&self) -> usize {
+        let f = |b: &DeviceBuffer<f32>| 4 * b.len();
+        let o = |b: &Option<DeviceBuffer<f32>>| b.as_ref().map_or(0, f);
+        let ob = |b: &Option<GemmBuffer>| b.as_ref().map_or(0, GemmBuffer::bytes);
+        let mut n = self.patch_w.bytes() + f(&self.patch_b) + f(&self.post_norm);
+        n += self.ds_w.bytes() + o(&self.ds_b) + self.m_proj.bytes() + o(&self.m_proj_b);
+        n += f(&self.m_norm_w) + f(&self.m_norm_b) + self.m_gate_up.bytes();
+        n += self.m_down.bytes() + o(&self.m_down_b);
+        for b in &self.blocks {
+            n += f(&b.norm1) + f(&b.norm2) + f(&b.q_norm) + f(&b.k_norm);
+            n += b.qkv.bytes() + ob(&b.qkv_b) + b.proj.bytes() + o(&b.proj_b);
+            n += b.gate_up.bytes() + b.down.bytes() + o(&b.down_b);
         }
-        Ok((stages, ran))
+        n
     }
 
-    /// One `[n_i/m², text_hidden]` per image.
-    fn rows(&self, batch: &GlmBatch) -> CudaResult<Vec<Vec<f32>>> {
-        let all = self.download_rows(batch.merged_rows(), |ws| &ws.rows)?;
-        Ok(split_rows(&all, &batch.meta.rows_per, self.cfg.text_hidden))
+    fn base(&self) -> &TowerBase<GlmConfig, Workspace> {
+        &self.base
     }
 
-    fn unsupported(what: String) -> CudaError {
-        CudaError::Unsupported(what)
-    }
-
-    fn config(&self) -> &GlmConfig {
-        &self.cfg
-    }
-
-    fn precision(&self) -> Precision {
-        self.precision
-    }
-
-    fn width(&self) -> usize {
-        self.cfg.text_hidden
-    }
-
-    fn device(&self) -> &Arc<Device> {
-        &self.dev
-    }
-
-    fn passes(&self) -> &PassRunner<Workspace> {
-        &self.passes
-    }
-
-    fn passes_mut(&mut self) -> &mut PassRunner<Workspace> {
-        &mut self.passes
+    fn base_mut(&mut self) -> &mut TowerBase<GlmConfig, Workspace> {
+        &mut self.base
     }
 }
 
@@ -692,61 +593,37 @@ mod tests {
 
     /// `prepare_host` as it was before the conversion checked finiteness in its own pass
     /// (docs/PERF.md v0.16): the host path's `validate` image by image, then each value through
-    /// `half`'s `bf16::from_f32` one after another. The reference of the test below.
+    /// `half`'s `bf16::from_f32` one after another, around the same layout (`host_batch`). The
+    /// reference of the test below.
     fn prepare_host_reference(
         cfg: &GlmConfig,
         precision: Precision,
         images: &[GlmImage<'_>],
     ) -> CudaResult<GlmHostBatch> {
-        if images.is_empty() {
-            return Err(GlmError::Input("no images".into()).into());
-        }
         let rows = images
             .iter()
             .enumerate()
             .map(|(i, img)| crate::forward::validate(cfg, img, i))
             .collect::<Result<Vec<_>, GlmError>>()?;
-        let grids: Vec<[usize; 3]> = images.iter().map(|i| i.grid_thw).collect();
-        let cu = vision_cu_seqlens(&grids)?;
-        let mut pos = Vec::new();
-        for img in images {
-            pos.extend(vision_positions(img.grid_thw, cfg.merge));
-        }
         let all: Vec<f32> = images
             .iter()
             .flat_map(|i| i.patches.iter().copied())
             .collect();
-        let unit = cfg.merge_unit();
-        let mut layout: Vec<usize> = cu.iter().map(|&c| c as usize).collect();
-        layout.extend(grids.iter().flatten());
-        Ok(GlmHostBatch {
-            meta: BatchMeta {
-                n: pos.len() / 2,
-                cu: cu.clone(),
-                rows_per: rows.iter().map(|r| r / unit).collect(),
-                key: GraphKey { precision, layout },
-            },
-            inputs: HostInputs {
-                rows: match precision {
-                    Precision::Bf16 => {
-                        HostGemm::Bf16(all.iter().map(|&x| bf16::from_f32(x)).collect())
-                    }
-                    Precision::F32 => HostGemm::F32(all),
-                },
-                pos,
-                cu,
-            },
-        })
+        let patch_rows = match precision {
+            Precision::Bf16 => HostGemm::Bf16(all.iter().map(|&x| bf16::from_f32(x)).collect()),
+            Precision::F32 => HostGemm::F32(all),
+        };
+        host_batch(cfg, precision, images, &rows, patch_rows)
     }
 
     /// Every field of two host batches, bit for bit (bf16 and f32 compared as bits).
     fn assert_same(got: &GlmHostBatch, want: &GlmHostBatch, what: &str) {
-        assert_eq!(got.meta.n, want.meta.n, "{what}");
-        assert_eq!(got.meta.cu, want.meta.cu, "{what}");
-        assert_eq!(got.meta.rows_per, want.meta.rows_per, "{what}");
-        assert_eq!(got.meta.key, want.meta.key, "{what}");
-        assert_eq!(got.inputs.pos, want.inputs.pos, "{what}");
-        assert_eq!(got.inputs.cu, want.inputs.cu, "{what}");
+        assert_eq!(got.meta().n, want.meta().n, "{what}");
+        assert_eq!(got.meta().cu, want.meta().cu, "{what}");
+        assert_eq!(got.rows_per_image(), want.rows_per_image(), "{what}");
+        assert_eq!(got.graph_key(), want.graph_key(), "{what}");
+        assert_eq!(got.inputs().pos, want.inputs().pos, "{what}");
+        assert_eq!(got.inputs().cu, want.inputs().cu, "{what}");
         let bits = |h: &HostGemm| -> Vec<u32> {
             match h {
                 HostGemm::Bf16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
@@ -754,12 +631,12 @@ mod tests {
             }
         };
         assert_eq!(
-            got.inputs.rows.precision(),
-            want.inputs.rows.precision(),
+            got.inputs().rows.precision(),
+            want.inputs().rows.precision(),
             "{what}"
         );
         assert!(
-            bits(&got.inputs.rows) == bits(&want.inputs.rows),
+            bits(&got.inputs().rows) == bits(&want.inputs().rows),
             "{what}: rows differ"
         );
     }

@@ -11,9 +11,9 @@ impl StepCuda {
         batch: &StepBatch,
         keep: bool,
     ) -> CudaResult<Option<HostStages>> {
-        let (c, b) = (&self.cfg, &batch.meta.plan);
-        let d = &*self.dev;
-        let (n, h, wp, inner) = (b.n, c.hidden, c.heads * self.kd, c.intermediate);
+        let (c, b) = (&self.base.cfg, &batch.plan);
+        let d = &*self.base.dev;
+        let (n, h, wp, inner) = (b.n, c.hidden, c.heads * self.base.kd, c.intermediate);
         let eps = c.eps as f32;
         let hm = Mat::dense(n, h);
         let acc = |m, nn, k| GemmShape {
@@ -44,7 +44,7 @@ impl StepCuda {
             Epilogue::None,
         )?;
         if let Some(s) = host.as_mut() {
-            s.patch_embed = self.dev.download_prefix(&ws.y, n * h)?;
+            s.patch_embed = self.base.dev.download_prefix(&ws.y, n * h)?;
         }
         d.layer_norm(
             &ws.y,
@@ -56,14 +56,15 @@ impl StepCuda {
             eps,
         )?;
         if let Some(s) = host.as_mut() {
-            s.pre_ln = self.dev.download_prefix(&ws.x, n * h)?;
+            s.pre_ln = self.base.dev.download_prefix(&ws.x, n * h)?;
         }
 
-        let rope = RopeSpec {
-            layout: self.rope,
-            pos: &ws.inp.pos,
-            inv_freq: &self.inv_freq,
-        };
+        let attention = ws.inp.attention(
+            (c.heads, c.head_dim, self.base.kd),
+            (self.rope, &self.inv_freq),
+            attention_scale(c.head_dim),
+            &batch.cu,
+        );
         for (li, l) in self.layers.iter().enumerate() {
             // x += λ1 ⊙ out_proj(attn(LN1(x)))   (λ1 folded into out_proj)
             d.layer_norm_mixed(
@@ -82,15 +83,7 @@ impl StepCuda {
                 GemmShape::dense(n, 3 * wp, h),
                 Epilogue::None,
             )?;
-            match (&mut ws.qkv, &mut ws.attn) {
-                (GemmBuffer::Bf16(qkv), GemmBuffer::Bf16(attn)) => {
-                    self.attention_core(qkv, attn, (&ws.inp.cu, &batch.meta.cu), &rope)?
-                }
-                (GemmBuffer::F32(qkv), GemmBuffer::F32(attn)) => {
-                    self.attention_core(qkv, attn, (&ws.inp.cu, &batch.meta.cu), &rope)?
-                }
-                _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),
-            }
+            d.qkv_attention(&mut ws.qkv, &mut ws.attn, &attention, &QkNorm::none(eps))?;
             d.gemm(
                 GemmBuffer::inputs(&ws.attn, &l.out)?,
                 Some(GemmBias::F32(&l.out_b)),
@@ -117,11 +110,11 @@ impl StepCuda {
                 Epilogue::None,
             )?;
             if let (Some(s), 0) = (host.as_mut(), li) {
-                s.block_0 = self.dev.download_prefix(&ws.x, n * h)?;
+                s.block_0 = self.base.dev.download_prefix(&ws.x, n * h)?;
             }
         }
         if let Some(s) = host.as_mut() {
-            s.blocks_out = self.dev.download_prefix(&ws.x, n * h)?;
+            s.blocks_out = self.base.dev.download_prefix(&ws.x, n * h)?;
             s.d1 = vec![0.0; b.n1 * 2 * h];
         }
 
@@ -217,7 +210,7 @@ impl StepCuda {
                 Some((off, ld)) => (src, Mat::strided(p.rows, c, ld, off)),
                 None => (zeros, Mat::dense(p.rows, c)),
             };
-            self.dev.act(
+            self.base.dev.act(
                 col,
                 dst,
                 buf,
@@ -227,49 +220,6 @@ impl StepCuda {
                 Clamp::NONE,
             )?;
         }
-        Ok(())
-    }
-
-    /// Rope of q and k (the layout matching the weights: vendor interleaved or HF NeoX pairs) on
-    /// the fused qkv GEMM output in place, then attention (scale hd^−½, one segment per view).
-    pub(super) fn attention_core<T: ActElem>(
-        &self,
-        qkv: &mut DeviceBuffer<T>,
-        attn: &mut DeviceBuffer<T>,
-        (cu_dev, cu): (&DeviceBuffer<i32>, &[i32]),
-        rope: &RopeSpec<'_>,
-    ) -> CudaResult<()> {
-        let (c, d) = (&self.cfg, &*self.dev);
-        let n = cu.last().map_or(0, |&t| t as usize);
-        let (heads, hd, kd) = (c.heads, c.head_dim, self.kd);
-        let wp = heads * kd;
-        for &(off, nh) in &self.head_groups {
-            let spec = QkvSpec {
-                tokens: n,
-                heads: nh,
-                head_dim: hd,
-                ld: 3 * wp,
-                offsets: [off, wp + off, 2 * wp + off],
-                q_weight: None,
-                k_weight: None,
-                norm: [false; 3],
-                eps: c.eps as f32,
-                clamps: [Clamp::NONE; 3],
-            };
-            d.qk_norm_rope(qkv, &spec, Some(rope))?;
-        }
-        let args = AttnArgs {
-            q: (&*qkv, Mat::strided(n, wp, 3 * wp, 0)),
-            k: (&*qkv, Mat::strided(n, wp, 3 * wp, wp)),
-            v: (&*qkv, Mat::strided(n, wp, 3 * wp, 2 * wp)),
-            heads,
-            head_dim: kd,
-            cu_seqlens: cu_dev,
-            cu_seqlens_host: cu,
-            scale: attention_scale(hd),
-            variant: None,
-        };
-        d.flash_attn(&args, attn, Mat::dense(n, wp))?;
         Ok(())
     }
 }

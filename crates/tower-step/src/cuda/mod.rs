@@ -32,10 +32,10 @@
 use std::sync::Arc;
 
 use gpu_core::{
-    bf16, conv3x3s2_out, head_groups, rope_inv_freq, ActElem, ActLinear, Activation, AttnArgs,
-    Clamp, DeviceBuffer, DeviceInputs, DeviceTower, Epilogue, FusedAct, GemmBias, GemmBuffer,
-    GemmOutput, GemmShape, GraphKey, HostGemm, HostInputs, InputBuffers, Mat, PassRunner, QkvSpec,
-    Ran, RopeLayout, RopeSpec, RowsTarget, Stager, TensorStore,
+    bf16, conv3x3s2_out, rope_inv_freq, ActLinear, Activation, Batch, Clamp, DeviceBuffer,
+    DeviceTower, Epilogue, FusedAct, GemmBias, GemmBuffer, GemmOutput, GemmShape, GraphKey,
+    HostBatch, HostGemm, HostInputs, InputBuffers, Mat, PassRows, PassWorkspace, QkNorm,
+    RopeLayout, RowsTarget, Stager, TensorStore, TowerBase,
 };
 
 use crate::config::StepConfig;
@@ -50,6 +50,7 @@ mod forward;
 mod plan;
 
 use fold::*;
+pub use plan::StepMeta;
 use plan::*;
 
 /// The device type, its error and the precision of the GEMMs, re-exported for callers of this path.
@@ -91,57 +92,11 @@ struct DevLayer {
 /// A batch of validated views prepared on the host ([`DeviceTower::prepare_host`]): patch rows in
 /// the GEMM precision, rope positions and attention segments, ready for [`DeviceTower::stage`].
 /// Building one needs no device, so it can run on another thread while the device works.
-#[derive(Debug, Clone)]
-pub struct StepHostBatch {
-    meta: BatchMeta,
-    inputs: HostInputs,
-}
-
-impl StepHostBatch {
-    /// Patches (tokens) in the batch.
-    pub fn tokens(&self) -> usize {
-        self.meta.plan.n
-    }
-    /// Images (requests) in the batch.
-    pub fn images(&self) -> usize {
-        self.meta.masks.len()
-    }
-}
+pub type StepHostBatch = HostBatch<StepMeta>;
 
 /// A batch of validated views on the device: pixels, rope positions, attention segments and
 /// where each view's rows go.
-#[derive(Debug)]
-pub struct StepBatch {
-    meta: BatchMeta,
-    inputs: DeviceInputs,
-}
-
-impl StepBatch {
-    /// Patches (tokens) in the batch.
-    pub fn tokens(&self) -> usize {
-        self.meta.plan.n
-    }
-    /// Views (crop tiles and global views) in the batch.
-    pub fn views(&self) -> usize {
-        self.meta.plan.views.len()
-    }
-    /// Images (requests) in the batch.
-    pub fn images(&self) -> usize {
-        self.meta.masks.len()
-    }
-    /// Output rows of the whole batch.
-    pub fn output_rows(&self) -> usize {
-        self.meta.plan.n2
-    }
-    /// The attention segments (one per view, device order), `[views + 1]`.
-    pub fn cu_seqlens(&self) -> &[i32] {
-        &self.meta.cu
-    }
-    /// The layout a CUDA graph of this batch is keyed by (views' grids in device order).
-    pub fn graph_key(&self) -> &GraphKey {
-        &self.meta.key
-    }
-}
+pub type StepBatch = Batch<StepMeta>;
 
 /// The device buffers of a pass, sized for up to `cap` tokens, `cap1`/`cap2` downsampler rows
 /// (opaque: kept in the tower's [`PassRunner`] between calls).
@@ -175,17 +130,27 @@ pub struct Workspace {
     zeros: Option<DeviceBuffer<f32>>,
 }
 
+impl PassWorkspace for Workspace {
+    fn inputs_mut(&mut self) -> &mut InputBuffers {
+        &mut self.inp
+    }
+    fn rows(&self) -> &DeviceBuffer<f32> {
+        &self.rows
+    }
+}
+
+/// Per image its crops' rows in crop order, then the global view's (upstream order), with the
+/// newline mask.
+impl PassRows<StepMeta> for StepRows {
+    fn split(batch: &StepBatch, all: Vec<f32>, width: usize) -> Vec<StepRows> {
+        batch.plan.split_rows(&all, width, &batch.masks)
+    }
+}
+
 /// The Step-3.7 tower's weights on a CUDA device, with the resized position tables and a
 /// workspace kept between calls.
 #[derive(Debug)]
 pub struct StepCuda {
-    dev: Arc<Device>,
-    cfg: StepConfig,
-    precision: Precision,
-    /// Head dim the attention kernels run at (`head_dim`, or the next kernel size when padded).
-    kd: usize,
-    /// The norm + rope launches over (possibly padded) heads: `(column offset, heads)`.
-    head_groups: Vec<(usize, usize)>,
     rope: RopeLayout,
     patch: GemmBuffer,
     /// The learned table `[side², H]`.
@@ -204,9 +169,8 @@ pub struct StepCuda {
     proj: GemmBuffer,
     proj_b: Option<DeviceBuffer<f32>>,
     inv_freq: DeviceBuffer<f32>,
-    weight_bytes: usize,
-    /// Graphs, uploader and workspace: the lifecycle every tower shares.
-    passes: PassRunner<Workspace>,
+    /// Device, config, precision, kernel head dim, graphs and workspace.
+    base: TowerBase<StepConfig, Workspace>,
 }
 
 impl StepCuda {
@@ -221,11 +185,8 @@ impl StepCuda {
         precision: Precision,
     ) -> CudaResult<StepCuda> {
         let (h, hd) = (cfg.hidden, cfg.head_dim);
-        if let Some(why) = dev.precision_refusal(precision) {
-            return Err(CudaError::Unsupported(why));
-        }
-        let kd = gpu_core::attention_head_dim(precision, hd)
-            .map_err(|e| CudaError::Unsupported(e.to_string()))?;
+        let base = TowerBase::new(dev.clone(), cfg.clone(), precision, hd, cfg.text_hidden)?;
+        let kd = base.kd;
         if w.layers.len() != cfg.layers {
             return Err(CudaError::Unsupported(format!(
                 "{} layers for a config of {}",
@@ -298,11 +259,7 @@ impl StepCuda {
             })
         };
         let (down1, down2) = (conv(&w.down1_w, h)?, conv(&w.down2_w, 2 * h)?);
-        let mut t = StepCuda {
-            cfg: cfg.clone(),
-            precision,
-            kd,
-            head_groups: head_groups(cfg.heads, hd, kd),
+        let t = StepCuda {
             rope: w.layout.rope(),
             patch: st.upload_gemm(d, p, &pad_cols(&w.patch.to_f32_vec(), cfg.patch_dim()))?,
             pos: small(&w.pos)?,
@@ -317,12 +274,9 @@ impl StepCuda {
             proj: st.upload_gemm(d, p, &w.proj)?,
             proj_b: w.proj_b.as_ref().map(small).transpose()?,
             inv_freq: d.upload(&rope_inv_freq(hd, cfg.rope_theta))?,
-            weight_bytes: 0,
-            passes: PassRunner::default(),
-            dev: dev.clone(),
+            base,
         };
-        t.weight_bytes = t.count_weight_bytes();
-        t.dev.synchronize()?;
+        dev.synchronize()?;
         drop(st);
         Ok(t)
     }
@@ -341,40 +295,17 @@ impl StepCuda {
         StepCuda::new(dev, &cfg, &w, precision)
     }
 
-    fn count_weight_bytes(&self) -> usize {
-        let f = |b: &DeviceBuffer<f32>| 4 * b.len();
-        let mut n = self.patch.bytes() + f(&self.pos) + f(&self.ln_pre_w) + f(&self.ln_pre_b);
-        n += self.down1.bytes() + self.down1_b.bytes() + self.down2.bytes();
-        n += self.down2_b.bytes() + self.proj.bytes() + self.proj_b.as_ref().map_or(0, f);
-        n += f(&self.inv_freq);
-        for l in &self.layers {
-            n += f(&l.ln1_w) + f(&l.ln1_b) + f(&l.ln2_w) + f(&l.ln2_b);
-            n += l.qkv.bytes() + l.qkv_b.bytes() + l.out.bytes() + f(&l.out_b);
-            n += l.fc1.bytes() + l.fc2.bytes() + f(&l.fc2_b);
-        }
-        n
-    }
-
-    /// Bytes of the model's tensors on the device (without the resized tables and workspace).
-    pub fn weight_bytes(&self) -> usize {
-        self.weight_bytes
-    }
-
-    /// The device this tower runs on.
-    pub fn device(&self) -> &Device {
-        &self.dev
-    }
-
     /// Resizes the position table to every grid of `batch` not seen before (once per size).
     fn ensure_tables(&mut self, batch: &StepBatch) -> CudaResult<()> {
-        let (t, h) = (self.cfg.pos_side, self.cfg.hidden);
-        for r in &batch.meta.plan.runs {
+        let (t, h) = (self.base.cfg.pos_side, self.base.cfg.hidden);
+        for r in &batch.plan.runs {
             let key = (r.gh, r.gw);
             if key == (t, t) || self.tables.iter().any(|(k, _)| *k == key) {
                 continue;
             }
-            let mut out = self.dev.alloc::<f32>(r.gh * r.gw * h)?;
-            self.dev
+            let mut out = self.base.dev.alloc::<f32>(r.gh * r.gw * h)?;
+            self.base
+                .dev
                 .bilinear_resize(&self.pos, t, t, &mut out, r.gh, r.gw, h)?;
             self.tables.push((key, out));
         }
@@ -382,7 +313,7 @@ impl StepCuda {
     }
 
     fn table(&self, gh: usize, gw: usize) -> CudaResult<&DeviceBuffer<f32>> {
-        let t = self.cfg.pos_side;
+        let t = self.base.cfg.pos_side;
         if (gh, gw) == (t, t) {
             return Ok(&self.pos);
         }
@@ -400,12 +331,12 @@ impl StepCuda {
             .map(|v| conv3x3s2_out(v.gw))
             .max()
             .unwrap_or(1);
-        if let Some(ws) = self.passes.workspace() {
+        if let Some(ws) = self.base.passes.workspace() {
             if ws.cap >= b.n && ws.cap1 >= b.n1 && ws.cap2 >= b.n2 && ws.capw >= capw {
                 return Ok(());
             }
         }
-        let (cap, cap1, cap2, capw) = match self.passes.workspace() {
+        let (cap, cap1, cap2, capw) = match self.base.passes.workspace() {
             Some(ws) => (
                 ws.cap.max(b.n),
                 ws.cap1.max(b.n1),
@@ -414,11 +345,11 @@ impl StepCuda {
             ),
             None => (b.n, b.n1, b.n2, capw),
         };
-        let c = &self.cfg;
-        let (h, wp, i) = (c.hidden, c.heads * self.kd, c.intermediate);
-        let d = &*self.dev;
-        let p = self.precision;
-        self.passes.regrow(|| -> CudaResult<Workspace> {
+        let c = &self.base.cfg;
+        let (h, wp, i) = (c.hidden, c.heads * self.base.kd, c.intermediate);
+        let d = &*self.base.dev;
+        let p = self.base.precision;
+        self.base.passes.regrow(|| -> CudaResult<Workspace> {
             Ok(Workspace {
                 inp: InputBuffers::alloc(d, p, cap * patch_k(c), 2 * cap, cap + 1)?,
                 cap,
@@ -444,46 +375,15 @@ impl StepCuda {
         })?;
         Ok(())
     }
-
-    /// The projector (modeling_step3p7.py:958-960) from the device-order downsampler rows to
-    /// the LM width, written in upstream order (per image: crops, then global) into `out` or
-    /// the workspace's rows: one GEMM per piece of views contiguous on both sides.
-    fn project(
-        &self,
-        ws: &mut Workspace,
-        plan: &ViewPlan,
-        mut out: Option<RowsTarget<'_>>,
-    ) -> CudaResult<()> {
-        let c = &self.cfg;
-        let (t, w) = (c.text_hidden, c.out_width());
-        for (src, rows, dst) in plan.out_pieces() {
-            let y = match out.as_mut() {
-                Some(target) => GemmOutput::Rows(target.reborrow()),
-                None => GemmOutput::F32(&mut ws.rows),
-            };
-            self.dev.gemm(
-                GemmBuffer::inputs(&ws.d2, &self.proj)?,
-                self.proj_b.as_ref().map(GemmBias::F32),
-                y,
-                GemmShape {
-                    x_offset: src * w,
-                    y_offset: dst * t,
-                    ..GemmShape::dense(rows, t, w)
-                },
-                Epilogue::None,
-            )?;
-        }
-        Ok(())
-    }
 }
 
 impl DeviceTower for StepCuda {
     type Config = StepConfig;
     type Image<'a> = StepImage<'a>;
-    type HostBatch = StepHostBatch;
-    type Batch = StepBatch;
-    type Error = CudaError;
+    type Meta = StepMeta;
+    type Family = StepError;
     type Workspace = Workspace;
+    type EncoderStages = HostStages;
     type Stages = StepStages;
     /// Per image its crops' rows in crop order, then the global view's (upstream order), with
     /// the newline mask.
@@ -531,105 +431,86 @@ impl DeviceTower for StepCuda {
             precision,
             layout: plan.views.iter().flat_map(|v| [v.gh, v.gw]).collect(),
         };
-        Ok(StepHostBatch {
-            inputs: HostInputs {
-                rows,
-                pos,
+        let rows_per = plan.rows_per_image(images.len());
+        Ok(HostBatch::new(
+            StepMeta {
                 cu: cu.clone(),
-            },
-            meta: BatchMeta {
-                cu,
                 plan,
                 masks: images.iter().map(|i| i.newline_mask.clone()).collect(),
-                key,
             },
-        })
-    }
-
-    fn rows_per_image(batch: &StepHostBatch) -> Vec<usize> {
-        batch.meta.plan.rows_per_image(batch.meta.masks.len())
-    }
-
-    fn upload_with(
-        host: StepHostBatch,
-        upload: impl FnOnce(&HostInputs) -> Result<DeviceInputs, GpuError>,
-    ) -> CudaResult<StepBatch> {
-        Ok(StepBatch {
-            inputs: upload(&host.inputs)?,
-            meta: host.meta,
-        })
-    }
-
-    fn batch_rows(batch: &StepBatch) -> usize {
-        batch.meta.plan.n2
+            key,
+            rows_per,
+            HostInputs { rows, pos, cu },
+        ))
     }
 
     /// The position tables of the batch's grids, then the workspace.
     fn grow(&mut self, batch: &StepBatch, _keep: bool) -> CudaResult<()> {
         self.ensure_tables(batch)?;
-        self.ensure_workspace(&batch.meta.plan)
+        self.ensure_workspace(&batch.plan)
     }
 
-    /// Everything up to the projector (graphed in bf16 without stages), then the projector into
-    /// `out` (the workspace's rows when `None`), outside any graph since `out` changes from call
-    /// to call.
-    fn pass(
-        &mut self,
+    fn forward(
+        &self,
         ws: &mut Workspace,
         batch: &StepBatch,
         keep: bool,
-        out: Option<RowsTarget<'_>>,
-    ) -> CudaResult<(Option<StepStages>, Ran)> {
-        self.passes
-            .load_inputs(&self.dev, &batch.inputs, &mut ws.inp)?;
-        let (host, ran) = self.encoder(ws, &batch.meta.key, keep, |t, ws, keep| {
-            t.run_in(ws, batch, keep)
-        })?;
-        self.project(ws, &batch.meta.plan, out)?;
-        let Some(s) = host else {
-            return Ok((None, ran));
-        };
-        let rows = self
-            .dev
-            .download_prefix(&ws.rows, batch.meta.plan.n2 * self.cfg.text_hidden)?;
-        let h = self.cfg.hidden;
-        Ok((Some(s.assemble(&batch.meta.plan, h, rows)), ran))
+    ) -> CudaResult<Option<HostStages>> {
+        self.run_in(ws, batch, keep)
     }
 
-    /// Per image its crops' rows in crop order, then the global view's (upstream order), with
-    /// the newline mask.
-    fn rows(&self, batch: &StepBatch) -> CudaResult<Vec<StepRows>> {
-        let t = self.cfg.text_hidden;
-        let all = self.download_rows(batch.meta.plan.n2, |ws| &ws.rows)?;
-        Ok(batch.meta.plan.split_rows(&all, t, &batch.meta.masks))
+    /// The projector (modeling_step3p7.py:958-960) from the device-order downsampler rows to
+    /// the LM width, written in upstream order (per image: crops, then global) into `out` or
+    /// the workspace's rows: one GEMM per piece of views contiguous on both sides.
+    fn project(
+        &self,
+        ws: &mut Workspace,
+        batch: &StepBatch,
+        mut out: Option<RowsTarget<'_>>,
+    ) -> CudaResult<()> {
+        let c = &self.base.cfg;
+        let (t, w) = (c.text_hidden, c.out_width());
+        for (src, rows, dst) in batch.plan.out_pieces() {
+            let y = GemmOutput::rows_or(out.as_mut().map(RowsTarget::reborrow), &mut ws.rows);
+            self.base.dev.gemm(
+                GemmBuffer::inputs(&ws.d2, &self.proj)?,
+                self.proj_b.as_ref().map(GemmBias::F32),
+                y,
+                GemmShape {
+                    x_offset: src * w,
+                    y_offset: dst * t,
+                    ..GemmShape::dense(rows, t, w)
+                },
+                Epilogue::None,
+            )?;
+        }
+        Ok(())
     }
 
-    fn unsupported(what: String) -> CudaError {
-        CudaError::Unsupported(what)
+    fn with_rows(&self, stages: HostStages, batch: &StepBatch, rows: Vec<f32>) -> StepStages {
+        stages.assemble(&batch.plan, self.base.cfg.hidden, rows)
     }
 
-    fn config(&self) -> &StepConfig {
-        &self.cfg
+    fn weight_bytes(&self) -> usize {
+        let f = |b: &DeviceBuffer<f32>| 4 * b.len();
+        let mut n = self.patch.bytes() + f(&self.pos) + f(&self.ln_pre_w) + f(&self.ln_pre_b);
+        n += self.down1.bytes() + self.down1_b.bytes() + self.down2.bytes();
+        n += self.down2_b.bytes() + self.proj.bytes() + self.proj_b.as_ref().map_or(0, f);
+        n += f(&self.inv_freq);
+        for l in &self.layers {
+            n += f(&l.ln1_w) + f(&l.ln1_b) + f(&l.ln2_w) + f(&l.ln2_b);
+            n += l.qkv.bytes() + l.qkv_b.bytes() + l.out.bytes() + f(&l.out_b);
+            n += l.fc1.bytes() + l.fc2.bytes() + f(&l.fc2_b);
+        }
+        n
     }
 
-    fn precision(&self) -> Precision {
-        self.precision
+    fn base(&self) -> &TowerBase<StepConfig, Workspace> {
+        &self.base
     }
 
-    fn width(&self) -> usize {
-        self.cfg.text_hidden
-    }
-
-    fn device(&self) -> &Arc<Device> {
-        &self.dev
-    }
-
-    fn passes(&self) -> &PassRunner<Workspace> {
-        &self.passes
-    }
-
-    fn passes_mut(&mut self) -> &mut PassRunner<Workspace> {
-        &mut self.passes
+    fn base_mut(&mut self) -> &mut TowerBase<StepConfig, Workspace> {
+        &mut self.base
     }
 }
 

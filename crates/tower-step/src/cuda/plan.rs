@@ -2,7 +2,7 @@
 //! size), the patch rows in the GEMM's layout, the f32 im2col copies, and the stage activations
 //! put back in per-view order.
 
-use gpu_core::{conv3x3s2_out, GraphKey};
+use gpu_core::conv3x3s2_out;
 use rayon::prelude::*;
 
 use super::{CudaResult, CONV_TAPS};
@@ -187,15 +187,33 @@ impl ViewPlan {
     }
 }
 
-/// What a batch is, apart from its input values: where every view sits on the device, the
-/// attention segments, each image's newline mask and the layout a CUDA graph is keyed by.
+/// What a Step-3.7 batch is, apart from its input values, its graph key and its rows: where
+/// every view sits on the device, the attention segments and each image's newline mask.
 #[derive(Debug, Clone)]
-pub(super) struct BatchMeta {
+pub struct StepMeta {
     pub(super) plan: ViewPlan,
     pub(super) cu: Vec<i32>,
     /// Each image's newline mask, returned with its rows.
     pub(super) masks: Vec<Vec<bool>>,
-    pub(super) key: GraphKey,
+}
+
+impl StepMeta {
+    /// Patches (tokens) in the batch.
+    pub fn tokens(&self) -> usize {
+        self.plan.n
+    }
+    /// Views (crop tiles and global views) in the batch.
+    pub fn views(&self) -> usize {
+        self.plan.views.len()
+    }
+    /// Images (requests) in the batch.
+    pub fn images(&self) -> usize {
+        self.masks.len()
+    }
+    /// The attention segments (one per view, device order), `[views + 1]`.
+    pub fn cu_seqlens(&self) -> &[i32] {
+        &self.cu
+    }
 }
 
 /// The patch GEMM's inner width: `3·p²` rounded up to a multiple of 8 (588 → 592 at p = 14), so
@@ -330,7 +348,7 @@ pub(super) fn im2col_plan(
 
 /// Stage activations downloaded in device order, before they are split per view.
 #[derive(Debug, Default)]
-pub(super) struct HostStages {
+pub struct HostStages {
     pub(super) patch_embed: Vec<f32>,
     pub(super) pre_ln: Vec<f32>,
     pub(super) block_0: Vec<f32>,

@@ -195,7 +195,7 @@ fn emulate(
         let hn = host::layer_norm(&x, h, Some(&l.ln1_w), Some(&l.ln1_b), eps);
         let qkv_w = hl.qkv.clone().unwrap_or_else(|| l.qkv_w.clone());
         let mut qkv = host::gemm(&hn, &qkv_w, Some(&hl.qkv_b), n, 3 * wp, h);
-        for (off, nh) in head_groups(heads, hd, kd) {
+        for (off, nh) in gpu_core::head_groups(heads, hd, kd) {
             host::qk_norm_rope(
                 &mut qkv,
                 n,
