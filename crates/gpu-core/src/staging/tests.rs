@@ -1,0 +1,147 @@
+use super::*;
+
+#[test]
+fn host_gemm_rounds_bf16_and_keeps_f32() {
+    let v = vec![1.0f32, 1.0 + 1.0 / 512.0, -3.5];
+    match &HostGemm::from_f32(Precision::Bf16, v.clone()) {
+        HostGemm::Bf16(b) => {
+            assert_eq!(
+                b.iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
+                [1.0, 1.0, -3.5]
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    let f = HostGemm::from_f32(Precision::F32, v.clone());
+    assert_eq!(f, HostGemm::F32(v));
+    assert_eq!(f.len(), 3);
+    assert_eq!(f.precision(), Precision::F32);
+}
+
+/// A dropped batch's bf16 buffer is the next conversion's (no fresh memory per encode), and
+/// what was left in it does not leak into the next batch's values.
+#[test]
+fn a_dropped_bf16_buffer_is_reused_and_overwritten() {
+    // Larger than any other test's rows, so no other test takes it in between.
+    let n = 3 << 20;
+    let first = HostGemm::from_f32_parts(Precision::Bf16, &[&vec![2.0f32; n]]);
+    let HostGemm::Bf16(v) = &first else {
+        panic!("{first:?}")
+    };
+    let ptr = v.as_ptr();
+    drop(first);
+    let short = vec![0.5f32; n - 5];
+    let second = HostGemm::from_f32_parts(Precision::Bf16, &[&short]);
+    let HostGemm::Bf16(w) = &second else {
+        panic!("{second:?}")
+    };
+    assert_eq!(w.as_ptr(), ptr, "the dropped buffer was not reused");
+    assert_eq!(w.len(), n - 5);
+    assert!(w.iter().all(|x| x.to_f32() == 0.5));
+    // Buffers over the bound are never kept.
+    recycle_bf16(Vec::with_capacity(RECYCLED_MAX_BYTES / 2 + 1));
+    let pool = pool();
+    assert!(pool.iter().all(|k| k.capacity() * 2 <= RECYCLED_MAX_BYTES));
+    assert!(pool.len() <= RECYCLED_BUFFERS);
+}
+
+/// Stacked parts (empty ones and parts longer than a conversion chunk included) equal their
+/// concatenation converted value by value, in both precisions.
+#[test]
+fn parts_equal_the_concatenation() {
+    let a: Vec<f32> = (0..40_000).map(|i| (i as f32).sin() * 3.0).collect();
+    let b = vec![1.0 + 1.0 / 512.0; 7];
+    let c: Vec<f32> = (0..CONVERT_CHUNK + 3).map(|i| i as f32 / 7.0).collect();
+    let parts: [&[f32]; 4] = [&a, &[], &b, &c];
+    let all = parts.concat();
+    assert_eq!(
+        HostGemm::from_f32_parts(Precision::Bf16, &parts),
+        HostGemm::Bf16(all.iter().map(|&x| bf16::from_f32(x)).collect())
+    );
+    assert_eq!(
+        HostGemm::from_f32_parts(Precision::F32, &parts),
+        HostGemm::F32(all)
+    );
+}
+
+/// The branch-free rounding is `half`'s `bf16::from_f32`, bit for bit: every sign, exponent
+/// and top mantissa half, with low halves at and around the tie, zero and all ones (the
+/// classes its rounding and NaN rules tell apart), and a stride over all 2³² patterns.
+#[test]
+fn bf16_bits_is_halfs_conversion() {
+    let lows = [
+        0u32, 1, 0x3FFF, 0x4000, 0x7FFE, 0x7FFF, 0x8000, 0x8001, 0x8002, 0xBFFF, 0xC000,
+        0xFFFE, 0xFFFF,
+    ];
+    let check = |x: u32| {
+        let want = bf16::from_f32(f32::from_bits(x)).to_bits();
+        assert_eq!(bf16_bits(x), want, "{x:#010x}");
+        assert_eq!(
+            non_finite_bits(x),
+            !f32::from_bits(x).is_finite(),
+            "{x:#010x}"
+        );
+    };
+    for high in 0..=0xFFFFu32 {
+        for &low in &lows {
+            check((high << 16) | low);
+        }
+    }
+    for x in (0..=u32::MAX).step_by(4099) {
+        check(x);
+    }
+}
+
+/// The checked conversion gives the unchecked one's values, names the first part holding a
+/// NaN or an infinity, and `all_finite` agrees with `is_finite` value by value.
+#[test]
+fn finite_parts_are_checked_in_the_same_pass() {
+    let a: Vec<f32> = (0..CONVERT_CHUNK * 2 + 5)
+        .map(|i| (i as f32).cos() * 9.0)
+        .collect();
+    let mut b = a.clone();
+    let mut c = a.clone();
+    b[CONVERT_CHUNK + 1] = f32::INFINITY;
+    c[3] = f32::NAN;
+    for p in [Precision::Bf16, Precision::F32] {
+        assert_eq!(
+            HostGemm::from_finite_f32_parts(p, &[&a, &[], &a]),
+            Ok(HostGemm::from_f32_parts(p, &[&a, &[], &a]))
+        );
+        assert_eq!(
+            HostGemm::from_finite_f32_parts(p, &[&a, &c, &b]),
+            Err(NonFinite { part: 1 })
+        );
+        assert_eq!(
+            HostGemm::from_finite_f32_parts(p, &[&a, &a, &b]),
+            Err(NonFinite { part: 2 })
+        );
+    }
+    // Non-finite values still convert as `half` does (NaN quiet, infinity kept).
+    let odd = [
+        f32::NAN,
+        -f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        -0.0,
+    ];
+    let HostGemm::Bf16(got) = &HostGemm::from_f32_parts(Precision::Bf16, &[&odd]) else {
+        panic!("bf16 asked")
+    };
+    let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let want: Vec<bf16> = odd.iter().map(|&x| bf16::from_f32(x)).collect();
+    assert_eq!(bits(got), bits(&want));
+    assert!(all_finite(&a) && all_finite(&[]));
+    assert!(!all_finite(&b) && !all_finite(&c));
+    assert!(!all_finite(&[f32::NEG_INFINITY]));
+}
+
+#[test]
+fn fill_copies_a_prefix() {
+    let src: Vec<i32> = (0..700_001).collect();
+    let mut dst = vec![-1i32; 800_000];
+    fill(&mut dst, &src);
+    assert_eq!(&dst[..src.len()], &src[..]);
+    assert!(dst[src.len()..].iter().all(|&x| x == -1));
+}
