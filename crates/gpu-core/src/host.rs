@@ -11,6 +11,16 @@ fn clamp(x: f32, c: Clamp) -> f32 {
     x.max(c.lo).min(c.hi)
 }
 
+/// `n` deterministic values in [-1, 1) from `seed` (a multiplicative hash of the index): test
+/// weights and activations that every crate's tests can rebuild without a random generator.
+pub fn test_values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0
+        })
+        .collect()
+}
+
 /// `y[m, n] = x[m, k]·W[n, k]ᵀ (+ b)`, f64 accumulation.
 pub fn gemm(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, n: usize, k: usize) -> Vec<f32> {
     let mut y = vec![0.0f32; m * n];

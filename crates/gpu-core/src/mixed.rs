@@ -308,11 +308,7 @@ mod tests {
     use crate::host;
 
     fn vals(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0
-            })
-            .collect()
+        crate::host::test_values(n, seed)
     }
 
     /// Zero-padded heads (hd 16 → kernel 64) give the same q/k/v lanes (weights and biases) and

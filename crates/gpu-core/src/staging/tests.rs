@@ -70,8 +70,8 @@ fn parts_equal_the_concatenation() {
 #[test]
 fn bf16_bits_is_halfs_conversion() {
     let lows = [
-        0u32, 1, 0x3FFF, 0x4000, 0x7FFE, 0x7FFF, 0x8000, 0x8001, 0x8002, 0xBFFF, 0xC000,
-        0xFFFE, 0xFFFF,
+        0u32, 1, 0x3FFF, 0x4000, 0x7FFE, 0x7FFF, 0x8000, 0x8001, 0x8002, 0xBFFF, 0xC000, 0xFFFE,
+        0xFFFF,
     ];
     let check = |x: u32| {
         let want = bf16::from_f32(f32::from_bits(x)).to_bits();

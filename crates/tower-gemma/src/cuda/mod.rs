@@ -549,11 +549,7 @@ mod tests {
     use gpu_core::{host, HostSource};
 
     fn lin(out: usize, inp: usize, seed: u32) -> Linear {
-        let w = (0..out * inp)
-            .map(|i| {
-                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0
-            })
-            .collect();
+        let w = host::test_values(out * inp, seed);
         Linear {
             w,
             out,

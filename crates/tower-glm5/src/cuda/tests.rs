@@ -2,11 +2,7 @@ use super::*;
 use gpu_core::host;
 
 fn lin(out: usize, inp: usize, seed: u32) -> Linear {
-    let w = (0..out * inp)
-        .map(|i| {
-            ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0
-        })
-        .collect();
+    let w = host::test_values(out * inp, seed);
     Linear {
         w,
         b: None,
@@ -101,9 +97,8 @@ fn fixture_inputs(variant: &str, case: &str) -> (GlmConfig, Vec<f32>, Vec<[usize
     )
     .expect("config JSON");
     let cfg = GlmConfig::from_hf(&config).expect("config");
-    let ck =
-        st_reader::Checkpoint::open(fixture(&format!("outputs/{variant}/{case}.safetensors")))
-            .expect("oracle file");
+    let ck = st_reader::Checkpoint::open(fixture(&format!("outputs/{variant}/{case}.safetensors")))
+        .expect("oracle file");
     let pv = ck.find("pixel_values").expect("pixel_values");
     let pv = ck.to_f32(&pv).expect("f32");
     let thw = ck.find("image_grid_thw").expect("image_grid_thw");

@@ -19,11 +19,7 @@ fn conv_layout(p: Precision, w: &[f32], c: usize) -> Cow<'_, [f32]> {
 }
 
 fn vals(n: usize, seed: u32) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0
-        })
-        .collect()
+    gpu_core::host::test_values(n, seed)
 }
 
 /// The one-pass patch rows equal patchify, then the column padding, then the precision, for
