@@ -5,7 +5,7 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use half::{bf16, f16};
 
-use super::common::{all_aligned, need_len, off, Mat};
+use super::common::{all_aligned, need_len, off, Clamp, Mat};
 use super::norm::NormOut;
 use crate::device::{grid_stride, DeviceBuffer, Elem};
 use crate::kernels::Kernel;
@@ -19,33 +19,6 @@ pub(crate) fn act_mode(act: Activation) -> i32 {
         Activation::GeluErf => 2,
         Activation::Silu => 3,
         Activation::Identity => 4,
-    }
-}
-
-/// A closed interval `[lo, hi]`; [`Clamp::NONE`] is (−∞, ∞). gemma4's clipped linears, glm's SwiGLU limit.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Clamp {
-    /// Lower bound.
-    pub lo: f32,
-    /// Upper bound.
-    pub hi: f32,
-}
-
-impl Clamp {
-    /// No clamping.
-    pub const NONE: Clamp = Clamp {
-        lo: f32::NEG_INFINITY,
-        hi: f32::INFINITY,
-    };
-    /// `[lo, hi]`.
-    pub fn new(lo: f32, hi: f32) -> Self {
-        Clamp { lo, hi }
-    }
-}
-
-impl Default for Clamp {
-    fn default() -> Self {
-        Clamp::NONE
     }
 }
 

@@ -137,6 +137,33 @@ pub(super) fn all_aligned(addrs: &[u64], bytes: u64) -> bool {
     addrs.iter().all(|a| a % bytes == 0)
 }
 
+/// A closed interval `[lo, hi]`; [`Clamp::NONE`] is (−∞, ∞). gemma4's clipped linears, glm's SwiGLU limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Clamp {
+    /// Lower bound.
+    pub lo: f32,
+    /// Upper bound.
+    pub hi: f32,
+}
+
+impl Clamp {
+    /// No clamping.
+    pub const NONE: Clamp = Clamp {
+        lo: f32::NEG_INFINITY,
+        hi: f32::INFINITY,
+    };
+    /// `[lo, hi]`.
+    pub fn new(lo: f32, hi: f32) -> Self {
+        Clamp { lo, hi }
+    }
+}
+
+impl Default for Clamp {
+    fn default() -> Self {
+        Clamp::NONE
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

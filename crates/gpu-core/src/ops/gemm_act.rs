@@ -11,7 +11,8 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use super::act::{Clamp, Gate};
+use super::act::Gate;
+use super::common::Clamp;
 use super::common::{all_aligned, off, to_i32, Mat};
 use crate::device::DeviceBuffer;
 use crate::gemm::GemmBias;

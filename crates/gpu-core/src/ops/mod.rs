@@ -13,7 +13,8 @@ mod layout;
 mod norm;
 mod rope;
 
-pub use act::{ActElem, Clamp, Gate, HalfElem};
+pub use act::{ActElem, Gate, HalfElem};
+pub use common::Clamp;
 pub use common::Mat;
 pub use flash_attn::{AttnArgs, FlashVariant, MAX_F32_ATTN_HEAD_DIM};
 pub use gemm_act::{interleave_gate_up, FusedAct, InterleavedGateUp, GATE_UP_GROUP};

@@ -4,8 +4,7 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use half::{bf16, f16};
 
-use super::act::Clamp;
-use super::common::{all_aligned, need_len, off, Mat};
+use super::common::{all_aligned, need_len, off, Clamp, Mat};
 use crate::device::{grid_stride, opt_addr, DeviceBuffer, Elem};
 use crate::kernels::Kernel;
 use crate::{Device, GpuError, Result};

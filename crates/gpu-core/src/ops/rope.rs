@@ -3,7 +3,8 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::act::{ActElem, Clamp};
+use super::act::ActElem;
+use super::common::Clamp;
 use super::common::{need_len, product, to_i32, Mat};
 use crate::device::{opt_addr, DeviceBuffer};
 use crate::{Device, GpuError, Result};
