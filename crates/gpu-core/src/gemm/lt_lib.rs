@@ -278,13 +278,20 @@ fn fns() -> Result<&'static Fns, CublasError> {
         .map_err(|_| CublasError(Status::CUBLAS_STATUS_NOT_INITIALIZED))
 }
 
+/// Runs a cuBLASLt call that writes its result through a pointer (its "create" calls).
+///
+/// # Safety
+/// `call` must write a valid `T` through the pointer whenever it returns success.
+unsafe fn written<T>(call: impl FnOnce(*mut T) -> Status) -> Result<T, CublasError> {
+    let mut v = std::mem::MaybeUninit::uninit();
+    call(v.as_mut_ptr()).result()?;
+    Ok(v.assume_init())
+}
+
 pub(crate) fn create_handle() -> Result<Handle, CublasError> {
-    let mut h = std::mem::MaybeUninit::uninit();
+    let f = fns()?.create;
     // SAFETY: cublasLtCreate writes the handle it returns success for.
-    unsafe {
-        (fns()?.create)(h.as_mut_ptr()).result()?;
-        Ok(h.assume_init())
-    }
+    unsafe { written(|p| f(p)) }
 }
 
 /// # Safety
@@ -299,12 +306,9 @@ pub(crate) fn create_matrix_layout(
     cols: u64,
     ld: i64,
 ) -> Result<Layout, CublasError> {
-    let mut l = std::mem::MaybeUninit::uninit();
+    let f = fns()?.layout_create;
     // SAFETY: cublasLtMatrixLayoutCreate writes the layout it returns success for.
-    unsafe {
-        (fns()?.layout_create)(l.as_mut_ptr(), t, rows, cols, ld).result()?;
-        Ok(l.assume_init())
-    }
+    unsafe { written(|p| f(p, t, rows, cols, ld)) }
 }
 
 /// # Safety
@@ -317,12 +321,9 @@ pub(crate) fn create_matmul_desc(
     compute: sys::cublasComputeType_t,
     scale: sys::cudaDataType_t,
 ) -> Result<Desc, CublasError> {
-    let mut d = std::mem::MaybeUninit::uninit();
+    let f = fns()?.desc_create;
     // SAFETY: cublasLtMatmulDescCreate writes the descriptor it returns success for.
-    unsafe {
-        (fns()?.desc_create)(d.as_mut_ptr(), compute, scale).result()?;
-        Ok(d.assume_init())
-    }
+    unsafe { written(|p| f(p, compute, scale)) }
 }
 
 /// # Safety
@@ -343,12 +344,9 @@ pub(crate) unsafe fn set_matmul_desc_attribute(
 }
 
 pub(crate) fn create_matmul_pref() -> Result<Pref, CublasError> {
-    let mut p = std::mem::MaybeUninit::uninit();
+    let f = fns()?.pref_create;
     // SAFETY: cublasLtMatmulPreferenceCreate writes the preference it returns success for.
-    unsafe {
-        (fns()?.pref_create)(p.as_mut_ptr()).result()?;
-        Ok(p.assume_init())
-    }
+    unsafe { written(|p| f(p)) }
 }
 
 /// # Safety
