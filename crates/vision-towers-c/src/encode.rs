@@ -345,8 +345,8 @@ pub(crate) unsafe fn device_out(
 /// one the CUDA runtime and PyTorch use); `stream` a `CUstream` / `cudaStream_t` of that context,
 /// NULL for the legacy default stream, `(void*)2` for the per-thread default stream.
 ///
-/// Statuses: those of `vt_model_encode`, and `VT_ERR_UNSUPPORTED` (a model on the CPU; bf16 rows
-/// from an f32 model), `VT_ERR_BUFFER_TOO_SMALL` (decided from the headers, before the device is
+/// Statuses: those of `vt_model_encode`, and `VT_ERR_UNSUPPORTED` (a model on the CPU; 16-bit rows
+/// from a model of another precision), `VT_ERR_BUFFER_TOO_SMALL` (decided from the headers, before the device is
 /// touched), `VT_ERR_OUT_OF_MEMORY` (nothing usable in `dst`; the model stays usable).
 /// Out-params as [`vt_model_encode_into`].
 ///
