@@ -230,10 +230,11 @@ def test_dtypes_on_the_cpu():
     img = [image_bytes("tiny_20x15.png")]
     for d in (None, "float32", "f32", "torch.float32"):
         assert m.encode(img, dtype=d)[0].dtype == "float32"
-    with pytest.raises(vt.UnsupportedError, match="CPU"):
-        m.encode(img, dtype="bfloat16")
+    for d in ("bfloat16", "float16", "half"):
+        with pytest.raises(vt.UnsupportedError, match="CPU"):
+            m.encode(img, dtype=d)
     with pytest.raises(ValueError, match="dtype"):
-        m.encode(img, dtype="float16")
+        m.encode(img, dtype="float8")
 
 
 def test_out_needs_a_cuda_model():
