@@ -9,8 +9,7 @@ use anyhow::{bail, Result};
 use std::path::Path;
 
 use crate::parity_case::{
-    discover, inputs_case, rel_l2, verdict, Arith, Case, Outcome, Precision, Runner, Tensor,
-    Verdict,
+    discover, inputs_case, rel_l2, verdict, Arith, Case, Outcome, Runner, Tensor, Verdict,
 };
 
 /// Placeholder for a path that has no implementation yet.
@@ -96,10 +95,9 @@ pub fn rows_for(runner: &dyn Runner, fixtures: &Path, case: &Case) -> Vec<Row> {
         verdict,
         note,
     };
-    if runner.precision() == Arith::Cuda(Precision::Bf16) {
+    if let Arith::Cuda(p) = runner.precision() {
         if let Ok(dev) = crate::parity_device::shared_device() {
-            if !dev.supports_bf16() {
-                let why = format!("tier {} has no bf16 tensor cores", dev.tier());
+            if let Some(why) = dev.precision_refusal(p) {
                 return vec![row("*", None, Verdict::Refused, why)];
             }
         }
@@ -321,6 +319,7 @@ fn print_table(rows: &[Row]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parity_case::Precision;
     use std::collections::BTreeMap;
     use std::path::PathBuf;
 
@@ -455,7 +454,11 @@ mod tests {
             let what = err.to_string();
             let no = classify(Err(err)).expect_err("nothing opened");
             assert!(matches!(no, NoCuda::Broken(_)), "{what}: {no:?}");
-            for p in [Arith::Cuda(Precision::F32), Arith::Cuda(Precision::Bf16)] {
+            for p in [
+                Arith::Cuda(Precision::F32),
+                Arith::Cuda(Precision::Bf16),
+                Arith::Cuda(Precision::F16),
+            ] {
                 let rows = rows_for(&Unopened(no.clone(), p), &fixtures, &case);
                 assert!(!rows.is_empty());
                 for r in &rows {

@@ -26,10 +26,11 @@ pub enum Arith {
 
 impl Arith {
     /// Every path, in table order.
-    pub const ALL: [Arith; 3] = [
+    pub const ALL: [Arith; 4] = [
         Arith::HostF32,
         Arith::Cuda(Precision::F32),
         Arith::Cuda(Precision::Bf16),
+        Arith::Cuda(Precision::F16),
     ];
 
     /// Largest rel-L2 against the float64 oracle that passes.
@@ -37,7 +38,9 @@ impl Arith {
         match self {
             Arith::HostF32 => 1e-5,
             Arith::Cuda(Precision::F32) => 1e-4,
-            Arith::Cuda(Precision::Bf16) => 2e-2,
+            // f16 carries 3 more mantissa bits than bf16 but a range of ±65504 only: bf16's
+            // bound, and non-finite rows are an error of the tower (never a pass).
+            Arith::Cuda(Precision::Bf16 | Precision::F16) => 2e-2,
         }
     }
 
@@ -72,7 +75,8 @@ pub enum Verdict {
     /// neither a pass nor a failure, counted apart.
     NotRun,
     /// The device's GPU tier refuses this precision by design (bf16 on Turing's 7.5 tier, which has
-    /// no bf16 tensor cores): neither a pass nor a failure, counted apart, with the tier named.
+    /// no bf16 tensor cores; f16 runs on every tier): neither a pass nor a failure, counted apart,
+    /// with the tier named.
     Refused,
 }
 

@@ -68,6 +68,12 @@ impl DLDataType {
         bits: 16,
         lanes: 1,
     };
+    /// float16 (IEEE half).
+    pub const F16: DLDataType = DLDataType {
+        code: KDL_FLOAT,
+        bits: 16,
+        lanes: 1,
+    };
     /// uint8 (raw RGB video frames).
     pub const U8: DLDataType = DLDataType {
         code: KDL_UINT,
@@ -431,6 +437,7 @@ mod tests {
         assert!(b(vec![0, 3], vec![7, 7]).is_contiguous());
         assert_eq!(contiguous_strides(&[2, 3, 4]), vec![12, 4, 1]);
         assert_eq!(DLDataType::BF16.name(), "bfloat16");
+        assert_eq!(DLDataType::F16.name(), "float16");
         assert_eq!(
             DLDataType {
                 code: KDL_BOOL,

@@ -60,11 +60,15 @@ def test_bad_arguments_raise_value_errors():
     with pytest.raises(ValueError, match="unknown device"):
         vt.Model(path, device="tpu")
     with pytest.raises(ValueError, match="precision"):
-        vt.Model(path, precision="f16")
+        vt.Model(path, precision="f8")
     with pytest.raises(ValueError, match="max_megapixels"):
         vt.Model(path, max_megapixels=0)
     with pytest.raises(vt.UnsupportedError, match="bf16 runs on CUDA only"):
         vt.Model(path, device="cpu", precision="bf16")
+    # f16 likewise (every spelling): the CPU path is the f32 reference
+    for spelling in ("f16", "float16", "fp16", "half"):
+        with pytest.raises(vt.UnsupportedError, match="f16 runs on CUDA only"):
+            vt.Model(path, device="cpu", precision=spelling)
     # the caller's budget out of range: the caller's argument (the C ABI's VT_ERR_INVALID_ARGUMENT)
     with pytest.raises(ValueError, match="71"):
         vt.Model(path, max_soft_tokens=71)
@@ -226,10 +230,11 @@ def test_dtypes_on_the_cpu():
     img = [image_bytes("tiny_20x15.png")]
     for d in (None, "float32", "f32", "torch.float32"):
         assert m.encode(img, dtype=d)[0].dtype == "float32"
-    with pytest.raises(vt.UnsupportedError, match="CPU"):
-        m.encode(img, dtype="bfloat16")
+    for d in ("bfloat16", "float16", "half"):
+        with pytest.raises(vt.UnsupportedError, match="CPU"):
+            m.encode(img, dtype=d)
     with pytest.raises(ValueError, match="dtype"):
-        m.encode(img, dtype="float16")
+        m.encode(img, dtype="float8")
 
 
 def test_out_needs_a_cuda_model():

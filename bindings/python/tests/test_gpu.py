@@ -12,12 +12,13 @@ caller's tensor on the caller's stream; `encode_prepared` from PyTorch CPU tenso
 """
 
 import gc
+import math
 import threading
 
 import pytest
 
 import vision_towers as vt
-from vt_testutil import SafeTensors, bf16s, f32s, fixtures_dir, image_bytes, rel_l2
+from vt_testutil import SafeTensors, bf16s, f16s, f32s, fixtures_dir, image_bytes, rel_l2
 
 pytestmark = pytest.mark.gpu
 
@@ -97,6 +98,31 @@ def test_float32_rows_equal_the_host_reference_within_the_cuda_bound(torch):
             assert g.dtype == "float32"
             t = torch.from_dlpack(g)
             assert rel_l2(f32s(as_bytes(torch, t)), f32s(w.to_bytes())) <= 1e-4, name
+
+
+def test_f16_rows_through_dlpack_are_finite_and_within_the_16_bit_bound(torch):
+    """precision="f16" on every tier (Turing's precision): float16 rows through DLPack as
+    torch.float16, finite, within bf16's bound (2e-2) of the host reference, and each element
+    the model's own float32 rows rounded once (2^-11 relative); bfloat16 rows are refused."""
+    for name in MODELS:
+        m = cuda_model(name, precision="f16")
+        assert m.precision == "f16"
+        host = vt.Model(fixtures_dir() / "models" / name, device="cpu")
+        got = m.encode(images())
+        r32 = m.encode(images(), dtype="float32")
+        want = host.encode(images())
+        for g, a, w in zip(got, r32, want):
+            assert g.dtype == "float16"
+            t = torch.from_dlpack(g)
+            assert t.dtype == torch.float16 and t.device.type == "cuda"
+            x = f16s(t.cpu().numpy().tobytes())
+            assert all(math.isfinite(v) for v in x), name
+            assert rel_l2(x, f32s(w.to_bytes())) <= 2e-2, name
+            y = f32s(a.to_bytes())
+            # half an f16 ulp (2^-11 relative; 2^-25 absolute among the subnormals), with margin
+            assert all(abs(p - q) <= abs(q) / 1024 + 6e-8 for p, q in zip(x, y)), name
+        with pytest.raises(vt.UnsupportedError, match="bf16 tower"):
+            m.encode(images(), dtype=torch.bfloat16)
 
 
 def test_dtypes_and_capsules(torch):

@@ -71,6 +71,11 @@ def bf16s(raw):
     return struct.unpack(f"<{len(halves)}f", struct.pack(f"<{len(halves)}I", *(h << 16 for h in halves)))
 
 
+def f16s(raw):
+    """float16 (IEEE half) bytes widened to floats (exact)."""
+    return struct.unpack(f"<{len(raw) // 2}e", raw)
+
+
 def rel_l2(got, want):
     """‖got − want‖ / ‖want‖ in float64."""
     assert len(got) == len(want), (len(got), len(want))

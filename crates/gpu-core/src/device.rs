@@ -404,18 +404,18 @@ impl Device {
         self.tier.arch.precisions.f16
     }
 
-    /// Why this device cannot run a tower in `p`, or `None` when it can: bf16 needs bf16 tensor
-    /// cores (compute capability 8.0 and newer). Each tower asks before uploading a weight, so
-    /// a tier without them refuses at the upload, not at the first attention launch.
+    /// Why this device cannot run a tower in `p`, or `None` when it can: its tier's rule
+    /// ([`crate::tier::Tier::precision_refusal`]: bf16 needs bf16 tensor cores, 8.0 and newer, and
+    /// a tier without them is advised f16). Each tower asks before uploading a weight, so a tier
+    /// without them refuses at the upload, not at the first attention launch.
     pub fn precision_refusal(&self, p: Precision) -> Option<String> {
-        match p {
-            Precision::Bf16 if !self.supports_bf16() => Some(format!(
-                "bf16 needs bf16 tensor cores (compute capability 8.0 or newer); this device runs \
-                 tier {}: use f32",
-                self.tier
-            )),
-            Precision::Bf16 | Precision::F32 => None,
-        }
+        self.tier.precision_refusal(p)
+    }
+
+    /// The precision a tower runs in here when none is asked: bf16 from 8.0, f16 on Turing
+    /// ([`crate::tier::Tier::default_precision`]).
+    pub fn default_precision(&self) -> Precision {
+        self.tier.default_precision()
     }
 
     /// The device's name as the driver reports it.

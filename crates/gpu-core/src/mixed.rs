@@ -1,17 +1,18 @@
-//! The two precisions the towers' CUDA paths run in, and the buffers, GEMM operands and
+//! The precisions the towers' CUDA paths run in, and the buffers, GEMM operands and
 //! launches that follow one precision through a whole forward pass.
 //!
 //! A tower picks a [`Precision`] once: its linear weights and every activation buffer that
 //! feeds a GEMM (pre-norms, fused qkv, attention output, MLP activations) are then
-//! [`GemmBuffer`]s of that precision — bf16 on the tensor cores in the product mode, f32 in the
-//! exactness mode, where nothing on the path rounds to bf16. The residual stream, norms and
+//! [`GemmBuffer`]s of that precision — bf16 on the tensor cores in the product mode, f16 (the
+//! same places in IEEE half: Turing's precision, on every tier), f32 in the exactness mode, where
+//! nothing on the path rounds. The residual stream, norms and
 //! biases of f32 outputs stay f32 in both. The `*_mixed` methods on [`Device`] dispatch the
 //! activation-side kernels on the buffer's precision, so tower code is written once.
 //!
-//! Head padding: the bf16 attention kernels exist for [`BF16_ATTN_HEAD_DIMS`] only; a tower with
+//! Head padding: the bf16 and f16 attention kernels exist for [`BF16_ATTN_HEAD_DIMS`] only; a tower with
 //! another head dim runs at the next one, with zero q/k/v weight rows ([`pad_head_rows`]) and
 //! zero output-projection columns ([`pad_head_cols`]), so the padded lanes contribute exact zeros.
-use half::bf16;
+use half::{bf16, f16};
 use rayon::prelude::*;
 
 use crate::{
@@ -22,9 +23,13 @@ use crate::{
 /// Head dims the bf16 tensor-core flash-attention kernels exist for (`flash_attn_hd*_bf16`).
 pub const BF16_ATTN_HEAD_DIMS: [usize; 3] = [64, 72, 96];
 
+/// Head dims the f16 flash-attention kernels exist for (`flash_attn_hd*_f16` and Turing's
+/// `flash_attn_sm75_hd*_f16`): the bf16 kernels' twins.
+pub const F16_ATTN_HEAD_DIMS: [usize; 3] = BF16_ATTN_HEAD_DIMS;
+
 /// The head dim attention runs at for a model head dim `hd` in precision `p`: f32 runs `hd`
 /// itself (up to [`MAX_F32_ATTN_HEAD_DIM`]); bf16 the smallest of [`BF16_ATTN_HEAD_DIMS`] that
-/// holds it.
+/// holds it, f16 the smallest of [`F16_ATTN_HEAD_DIMS`].
 pub fn attention_head_dim(p: Precision, hd: usize) -> Result<usize> {
     let refuse = |what: String| GpuError::Shape {
         op: "attention_head_dim",
@@ -35,16 +40,21 @@ pub fn attention_head_dim(p: Precision, hd: usize) -> Result<usize> {
         Precision::F32 => Err(refuse(format!(
             "head_dim {hd}: the f32 attention kernel takes 1..={MAX_F32_ATTN_HEAD_DIM}"
         ))),
-        Precision::Bf16 => BF16_ATTN_HEAD_DIMS
-            .iter()
-            .copied()
-            .find(|&k| k >= hd && hd > 0)
-            .ok_or_else(|| {
-                refuse(format!(
-                    "head_dim {hd}: the bf16 attention kernels stop at {}",
-                    BF16_ATTN_HEAD_DIMS[BF16_ATTN_HEAD_DIMS.len() - 1]
-                ))
-            }),
+        Precision::Bf16 | Precision::F16 => {
+            let dims = match p {
+                Precision::F16 => F16_ATTN_HEAD_DIMS,
+                Precision::Bf16 | Precision::F32 => BF16_ATTN_HEAD_DIMS,
+            };
+            dims.iter()
+                .copied()
+                .find(|&k| k >= hd && hd > 0)
+                .ok_or_else(|| {
+                    refuse(format!(
+                        "head_dim {hd}: the {p} attention kernels stop at {}",
+                        dims[dims.len() - 1]
+                    ))
+                })
+        }
     }
 }
 
@@ -53,6 +63,8 @@ pub fn attention_head_dim(p: Precision, hd: usize) -> Result<usize> {
 pub enum GemmBuffer {
     /// The product mode's bf16.
     Bf16(DeviceBuffer<bf16>),
+    /// f16 (IEEE half), the product mode of tiers without bf16.
+    F16(DeviceBuffer<f16>),
     /// The exactness mode's f32.
     F32(DeviceBuffer<f32>),
 }
@@ -60,7 +72,7 @@ pub enum GemmBuffer {
 fn mixed(op: &'static str) -> GpuError {
     GpuError::Shape {
         op,
-        what: "buffers of different precisions (bf16 and f32)".into(),
+        what: "buffers of different precisions".into(),
     }
 }
 
@@ -69,16 +81,23 @@ impl GemmBuffer {
     pub fn alloc(dev: &Device, p: Precision, len: usize) -> Result<GemmBuffer> {
         Ok(match p {
             Precision::Bf16 => GemmBuffer::Bf16(dev.alloc(len)?),
+            Precision::F16 => GemmBuffer::F16(dev.alloc(len)?),
             Precision::F32 => GemmBuffer::F32(dev.alloc(len)?),
         })
     }
 
-    /// Uploads f32 host values in precision `p` (bf16: rounded to nearest even, in parallel).
+    /// Uploads f32 host values in precision `p` (bf16 and f16: rounded to nearest even, in
+    /// parallel; an f32 beyond f16's range becomes an infinity, which the towers' finite-rows
+    /// check then reports).
     pub fn upload(dev: &Device, p: Precision, host: &[f32]) -> Result<GemmBuffer> {
         Ok(match p {
             Precision::Bf16 => {
                 let v: Vec<bf16> = host.par_iter().map(|&x| bf16::from_f32(x)).collect();
                 GemmBuffer::Bf16(dev.upload(&v)?)
+            }
+            Precision::F16 => {
+                let v: Vec<f16> = host.par_iter().map(|&x| f16::from_f32(x)).collect();
+                GemmBuffer::F16(dev.upload(&v)?)
             }
             Precision::F32 => GemmBuffer::F32(dev.upload(host)?),
         })
@@ -97,6 +116,7 @@ impl GemmBuffer {
     pub fn precision(&self) -> Precision {
         match self {
             GemmBuffer::Bf16(_) => Precision::Bf16,
+            GemmBuffer::F16(_) => Precision::F16,
             GemmBuffer::F32(_) => Precision::F32,
         }
     }
@@ -105,6 +125,7 @@ impl GemmBuffer {
     pub fn len(&self) -> usize {
         match self {
             GemmBuffer::Bf16(b) => b.len(),
+            GemmBuffer::F16(b) => b.len(),
             GemmBuffer::F32(b) => b.len(),
         }
     }
@@ -118,6 +139,7 @@ impl GemmBuffer {
     pub fn bytes(&self) -> usize {
         match self {
             GemmBuffer::Bf16(b) => 2 * b.len(),
+            GemmBuffer::F16(b) => 2 * b.len(),
             GemmBuffer::F32(b) => 4 * b.len(),
         }
     }
@@ -126,6 +148,7 @@ impl GemmBuffer {
     pub fn out(&mut self) -> GemmOutput<'_> {
         match self {
             GemmBuffer::Bf16(b) => GemmOutput::Bf16(b),
+            GemmBuffer::F16(b) => GemmOutput::F16(b),
             GemmBuffer::F32(b) => GemmOutput::F32(b),
         }
     }
@@ -136,6 +159,7 @@ impl GemmBuffer {
     pub fn bias(&self) -> GemmBias<'_> {
         match self {
             GemmBuffer::Bf16(b) => GemmBias::Bf16(b),
+            GemmBuffer::F16(b) => GemmBias::F16(b),
             GemmBuffer::F32(b) => GemmBias::F32(b),
         }
     }
@@ -144,6 +168,7 @@ impl GemmBuffer {
     pub fn inputs<'a>(x: &'a GemmBuffer, w: &'a GemmBuffer) -> Result<GemmInputs<'a>> {
         match (x, w) {
             (GemmBuffer::Bf16(x), GemmBuffer::Bf16(w)) => Ok(GemmInputs::Bf16 { x, w }),
+            (GemmBuffer::F16(x), GemmBuffer::F16(w)) => Ok(GemmInputs::F16 { x, w }),
             (GemmBuffer::F32(x), GemmBuffer::F32(w)) => Ok(GemmInputs::F32 { x, w }),
             _ => Err(mixed("gemm")),
         }
@@ -156,6 +181,11 @@ impl GemmBuffer {
                 .download_prefix(b, len)?
                 .into_iter()
                 .map(bf16::to_f32)
+                .collect(),
+            GemmBuffer::F16(b) => dev
+                .download_prefix(b, len)?
+                .into_iter()
+                .map(f16::to_f32)
                 .collect(),
             GemmBuffer::F32(b) => dev.download_prefix(b, len)?,
         })
@@ -177,6 +207,7 @@ impl Device {
     ) -> Result<()> {
         match y {
             GemmBuffer::Bf16(y) => self.rms_norm(x, xm, w, y, ym, eps, clamp),
+            GemmBuffer::F16(y) => self.rms_norm(x, xm, w, y, ym, eps, clamp),
             GemmBuffer::F32(y) => self.rms_norm(x, xm, w, y, ym, eps, clamp),
         }
     }
@@ -195,6 +226,7 @@ impl Device {
     ) -> Result<()> {
         match y {
             GemmBuffer::Bf16(y) => self.layer_norm(x, xm, w, b, y, ym, eps),
+            GemmBuffer::F16(y) => self.layer_norm(x, xm, w, b, y, ym, eps),
             GemmBuffer::F32(y) => self.layer_norm(x, xm, w, b, y, ym, eps),
         }
     }
@@ -213,6 +245,9 @@ impl Device {
     ) -> Result<()> {
         match (out, gate, up) {
             (GemmBuffer::Bf16(o), GemmBuffer::Bf16(ga), GemmBuffer::Bf16(u)) => {
+                self.gated_act(o, om, ga, gm, u, um, g)
+            }
+            (GemmBuffer::F16(o), GemmBuffer::F16(ga), GemmBuffer::F16(u)) => {
                 self.gated_act(o, om, ga, gm, u, um, g)
             }
             (GemmBuffer::F32(o), GemmBuffer::F32(ga), GemmBuffer::F32(u)) => {
@@ -238,8 +273,38 @@ impl Device {
             (GemmBuffer::Bf16(o), GemmBuffer::Bf16(x)) => {
                 self.act(o, om, x, xm, act, input, output)
             }
+            (GemmBuffer::F16(o), GemmBuffer::F16(x)) => self.act(o, om, x, xm, act, input, output),
             (GemmBuffer::F32(o), GemmBuffer::F32(x)) => self.act(o, om, x, xm, act, input, output),
             _ => Err(mixed("act")),
+        }
+    }
+
+    /// [`Device::residual_rms_add`] with the next pre-norm (when `next` is given) into a 16-bit
+    /// buffer: bf16 or f16 ([`Device::residual_rms_add_f16`]); an f32 buffer takes no fused
+    /// next pre-norm (the exactness mode norms on its own), and is refused.
+    #[allow(clippy::too_many_arguments)]
+    pub fn residual_rms_add_mixed(
+        &self,
+        x: &mut DeviceBuffer<f32>,
+        y: &DeviceBuffer<f32>,
+        ym: Mat,
+        w_post: Option<&DeviceBuffer<f32>>,
+        eps: f32,
+        clamp: Clamp,
+        next: Option<(Option<&DeviceBuffer<f32>>, &mut GemmBuffer, f32)>,
+    ) -> Result<()> {
+        match next {
+            None => self.residual_rms_add(x, y, ym, w_post, eps, clamp, None),
+            Some((w, GemmBuffer::Bf16(out), e)) => {
+                self.residual_rms_add(x, y, ym, w_post, eps, clamp, Some((w, out, e)))
+            }
+            Some((w, GemmBuffer::F16(out), e)) => {
+                self.residual_rms_add_f16(x, y, ym, w_post, eps, clamp, Some((w, out, e)))
+            }
+            Some((_, GemmBuffer::F32(_), _)) => Err(GpuError::Shape {
+                op: "residual_rms_add",
+                what: "the fused next pre-norm writes bf16 or f16, not f32".into(),
+            }),
         }
     }
 
@@ -254,6 +319,7 @@ impl Device {
     ) -> Result<()> {
         match x {
             GemmBuffer::Bf16(x) => self.act_in_place(x, xm, act, input, output),
+            GemmBuffer::F16(x) => self.act_in_place(x, xm, act, input, output),
             GemmBuffer::F32(x) => self.act_in_place(x, xm, act, input, output),
         }
     }
@@ -362,16 +428,18 @@ mod tests {
 
     #[test]
     fn attention_head_dim_follows_the_kernels() {
-        let b = Precision::Bf16;
-        assert_eq!(attention_head_dim(b, 16).ok(), Some(64));
-        assert_eq!(attention_head_dim(b, 64).ok(), Some(64));
-        assert_eq!(attention_head_dim(b, 65).ok(), Some(72));
-        assert_eq!(attention_head_dim(b, 96).ok(), Some(96));
-        assert!(matches!(
-            attention_head_dim(b, 97),
-            Err(GpuError::Shape { .. })
-        ));
-        assert!(attention_head_dim(b, 0).is_err());
+        for b in [Precision::Bf16, Precision::F16] {
+            assert_eq!(attention_head_dim(b, 16).ok(), Some(64));
+            assert_eq!(attention_head_dim(b, 64).ok(), Some(64));
+            assert_eq!(attention_head_dim(b, 65).ok(), Some(72));
+            assert_eq!(attention_head_dim(b, 96).ok(), Some(96));
+            let e = attention_head_dim(b, 97);
+            assert!(
+                matches!(&e, Err(GpuError::Shape { what, .. }) if what.contains(b.name())),
+                "{e:?}"
+            );
+            assert!(attention_head_dim(b, 0).is_err());
+        }
         let f = Precision::F32;
         assert_eq!(attention_head_dim(f, 24).ok(), Some(24));
         assert_eq!(

@@ -111,12 +111,15 @@ impl Device {
             (GemmBuffer::Bf16(qkv), GemmBuffer::Bf16(attn)) => {
                 self.qkv_attention_in(qkv, attn, a, norm)
             }
+            (GemmBuffer::F16(qkv), GemmBuffer::F16(attn)) => {
+                self.qkv_attention_in(qkv, attn, a, norm)
+            }
             (GemmBuffer::F32(qkv), GemmBuffer::F32(attn)) => {
                 self.qkv_attention_in(qkv, attn, a, norm)
             }
             _ => Err(GpuError::Shape {
                 op: "qkv_attention",
-                what: "buffers of different precisions (bf16 and f32)".into(),
+                what: "buffers of different precisions".into(),
             }),
         }
     }

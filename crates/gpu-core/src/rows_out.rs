@@ -33,6 +33,9 @@ pub enum RowsDtype {
     F32,
     /// bfloat16 (rounded once from the f32 result, to nearest even).
     Bf16,
+    /// float16 (IEEE half, rounded once from the f32 result, to nearest even; ±∞ beyond
+    /// ±65504): an f16 LM's dtype.
+    F16,
 }
 
 impl RowsDtype {
@@ -40,15 +43,16 @@ impl RowsDtype {
     pub fn size(self) -> usize {
         match self {
             RowsDtype::F32 => 4,
-            RowsDtype::Bf16 => 2,
+            RowsDtype::Bf16 | RowsDtype::F16 => 2,
         }
     }
 
-    /// `"float32"` or `"bfloat16"` (PyTorch's spelling).
+    /// `"float32"`, `"bfloat16"` or `"float16"` (PyTorch's spelling).
     pub fn name(self) -> &'static str {
         match self {
             RowsDtype::F32 => "float32",
             RowsDtype::Bf16 => "bfloat16",
+            RowsDtype::F16 => "float16",
         }
     }
 }
@@ -71,7 +75,9 @@ impl RowsTarget<'_> {
     /// # Safety
     /// `addr .. addr + len·size` must be device memory of that device's primary context (a
     /// `cudaMalloc`, `cuMemAlloc` or PyTorch allocation), writable, not read or written by
-    /// anything else until the write is complete in stream order, and valid until then.
+    /// anything else until the write is complete in stream order, and valid until then (an f16
+    /// tower also reads it back in stream order right after its write, before its call returns:
+    /// [`Device::rows_finite`]).
     pub unsafe fn from_raw(
         addr: u64,
         len: usize,
@@ -274,7 +280,7 @@ impl OwnedRows {
         Ok(bytes[..self.len * self.dtype.size()].to_vec())
     }
 
-    /// The rows as f32 on the host (bf16 widened exactly), once written (blocks).
+    /// The rows as f32 on the host (bf16 and f16 widened exactly), once written (blocks).
     pub fn download_f32(&self) -> Result<Vec<f32>> {
         let bytes = self.download_bytes()?;
         Ok(match self.dtype {
@@ -285,6 +291,10 @@ impl OwnedRows {
             RowsDtype::Bf16 => bytes
                 .chunks_exact(2)
                 .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                .collect(),
+            RowsDtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
                 .collect(),
         })
     }
@@ -466,6 +476,34 @@ impl Device {
     }
 
     /// Checks that `target` lives on this device.
+    /// Whether every element of `target` is finite (no NaN, no ±∞), read back after all work
+    /// queued on the compute stream so far (it waits): an f16 tower's rows are checked so
+    /// ([`crate::DeviceTower::run_into`]), since f16 overflows at 65504.
+    pub fn rows_finite(&self, target: &RowsTarget<'_>) -> Result<bool> {
+        self.check_target(target)?;
+        if target.len == 0 {
+            return Ok(true);
+        }
+        self.ctx.bind_to_thread()?;
+        let mut bytes = vec![0u8; target.len * target.dtype.size()];
+        // SAFETY: `target` is `len` elements of device memory of this device (its constructor's
+        // contract, ordinal checked above), valid for the borrow; the copy is queued on the
+        // compute stream after the writes to it and waited for before `bytes` is read or freed.
+        unsafe { result::memcpy_dtoh_async(&mut bytes[..], target.addr, self.stream.cu_stream()) }?;
+        self.stream.synchronize()?;
+        Ok(match target.dtype {
+            RowsDtype::F32 => bytes
+                .chunks_exact(4)
+                .all(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite()),
+            RowsDtype::Bf16 => bytes
+                .chunks_exact(2)
+                .all(|c| half::bf16::from_le_bytes([c[0], c[1]]).is_finite()),
+            RowsDtype::F16 => bytes
+                .chunks_exact(2)
+                .all(|c| half::f16::from_le_bytes([c[0], c[1]]).is_finite()),
+        })
+    }
+
     pub(crate) fn check_target(&self, target: &RowsTarget<'_>) -> Result<()> {
         if target.ordinal != self.ordinal() {
             return Err(GpuError::shape(
@@ -490,6 +528,8 @@ mod tests {
         assert_eq!(RowsDtype::F32.size(), 4);
         assert_eq!(RowsDtype::Bf16.size(), 2);
         assert_eq!(RowsDtype::Bf16.name(), "bfloat16");
+        assert_eq!(RowsDtype::F16.size(), 2);
+        assert_eq!(RowsDtype::F16.name(), "float16");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::{CudaEvent, CudaStream, PinnedHostSlice};
-use half::bf16;
+use half::{bf16, f16};
 use rayon::prelude::*;
 
 use crate::{Device, DeviceBuffer, Elem, GemmBuffer, GpuError, Precision, Result};
@@ -114,6 +114,19 @@ fn bf16_chunk(dst: &mut [MaybeUninit<bf16>], src: &[f32]) -> bool {
     !bad
 }
 
+/// Writes `src` converted to f16 (round to nearest even) into `dst` (same length); whether every
+/// converted value was finite: an f32 beyond f16's range (65504) becomes an infinity, and is
+/// reported as non-finite like a NaN. Every element of `dst` is written, whatever the values.
+fn f16_chunk(dst: &mut [MaybeUninit<f16>], src: &[f32]) -> bool {
+    let mut bad = false;
+    for (d, &x) in dst.iter_mut().zip(src) {
+        let h = f16::from_f32(x);
+        bad |= !h.is_finite();
+        d.write(h);
+    }
+    !bad
+}
+
 /// Writes `src` into `dst` (same length); whether every value was finite. Every element of `dst`
 /// is written.
 fn f32_chunk(dst: &mut [MaybeUninit<f32>], src: &[f32]) -> bool {
@@ -205,15 +218,17 @@ fn recycle_bf16(v: Vec<bf16>) {
 pub enum HostGemm {
     /// The product mode's bf16.
     Bf16(Vec<bf16>),
+    /// f16 (IEEE half), the product mode of tiers without bf16.
+    F16(Vec<f16>),
     /// The exactness mode's f32.
     F32(Vec<f32>),
 }
 
 impl HostGemm {
-    /// `v` in precision `p` (bf16: rounded to nearest even, in parallel).
+    /// `v` in precision `p` (bf16 and f16: rounded to nearest even, in parallel).
     pub fn from_f32(p: Precision, v: Vec<f32>) -> HostGemm {
         match p {
-            Precision::Bf16 => HostGemm::from_f32_parts(p, &[&v]),
+            Precision::Bf16 | Precision::F16 => HostGemm::from_f32_parts(p, &[&v]),
             Precision::F32 => HostGemm::F32(v),
         }
     }
@@ -226,7 +241,8 @@ impl HostGemm {
     }
 
     /// [`HostGemm::from_f32_parts`], checking in the same pass over the values that each is
-    /// finite: the towers' inputs are refused on a NaN or an infinity, and reading tens of MB a
+    /// finite (in f16: finite after the conversion, so a value beyond f16's range is refused too):
+    /// the towers' inputs are refused on a NaN or an infinity, and reading tens of MB a
     /// second time only to check them cost as much as the conversion (docs/PERF.md v0.16).
     pub fn from_finite_f32_parts(p: Precision, parts: &[&[f32]]) -> Result<HostGemm, NonFinite> {
         let (out, finite) = Self::stacked(p, parts);
@@ -245,6 +261,11 @@ impl HostGemm {
                 let finite = stack_parts(parts, &mut out, bf16_chunk);
                 (HostGemm::Bf16(out), finite)
             }
+            Precision::F16 => {
+                let mut out = Vec::new();
+                let finite = stack_parts(parts, &mut out, f16_chunk);
+                (HostGemm::F16(out), finite)
+            }
             Precision::F32 => {
                 let mut out = Vec::new();
                 let finite = stack_parts(parts, &mut out, f32_chunk);
@@ -257,6 +278,7 @@ impl HostGemm {
     pub fn len(&self) -> usize {
         match self {
             HostGemm::Bf16(v) => v.len(),
+            HostGemm::F16(v) => v.len(),
             HostGemm::F32(v) => v.len(),
         }
     }
@@ -270,6 +292,7 @@ impl HostGemm {
     pub fn precision(&self) -> Precision {
         match self {
             HostGemm::Bf16(_) => Precision::Bf16,
+            HostGemm::F16(_) => Precision::F16,
             HostGemm::F32(_) => Precision::F32,
         }
     }
@@ -361,6 +384,7 @@ impl InputBuffers {
 fn upload_gemm(dev: &Device, v: &HostGemm) -> Result<GemmBuffer> {
     Ok(match v {
         HostGemm::Bf16(v) => GemmBuffer::Bf16(dev.upload(v)?),
+        HostGemm::F16(v) => GemmBuffer::F16(dev.upload(v)?),
         HostGemm::F32(v) => GemmBuffer::F32(dev.upload(v)?),
     })
 }
@@ -404,6 +428,7 @@ impl Device {
     fn copy_gemm_prefix(&self, src: &GemmBuffer, len: usize, dst: &mut GemmBuffer) -> Result<()> {
         match (src, dst) {
             (GemmBuffer::Bf16(s), GemmBuffer::Bf16(d)) => self.copy_prefix(s, len, d),
+            (GemmBuffer::F16(s), GemmBuffer::F16(d)) => self.copy_prefix(s, len, d),
             (GemmBuffer::F32(s), GemmBuffer::F32(d)) => self.copy_prefix(s, len, d),
             _ => Err(GpuError::shape(
                 "load_inputs",
@@ -465,6 +490,7 @@ impl Device {
 #[derive(Debug)]
 enum PinnedRows {
     Bf16(PinnedHostSlice<bf16>),
+    F16(PinnedHostSlice<f16>),
     F32(PinnedHostSlice<f32>),
 }
 
@@ -520,7 +546,7 @@ impl Drop for Uploader {
 
 /// Page-locked host memory for `len` elements (contents unspecified).
 fn pinned<T: Elem>(dev: &Device, len: usize) -> Result<PinnedHostSlice<T>> {
-    // SAFETY: T is plain old data (f32, bf16, i32): any bit pattern is a value; flags 0 asks for
+    // SAFETY: T is plain old data (f32, bf16, f16, i32): any bit pattern is a value; flags 0 asks for
     // ordinary (cached, not write-combined) page-locked memory, which the host also reads.
     unsafe { dev.ctx.alloc_pinned_with_flags::<T>(len.max(1), 0) }
         .map_err(|e| GpuError::from_alloc(e, len * std::mem::size_of::<T>()))
@@ -586,6 +612,7 @@ impl Uploader {
             .map(|h| {
                 let rows = match &h.rows {
                     PinnedRows::Bf16(p) => p.num_bytes(),
+                    PinnedRows::F16(p) => p.num_bytes(),
                     PinnedRows::F32(p) => p.num_bytes(),
                 };
                 rows + h.pos.num_bytes() + h.cu.num_bytes()
@@ -612,6 +639,7 @@ impl Uploader {
             s.cap = None;
             let rows = match p {
                 Precision::Bf16 => PinnedRows::Bf16(pinned(dev, cap[0])?),
+                Precision::F16 => PinnedRows::F16(pinned(dev, cap[0])?),
                 Precision::F32 => PinnedRows::F32(pinned(dev, cap[0])?),
             };
             s.host = Some(SlotHost {
@@ -638,6 +666,11 @@ impl Uploader {
         self.stream.wait(&s.consumed)?;
         match (&mut h.rows, &host.rows, &mut d.rows) {
             (PinnedRows::Bf16(ph), HostGemm::Bf16(v), GemmBuffer::Bf16(dv)) => {
+                let ph = ph.as_mut_slice()?;
+                fill(ph, v);
+                queue(&self.stream, &ph[..v.len()], dv)?;
+            }
+            (PinnedRows::F16(ph), HostGemm::F16(v), GemmBuffer::F16(dv)) => {
                 let ph = ph.as_mut_slice()?;
                 fill(ph, v);
                 queue(&self.stream, &ph[..v.len()], dv)?;

@@ -407,6 +407,42 @@ impl Tier {
     }
 }
 
+impl Tier {
+    /// The precision a tower runs in on this tier when none is asked (`auto`): bf16 where the
+    /// tensor cores have it (8.0 and newer), else f16 (Turing, vLLM's choice there), else f32.
+    pub fn default_precision(&self) -> crate::Precision {
+        let p = self.arch.precisions;
+        if p.bf16 {
+            crate::Precision::Bf16
+        } else if p.f16 {
+            crate::Precision::F16
+        } else {
+            crate::Precision::F32
+        }
+    }
+
+    /// Why this tier cannot run a tower in `p`, or `None` when it can: bf16 needs bf16 tensor
+    /// cores (compute capability 8.0 and newer), and a tier without them is advised f16 (vLLM's
+    /// advice below 8.0); f16 needs the tier's f16 kernels (every tier of the table).
+    pub fn precision_refusal(&self, p: crate::Precision) -> Option<String> {
+        use crate::Precision;
+        let has = self.arch.precisions;
+        match p {
+            Precision::Bf16 if !has.bf16 => Some(format!(
+                "bf16 needs bf16 tensor cores (compute capability 8.0 or newer); this device runs \
+                 tier {self}: use f16 (half precision: --precision f16, precision=\"f16\") or f32"
+            )),
+            Precision::F16 if !has.f16 => Some(format!(
+                "f16 needs the tier's f16 kernels; this device runs tier {self}: use f32"
+            )),
+            Precision::F32 if !has.f32 => Some(format!(
+                "f32 needs the tier's f32 kernels; this device runs tier {self}"
+            )),
+            Precision::Bf16 | Precision::F16 | Precision::F32 => None,
+        }
+    }
+}
+
 impl fmt::Display for Tier {
     /// `8.0 Ampere (A100, A30), forced on 9.0` or `9.0 Hopper (H100, H200, GH200)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -558,6 +594,37 @@ mod tests {
             Tier::choose(h100, Some((8, 0))).unwrap().to_string(),
             "8.0 Ampere (A100, A30), forced on 9.0"
         );
+    }
+
+    /// `auto` precision per tier (f16 on Turing, bf16 from 8.0) and the refusals: bf16 on 7.5 with
+    /// the advice to use f16, native and forced; f16 and f32 everywhere.
+    #[test]
+    fn default_precision_and_refusals_per_tier() {
+        use crate::Precision;
+        for cc in [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
+            let t = Tier::choose(cc, None).unwrap();
+            let want = if cc == (7, 5) {
+                Precision::F16
+            } else {
+                Precision::Bf16
+            };
+            assert_eq!(t.default_precision(), want, "{cc:?}");
+            assert_eq!(t.precision_refusal(Precision::F16), None, "{cc:?}");
+            assert_eq!(t.precision_refusal(Precision::F32), None, "{cc:?}");
+            assert_eq!(
+                t.precision_refusal(Precision::Bf16).is_some(),
+                cc == (7, 5),
+                "{cc:?}"
+            );
+        }
+        let forced = Tier::choose((9, 0), Some((7, 5))).unwrap();
+        assert_eq!(forced.default_precision(), Precision::F16);
+        let why = forced.precision_refusal(Precision::Bf16).unwrap();
+        assert!(
+            why.contains("bf16 tensor cores") && why.contains("use f16") && why.contains("7.5"),
+            "{why}"
+        );
+        assert_eq!(forced.precision_refusal(Precision::F16), None);
     }
 
     #[test]

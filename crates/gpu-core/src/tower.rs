@@ -164,13 +164,33 @@ pub trait DeviceTower: Send {
         let rows = self
             .device()
             .download_prefix(ws.rows(), batch.rows() * self.width())?;
+        self.refuse_non_finite(crate::all_finite(&rows))?;
         Ok((Some(self.with_rows(stages, batch, rows)), ran))
     }
 
     /// Downloads the rows of the last pass over `batch` from the workspace, per image (waits).
     fn rows(&self, batch: &Batch<Self::Meta>) -> TowerResult<Vec<Self::Rows>, Self> {
         let all = self.download_rows(batch.rows(), |ws| ws.rows())?;
+        match self.precision() {
+            Precision::F16 => self.refuse_non_finite(crate::all_finite(&all))?,
+            Precision::Bf16 | Precision::F32 => {}
+        }
         Ok(Self::Rows::split(batch, all, self.width()))
+    }
+
+    /// In f16, an error when the rows are not all finite (`finite` false): f16 holds magnitudes
+    /// up to 65504 only, and a model whose activations leave that range gives NaN or ±∞ rows,
+    /// which are refused, never handed out (issue 39: never ship wrong rows). bf16 and f32 rows
+    /// are handed out as computed (bf16 has f32's range).
+    fn refuse_non_finite(&self, finite: bool) -> TowerResult<(), Self> {
+        match self.precision() {
+            Precision::F16 if !finite => Err(Self::unsupported(
+                "f16 rows are not finite (NaN or ±inf): this model's activations leave f16's \
+                 range (±65504) on this input; use bf16 (compute capability 8.0+) or f32"
+                    .into(),
+            )),
+            Precision::F16 | Precision::Bf16 | Precision::F32 => Ok(()),
+        }
     }
 
     /// Validates `images` and uploads their inputs synchronously (the host half, then a plain
@@ -192,7 +212,7 @@ pub trait DeviceTower: Send {
     /// With `keep_stages` the stage activations are downloaded as they are produced.
     ///
     /// The inputs are first copied into fixed device buffers (a staged batch's after its upload
-    /// finished, on the device); then in bf16 mode without stages the encoder goes through the
+    /// finished, on the device); then in bf16 or f16 mode without stages the encoder goes through the
     /// CUDA graph cache ([`crate::Graphs`]: eager the first time a layout is seen, captured the
     /// second, replayed after), else it runs eagerly ([`DeviceTower::encoder`]).
     fn run(
@@ -216,11 +236,13 @@ pub trait DeviceTower: Send {
 
     /// Runs the pass and writes its rows, image after image in the LM width, into `out`, which
     /// must hold exactly that many elements: the projection writes there directly, after the
-    /// (graphed) encoder. Queued on the device's stream; returns how the encoder ran.
+    /// (graphed) encoder. Queued on the device's stream; returns how the encoder ran. In f16 the
+    /// rows are then read back and checked finite ([`Device::rows_finite`]: a download and a
+    /// wait, f16's price for never handing out overflowed rows).
     fn run_into(
         &mut self,
         batch: &Batch<Self::Meta>,
-        out: RowsTarget<'_>,
+        mut out: RowsTarget<'_>,
     ) -> TowerResult<Ran, Self> {
         let rows = Self::batch_rows(batch);
         if out.len() != rows * self.width() {
@@ -231,8 +253,14 @@ pub trait DeviceTower: Send {
                 self.width()
             )));
         }
-        self.with_workspace(batch, false, |t, ws| t.pass(ws, batch, false, Some(out)))
-            .map(|(_, ran)| ran)
+        let (_, ran) = self.with_workspace(batch, false, |t, ws| {
+            t.pass(ws, batch, false, Some(out.reborrow()))
+        })?;
+        match self.precision() {
+            Precision::F16 => self.refuse_non_finite(self.device().rows_finite(&out)?)?,
+            Precision::Bf16 | Precision::F32 => {}
+        }
+        Ok(ran)
     }
 
     /// Runs the pass into the tower's workspace (queued, through its graphs where they are on);
@@ -258,7 +286,7 @@ pub trait DeviceTower: Send {
         Ok((self.rows(&batch)?, stages))
     }
 
-    /// Turns CUDA graphs of the bf16 encoder on (the default) or off (every forward eager).
+    /// Turns CUDA graphs of the bf16 and f16 encoder on (the default) or off (every forward eager).
     fn set_graphs(&mut self, on: bool) {
         self.passes_mut().set_graphs(on);
     }
@@ -293,6 +321,7 @@ pub trait DeviceTower: Send {
 
     /// The encoder of a pass on `ws`, with the batch's inputs already loaded: `forward(tower,
     /// ws, keep)` eagerly when `keep` (stages are downloaded along the way) or in f32 mode, else
+    /// (bf16, f16)
     /// through the CUDA graph cache under `key` (without stages). Returns the stages and how it
     /// ran.
     fn encoder<S>(
@@ -302,7 +331,11 @@ pub trait DeviceTower: Send {
         keep: bool,
         mut forward: impl FnMut(&Self, &mut Self::Workspace, bool) -> TowerResult<Option<S>, Self>,
     ) -> TowerResult<(Option<S>, Ran), Self> {
-        if keep || self.precision() != Precision::Bf16 {
+        let graphed = match self.precision() {
+            Precision::Bf16 | Precision::F16 => true,
+            Precision::F32 => false,
+        };
+        if keep || !graphed {
             return Ok((forward(self, ws, keep)?, Ran::Eager));
         }
         let mut graphs = self.passes_mut().take_graphs();

@@ -496,6 +496,9 @@ impl Stager {
     ) -> Result<GemmBuffer> {
         Ok(match p {
             Precision::Bf16 => GemmBuffer::Bf16(self.upload(dev, src)?),
+            // f16 range: a weight beyond ±65504 becomes an infinity here; the towers' rows are
+            // then non-finite and refused (never clamped).
+            Precision::F16 => GemmBuffer::F16(self.upload(dev, src)?),
             Precision::F32 => GemmBuffer::F32(self.upload(dev, src)?),
         })
     }

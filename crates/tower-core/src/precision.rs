@@ -17,17 +17,23 @@ pub enum Precision {
     /// bf16 weights and GEMM inputs on the tensor cores, f32 accumulation (CUDA only, compute
     /// capability 8.0 or newer).
     Bf16,
+    /// f16 (IEEE half) weights and GEMM inputs on the tensor cores, f32 accumulation (CUDA only,
+    /// every tier from compute capability 7.5: Turing's precision, where bf16 is refused). f16
+    /// holds magnitudes up to 65504 only: a tower whose GEMM inputs leave that range gives
+    /// non-finite rows, which the towers refuse as an error, never as rows.
+    F16,
 }
 
 impl Precision {
     /// Every precision, in the order tables list them.
-    pub const ALL: [Precision; 2] = [Precision::F32, Precision::Bf16];
+    pub const ALL: [Precision; 3] = [Precision::F32, Precision::Bf16, Precision::F16];
 
-    /// The short name (`f32`, `bf16`), as [`FromStr`] reads it back.
+    /// The short name (`f32`, `bf16`, `f16`), as [`FromStr`] reads it back.
     pub fn name(self) -> &'static str {
         match self {
             Precision::F32 => "f32",
             Precision::Bf16 => "bf16",
+            Precision::F16 => "f16",
         }
     }
 
@@ -35,7 +41,7 @@ impl Precision {
     pub fn gemm_input_bytes(self) -> usize {
         match self {
             Precision::F32 => 4,
-            Precision::Bf16 => 2,
+            Precision::Bf16 | Precision::F16 => 2,
         }
     }
 }
@@ -48,18 +54,19 @@ impl fmt::Display for Precision {
 
 /// A precision name that is not one of [`Precision`]'s spellings.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown precision {0:?}: expected f32 (float32) or bf16 (bfloat16)")]
+#[error("unknown precision {0:?}: expected f32 (float32), bf16 (bfloat16) or f16 (float16, half)")]
 pub struct ParsePrecisionError(pub String);
 
 impl FromStr for Precision {
     type Err = ParsePrecisionError;
 
-    /// Reads `f32` / `float32` / `fp32` and `bf16` / `bfloat16` (PyTorch's and NumPy's
-    /// spellings), lower case.
+    /// Reads `f32` / `float32` / `fp32`, `bf16` / `bfloat16` and `f16` / `float16` / `fp16` /
+    /// `half` (PyTorch's and NumPy's spellings), lower case.
     fn from_str(s: &str) -> Result<Precision, ParsePrecisionError> {
         match s {
             "f32" | "float32" | "fp32" => Ok(Precision::F32),
             "bf16" | "bfloat16" => Ok(Precision::Bf16),
+            "f16" | "float16" | "fp16" | "half" => Ok(Precision::F16),
             other => Err(ParsePrecisionError(other.to_string())),
         }
     }
@@ -76,10 +83,15 @@ mod tests {
         }
         assert_eq!("bfloat16".parse::<Precision>(), Ok(Precision::Bf16));
         assert_eq!("float32".parse::<Precision>(), Ok(Precision::F32));
-        for bad in ["", "F32", "bf-16", "f16x", "int8"] {
+        for s in ["f16", "float16", "fp16", "half"] {
+            assert_eq!(s.parse::<Precision>(), Ok(Precision::F16), "{s}");
+        }
+        for bad in ["", "F32", "bf-16", "f16x", "int8", "F16", "half16"] {
             let e = bad.parse::<Precision>().expect_err(bad);
             assert!(e.to_string().contains("bf16"), "{e}");
+            assert!(e.to_string().contains("f16 (float16"), "{e}");
         }
+        assert_eq!(Precision::F16.gemm_input_bytes(), 2);
         assert_eq!(Precision::Bf16.gemm_input_bytes(), 2);
         assert_eq!(Precision::F32.gemm_input_bytes(), 4);
     }

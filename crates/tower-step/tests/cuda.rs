@@ -98,9 +98,13 @@ fn cuda_matches_host_on_a_regrouped_batch() {
         let t = tower(dir);
         let (want, want_stages) = t.forward_host(&images, true).unwrap();
         let want_stages = want_stages.unwrap();
-        for (p, bound) in [(Precision::F32, 1e-4), (Precision::Bf16, 2e-2)] {
+        for (p, bound) in [
+            (Precision::F32, 1e-4),
+            (Precision::Bf16, 2e-2),
+            (Precision::F16, 2e-2),
+        ] {
             if dev.precision_refusal(p).is_some() {
-                // a tier without bf16 tensor cores (7.5) refuses the upload, by design
+                // a tier without bf16 tensor cores (7.5) refuses a bf16 upload, by design
                 let Err(e) = t.to_cuda(dev.clone(), p) else {
                     panic!("{dir} {p:?}: a refused precision uploaded")
                 };

@@ -119,8 +119,8 @@ typedef enum vt_status {
    */
   VT_ERR_NO_DEVICE = 9,
   /**
-   * The request is valid but not available: bf16 on the CPU, device rows from a model on the
-   * CPU, bf16 rows from an f32 model, video for a family without a video path (step3p7,
+   * The request is valid but not available: bf16 or f16 on the CPU, device rows from a model on the
+   * CPU, 16-bit rows from a model of another precision, video for a family without a video path (step3p7,
    * glm_ocr).
    */
   VT_ERR_UNSUPPORTED = 10,
@@ -198,7 +198,8 @@ typedef enum vt_lm_attention {
  */
 typedef enum vt_precision {
   /**
-   * As an option: the device's own (f32 on the CPU, bf16 on CUDA).
+   * As an option: the device's own (f32 on the CPU; on CUDA bf16, or f16 on a tier without
+   * bf16 tensor cores: Turing, 7.5).
    */
   VT_PRECISION_DEFAULT = 0,
   /**
@@ -206,9 +207,15 @@ typedef enum vt_precision {
    */
   VT_PRECISION_F32 = 1,
   /**
-   * bf16 weights and GEMM inputs on the tensor cores, f32 accumulation (CUDA only).
+   * bf16 weights and GEMM inputs on the tensor cores, f32 accumulation (CUDA only, compute
+   * capability 8.0 or newer).
    */
   VT_PRECISION_BF16 = 2,
+  /**
+   * f16 (IEEE half) weights and GEMM inputs on the tensor cores, f32 accumulation (CUDA only,
+   * every tier from 7.5); rows that leave f16's range are refused, never returned.
+   */
+  VT_PRECISION_F16 = 3,
 } vt_precision;
 
 /**
@@ -238,6 +245,10 @@ typedef enum vt_dtype {
    * bfloat16 (2 bytes per element, little-endian; needs a bf16 model).
    */
   VT_DTYPE_BF16 = 1,
+  /**
+   * float16, IEEE half (2 bytes per element, little-endian; needs an f16 model).
+   */
+  VT_DTYPE_F16 = 2,
 } vt_dtype;
 
 /**
@@ -496,8 +507,8 @@ enum vt_status vt_model_encode_into(const struct vt_model *model,
  * one the CUDA runtime and PyTorch use); `stream` a `CUstream` / `cudaStream_t` of that context,
  * NULL for the legacy default stream, `(void*)2` for the per-thread default stream.
  *
- * Statuses: those of `vt_model_encode`, and `VT_ERR_UNSUPPORTED` (a model on the CPU; bf16 rows
- * from an f32 model), `VT_ERR_BUFFER_TOO_SMALL` (decided from the headers, before the device is
+ * Statuses: those of `vt_model_encode`, and `VT_ERR_UNSUPPORTED` (a model on the CPU; 16-bit rows
+ * from a model of another precision), `VT_ERR_BUFFER_TOO_SMALL` (decided from the headers, before the device is
  * touched), `VT_ERR_OUT_OF_MEMORY` (nothing usable in `dst`; the model stays usable).
  * Out-params as [`vt_model_encode_into`].
  *
@@ -663,8 +674,8 @@ enum vt_lm_attention vt_model_lm_attention(const struct vt_model *model);
 int32_t vt_model_device_ordinal(const struct vt_model *model);
 
 /**
- * The tower's arithmetic: `VT_PRECISION_F32` or `VT_PRECISION_BF16` (`VT_PRECISION_DEFAULT`
- * for NULL).
+ * The tower's arithmetic: `VT_PRECISION_F32`, `VT_PRECISION_BF16` or `VT_PRECISION_F16`
+ * (`VT_PRECISION_DEFAULT` for NULL).
  *
  * # Safety
  * `model` is NULL or a live handle.
@@ -999,7 +1010,7 @@ enum vt_status vt_model_encode_video_into(const struct vt_model *model,
  * video is one "image", its rows `0 .. *needed / width`.
  *
  * Checks, in order: `dtype` and the model as `vt_model_encode_device` checks them
- * (`VT_ERR_UNSUPPORTED` for a model on the CPU or bf16 rows from an f32 model: no `dst_len`
+ * (`VT_ERR_UNSUPPORTED` for a model on the CPU or 16-bit rows from another precision: no `dst_len`
  * would do, so `*needed` is not written, and no video config is read), then `dst` as it does
  * (NULL: `VT_ERR_NULL_ARGUMENT`; misaligned for `dtype` or past the address space:
  * `VT_ERR_INVALID_ARGUMENT`), then the out-params and the video as `vt_model_encode_video_into`
@@ -1010,7 +1021,7 @@ enum vt_status vt_model_encode_video_into(const struct vt_model *model,
  * `VT_OK` and on `VT_ERR_BUFFER_TOO_SMALL`.
  *
  * Statuses: those of [`vt_model_encode_video`], and `VT_ERR_UNSUPPORTED` (a model on the CPU;
- * bf16 rows from an f32 model), `VT_ERR_BUFFER_TOO_SMALL`, `VT_ERR_OUT_OF_MEMORY` (nothing
+ * 16-bit rows from a model of another precision), `VT_ERR_BUFFER_TOO_SMALL`, `VT_ERR_OUT_OF_MEMORY` (nothing
  * usable in `dst`; the model stays usable).
  *
  * # Safety

@@ -2,7 +2,7 @@
 //! CUDA buffer on a caller's stream.
 
 use vision_towers::vision_prep::{ImageSource, Plan, PrepError};
-use vision_towers::{Device, DeviceOut, Model, ModelError, Precision, RowsDtype};
+use vision_towers::{Device, DeviceOut, Model, ModelError, RowsDtype};
 
 use crate::error::{guard, guard_value, vt_status, Failure};
 use crate::ffi::{check_extent, need_out, slice, slice_mut, write_opt};
@@ -40,6 +40,8 @@ pub enum vt_dtype {
     VT_DTYPE_F32 = 0,
     /// bfloat16 (2 bytes per element, little-endian; needs a bf16 model).
     VT_DTYPE_BF16 = 1,
+    /// float16, IEEE half (2 bytes per element, little-endian; needs an f16 model).
+    VT_DTYPE_F16 = 2,
 }
 
 /// The image source of `img`, the `index`-th of the call.
@@ -271,9 +273,10 @@ pub(crate) fn device_target(m: &Model, dtype: u32) -> Result<(usize, RowsDtype),
     let dtype = match dtype {
         0 => RowsDtype::F32,
         1 => RowsDtype::Bf16,
+        2 => RowsDtype::F16,
         d => {
             return Err(Failure::invalid(format!(
-                "dtype: {d} is not a vt_dtype (0 or 1)"
+                "dtype: {d} is not a vt_dtype (0, 1 or 2)"
             )))
         }
     };
@@ -287,11 +290,15 @@ pub(crate) fn device_target(m: &Model, dtype: u32) -> Result<(usize, RowsDtype),
             ),
         ));
     };
-    if dtype == RowsDtype::Bf16 && m.precision() == Precision::F32 {
+    if let Some(why) = vision_towers::rows_dtype_refusal(m.precision(), dtype) {
+        let (prec, vt) = match dtype {
+            RowsDtype::Bf16 => ("VT_PRECISION_BF16", "VT_DTYPE_BF16"),
+            RowsDtype::F16 => ("VT_PRECISION_F16", "VT_DTYPE_F16"),
+            RowsDtype::F32 => ("VT_PRECISION_F32", "VT_DTYPE_F32"),
+        };
         return Err(Failure::new(
             vt_status::VT_ERR_UNSUPPORTED,
-            "bf16 rows need a bf16 model (cuBLASLt has no f32-input GEMM with a bf16 output); \
-             open it with VT_PRECISION_BF16 or ask for VT_DTYPE_F32 rows",
+            format!("{vt}: {why} (open it with {prec} or ask for VT_DTYPE_F32 rows)"),
         ));
     }
     Ok((ordinal, dtype))
@@ -338,8 +345,8 @@ pub(crate) unsafe fn device_out(
 /// one the CUDA runtime and PyTorch use); `stream` a `CUstream` / `cudaStream_t` of that context,
 /// NULL for the legacy default stream, `(void*)2` for the per-thread default stream.
 ///
-/// Statuses: those of `vt_model_encode`, and `VT_ERR_UNSUPPORTED` (a model on the CPU; bf16 rows
-/// from an f32 model), `VT_ERR_BUFFER_TOO_SMALL` (decided from the headers, before the device is
+/// Statuses: those of `vt_model_encode`, and `VT_ERR_UNSUPPORTED` (a model on the CPU; 16-bit rows
+/// from a model of another precision), `VT_ERR_BUFFER_TOO_SMALL` (decided from the headers, before the device is
 /// touched), `VT_ERR_OUT_OF_MEMORY` (nothing usable in `dst`; the model stays usable).
 /// Out-params as [`vt_model_encode_into`].
 ///

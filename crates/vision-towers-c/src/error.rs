@@ -45,8 +45,8 @@ pub enum vt_status {
     VT_ERR_INPUT = 8,
     /// A CUDA device was asked for and none opens.
     VT_ERR_NO_DEVICE = 9,
-    /// The request is valid but not available: bf16 on the CPU, device rows from a model on the
-    /// CPU, bf16 rows from an f32 model, video for a family without a video path (step3p7,
+    /// The request is valid but not available: bf16 or f16 on the CPU, device rows from a model on the
+    /// CPU, 16-bit rows from a model of another precision, video for a family without a video path (step3p7,
     /// glm_ocr).
     VT_ERR_UNSUPPORTED = 10,
     /// The device ran out of memory; the model stays usable (retry with fewer images per call or

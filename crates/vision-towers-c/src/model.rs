@@ -40,12 +40,17 @@ pub unsafe fn model_of<'a>(model: *const vt_model) -> Option<&'a Model> {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum vt_precision {
-    /// As an option: the device's own (f32 on the CPU, bf16 on CUDA).
+    /// As an option: the device's own (f32 on the CPU; on CUDA bf16, or f16 on a tier without
+    /// bf16 tensor cores: Turing, 7.5).
     VT_PRECISION_DEFAULT = 0,
     /// f32 values: the host reference, or CUDA's exactness mode (f32 GEMMs).
     VT_PRECISION_F32 = 1,
-    /// bf16 weights and GEMM inputs on the tensor cores, f32 accumulation (CUDA only).
+    /// bf16 weights and GEMM inputs on the tensor cores, f32 accumulation (CUDA only, compute
+    /// capability 8.0 or newer).
     VT_PRECISION_BF16 = 2,
+    /// f16 (IEEE half) weights and GEMM inputs on the tensor cores, f32 accumulation (CUDA only,
+    /// every tier from 7.5); rows that leave f16's range are refused, never returned.
+    VT_PRECISION_F16 = 3,
 }
 
 /// A model family.
@@ -144,9 +149,10 @@ unsafe fn settings_of(o: &vt_open_options) -> Result<(TowerOptions, PrepSettings
         0 => None,
         1 => Some(Precision::F32),
         2 => Some(Precision::Bf16),
+        3 => Some(Precision::F16),
         p => {
             return Err(Failure::invalid(format!(
-                "options->precision: {p} is not a vt_precision (0, 1 or 2)"
+                "options->precision: {p} is not a vt_precision (0, 1, 2 or 3)"
             )))
         }
     };
@@ -344,8 +350,8 @@ pub unsafe extern "C" fn vt_model_device_ordinal(model: *const vt_model) -> i32 
     })
 }
 
-/// The tower's arithmetic: `VT_PRECISION_F32` or `VT_PRECISION_BF16` (`VT_PRECISION_DEFAULT`
-/// for NULL).
+/// The tower's arithmetic: `VT_PRECISION_F32`, `VT_PRECISION_BF16` or `VT_PRECISION_F16`
+/// (`VT_PRECISION_DEFAULT` for NULL).
 ///
 /// # Safety
 /// `model` is NULL or a live handle.
@@ -357,6 +363,7 @@ pub unsafe extern "C" fn vt_model_precision(model: *const vt_model) -> vt_precis
             None => vt_precision::VT_PRECISION_DEFAULT,
             Some(Precision::F32) => vt_precision::VT_PRECISION_F32,
             Some(Precision::Bf16) => vt_precision::VT_PRECISION_BF16,
+            Some(Precision::F16) => vt_precision::VT_PRECISION_F16,
         }
     })
 }

@@ -450,7 +450,7 @@ pub unsafe extern "C" fn vt_model_encode_video_into(
 /// video is one "image", its rows `0 .. *needed / width`.
 ///
 /// Checks, in order: `dtype` and the model as `vt_model_encode_device` checks them
-/// (`VT_ERR_UNSUPPORTED` for a model on the CPU or bf16 rows from an f32 model: no `dst_len`
+/// (`VT_ERR_UNSUPPORTED` for a model on the CPU or 16-bit rows from another precision: no `dst_len`
 /// would do, so `*needed` is not written, and no video config is read), then `dst` as it does
 /// (NULL: `VT_ERR_NULL_ARGUMENT`; misaligned for `dtype` or past the address space:
 /// `VT_ERR_INVALID_ARGUMENT`), then the out-params and the video as `vt_model_encode_video_into`
@@ -461,7 +461,7 @@ pub unsafe extern "C" fn vt_model_encode_video_into(
 /// `VT_OK` and on `VT_ERR_BUFFER_TOO_SMALL`.
 ///
 /// Statuses: those of [`vt_model_encode_video`], and `VT_ERR_UNSUPPORTED` (a model on the CPU;
-/// bf16 rows from an f32 model), `VT_ERR_BUFFER_TOO_SMALL`, `VT_ERR_OUT_OF_MEMORY` (nothing
+/// 16-bit rows from a model of another precision), `VT_ERR_BUFFER_TOO_SMALL`, `VT_ERR_OUT_OF_MEMORY` (nothing
 /// usable in `dst`; the model stays usable).
 ///
 /// # Safety

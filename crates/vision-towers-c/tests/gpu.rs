@@ -339,7 +339,7 @@ unsafe fn plan_view(p: *const vt_video_plan) -> PlanView {
     }
 }
 
-/// Rows of `dtype` as f32 (bf16 widened exactly).
+/// Rows of `dtype` as f32 (bf16 and f16 widened exactly).
 fn values(bytes: &[u8], dtype: RowsDtype) -> Vec<f32> {
     match dtype {
         RowsDtype::F32 => bytes
@@ -350,6 +350,23 @@ fn values(bytes: &[u8], dtype: RowsDtype) -> Vec<f32> {
             .chunks_exact(2)
             .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
             .collect(),
+        RowsDtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half_to_f32(u16::from_le_bytes([c[0], c[1]])))
+            .collect(),
+    }
+}
+
+/// IEEE half bits widened to f32 exactly (subnormals, infinities and NaN included).
+fn half_to_f32(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
+    let exp = i32::from((h >> 10) & 0x1f);
+    let man = f32::from(h & 0x3ff);
+    match exp {
+        0 => sign * man * 2f32.powi(-24),
+        31 if man == 0.0 => sign * f32::INFINITY,
+        31 => f32::NAN,
+        e => sign * (1.0 + man / 1024.0) * 2f32.powi(e - 15),
     }
 }
 

@@ -213,6 +213,24 @@ impl Job<'_> {
     }
 }
 
+/// Why a tower of precision `p` cannot write rows of `dtype` on the device, or `None` when it
+/// can: cuBLASLt writes f32 from every input type, and a 16-bit output only from inputs of that
+/// same type (bf16 → bf16, f16 → f16), so f32 towers give f32 rows only.
+pub fn rows_dtype_refusal(p: Precision, dtype: RowsDtype) -> Option<String> {
+    let same = match (p, dtype) {
+        (_, RowsDtype::F32) => return None,
+        (Precision::Bf16, RowsDtype::Bf16) | (Precision::F16, RowsDtype::F16) => return None,
+        (Precision::F32 | Precision::F16, RowsDtype::Bf16) => "bf16",
+        (Precision::F32 | Precision::Bf16, RowsDtype::F16) => "f16",
+    };
+    Some(format!(
+        "{} rows need a {same} tower (cuBLASLt has no {p}-input GEMM with a {} output); open the \
+         model in {same} or ask for float32 rows",
+        dtype.name(),
+        dtype.name()
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,5 +242,27 @@ mod tests {
         send_sync::<DeviceRows>();
         send_sync::<DeviceOut>();
         send_sync::<crate::Model>();
+    }
+
+    /// f32 rows from every tower; a 16-bit dtype only from a tower of that dtype.
+    #[test]
+    fn rows_dtype_follows_the_tower_precision() {
+        for p in Precision::ALL {
+            assert_eq!(rows_dtype_refusal(p, RowsDtype::F32), None, "{p}");
+        }
+        assert_eq!(rows_dtype_refusal(Precision::Bf16, RowsDtype::Bf16), None);
+        assert_eq!(rows_dtype_refusal(Precision::F16, RowsDtype::F16), None);
+        for (p, d, name) in [
+            (Precision::F32, RowsDtype::Bf16, "bf16"),
+            (Precision::F16, RowsDtype::Bf16, "bf16"),
+            (Precision::F32, RowsDtype::F16, "f16"),
+            (Precision::Bf16, RowsDtype::F16, "f16"),
+        ] {
+            let e = rows_dtype_refusal(p, d).expect("refused");
+            assert!(
+                e.contains(&format!("need a {name} tower")) && e.contains("float32 rows"),
+                "{e}"
+            );
+        }
     }
 }

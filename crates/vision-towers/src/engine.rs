@@ -6,7 +6,7 @@
 use std::fmt;
 use std::sync::{Mutex, PoisonError};
 
-use gpu_core::{DeviceTower, GraphStats, GraphStatus, HostBatch, RowsDtype};
+use gpu_core::{DeviceTower, GraphStats, GraphStatus, HostBatch};
 use tower_core::HostTower;
 use vision_prep::{Prepared, PreparedVideo};
 
@@ -257,12 +257,8 @@ impl<F: TowerFamily> TowerEngine for Engine<F> {
                 Dest::Owned(d) => d,
                 Dest::Caller(out) => out.dtype,
             };
-            if precision == Precision::F32 && want == RowsDtype::Bf16 {
-                return Err(InputError::Message(
-                    "bf16 rows need a bf16 tower (cuBLASLt has no f32-input GEMM with a bf16 \
-                     output); open the model in bf16 or ask for float32 rows"
-                        .into(),
-                ));
+            if let Some(why) = crate::rows_dtype_refusal(precision, want) {
+                return Err(InputError::Message(why));
             }
             let job = Job {
                 passes: &passes,

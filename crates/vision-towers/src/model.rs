@@ -244,7 +244,8 @@ impl Model {
     /// [`Model::encode`] with the rows left on the model's CUDA device in `dtype` (the LM's):
     /// one buffer, image after image, written by the tower's projection directly and marked
     /// ready by an event a caller's stream can wait on ([`DeviceRows::wait_on_stream`]). Returns
-    /// once the work is queued. A model on the CPU refuses; bf16 rows need a bf16 model.
+    /// once the work is queued. A model on the CPU refuses; a 16-bit dtype needs a tower of that
+    /// precision ([`crate::rows_dtype_refusal`]).
     pub fn encode_device(
         &self,
         images: &[ImageSource<'_>],

@@ -60,12 +60,13 @@ pub const DEFAULT_MAX_PATCHES_PER_PASS: usize = 65_536;
 pub struct TowerOptions {
     /// Where it runs.
     pub device: Device,
-    /// Its arithmetic; `None` takes the device's own: f32 on the CPU, bf16 on CUDA.
+    /// Its arithmetic; `None` takes the device's own: f32 on the CPU, bf16 on CUDA (f16 on a
+    /// tier without bf16 tensor cores: Turing, 7.5).
     pub precision: Option<Precision>,
     /// The most patches one pass holds: a request over it runs in several passes (whole images
     /// each, in order), which bounds activation memory; one image over it is refused.
     pub max_patches_per_pass: usize,
-    /// On CUDA in bf16: replay CUDA graphs for batch layouts seen before (on by default; the graph
+    /// On CUDA in bf16 or f16: replay CUDA graphs for batch layouts seen before (on by default; the graph
     /// GPU tests, `tests/graphs.rs`, passed on an H200 on 2026-12-01: docs/notes/throughput.md).
     pub graphs: bool,
     /// On CUDA: run an older GPU tier on this card (its compute capability, e.g. `(8, 0)`;

@@ -59,19 +59,23 @@ impl Tower {
                 "max_patches_per_pass must be at least 1".into(),
             ));
         }
-        if options.device == Device::Cpu && options.precision == Some(Precision::Bf16) {
-            return Err(TowerError::Unsupported(
-                "bf16 runs on CUDA only; the CPU path is the f32 reference".into(),
-            ));
+        let cuda_only = match options.precision {
+            Some(p @ (Precision::Bf16 | Precision::F16)) => Some(p),
+            Some(Precision::F32) | None => None,
+        };
+        if let (Device::Cpu, Some(p)) = (options.device, cuda_only) {
+            return Err(TowerError::Unsupported(format!(
+                "{p} runs on CUDA only; the CPU path is the f32 reference"
+            )));
         }
         let explicit = options.device != Device::Auto;
         // Auto falls back to the CPU when no device opens or the CUDA path cannot take the
         // model; a named device makes each of these an error. Where a device exists, the reason
         // is kept on the tower (`cpu_reason`) and reported, never dropped.
         let fallback = |reason: &str| -> Result<(), TowerError> {
-            if options.precision == Some(Precision::Bf16) {
+            if let Some(p) = cuda_only {
                 return Err(TowerError::Unsupported(format!(
-                    "bf16 runs on CUDA only and device {} could not use one ({reason})",
+                    "{p} runs on CUDA only and device {} could not use one ({reason})",
                     options.device
                 )));
             }
@@ -104,13 +108,10 @@ impl Tower {
             return host(None);
         };
         let tier = *dev.tier();
-        // bf16 needs bf16 tensor cores (8.0+); where the tier has none, the default is f32 and an
-        // explicit bf16 is refused with the advice (vLLM does the same), by gpu-core's one rule.
-        let precision = match options.precision {
-            Some(p) => p,
-            None if dev.supports_bf16() => Precision::Bf16,
-            None => Precision::F32,
-        };
+        // bf16 needs bf16 tensor cores (8.0+); where the tier has none (Turing), the default is
+        // f16 and an explicit bf16 is refused with the advice to use f16 (vLLM does the same), by
+        // gpu-core's one rule (its tier table).
+        let precision = options.precision.unwrap_or_else(|| dev.default_precision());
         if let Some(why) = dev.precision_refusal(precision) {
             return Err(TowerError::Unsupported(format!(
                 "{}: {why}",

@@ -61,6 +61,16 @@ fn a_device_that_cannot_run_the_tower_is_reported_never_silent() {
     };
     let e = Tower::open_with(&model, &bf16).unwrap_err().to_string();
     assert!(e.contains("Volta"), "{e}");
+    // f16 likewise (CUDA only, as bf16)
+    let f16 = TowerOptions {
+        precision: Some(vision_towers::Precision::F16),
+        ..options(Device::Auto, None)
+    };
+    let e = Tower::open_with(&model, &f16).unwrap_err().to_string();
+    assert!(
+        e.contains("f16 runs on CUDA only") && e.contains("Volta"),
+        "{e}"
+    );
 
     // a forced tier the card cannot run: Hopper's on an 8.0 card
     std::env::set_var(FAKE_DEVICE_ENV, "8.0");

@@ -27,12 +27,29 @@ fn open(model: &str, device: Device, precision: Option<Precision>, ceiling: usiz
     common::open(model, device, precision, ceiling, true)
 }
 
-/// The dtype of the model's own rows: bf16 for a bf16 tower, f32 for an f32 one (the default on a
-/// tier without bf16 tensor cores, 7.5).
+/// The dtype of the model's own rows: bf16 for a bf16 tower, f16 for an f16 one (the default on a
+/// tier without bf16 tensor cores, 7.5), f32 for an f32 one.
 fn lm_dtype(m: &Model) -> RowsDtype {
     match m.precision() {
         Precision::Bf16 => RowsDtype::Bf16,
+        Precision::F16 => RowsDtype::F16,
         Precision::F32 => RowsDtype::F32,
+    }
+}
+
+/// 16-bit rows' bytes widened to f32 exactly, with the rounding bound of `dtype` (relative, and
+/// absolute for f16's subnormals: 2⁻²⁵ at most, with a margin).
+fn half_bytes_to_f32(b: &[u8], dtype: RowsDtype) -> (Vec<f32>, f32, f32) {
+    match dtype {
+        RowsDtype::Bf16 => (bf16_bytes_to_f32(b), 1.0 / 256.0, f32::MIN_POSITIVE),
+        RowsDtype::F16 => (
+            b.chunks_exact(2)
+                .map(|c| gpu_core::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            1.0 / 1024.0,
+            6e-8,
+        ),
+        RowsDtype::F32 => panic!("not a 16-bit dtype"),
     }
 }
 
@@ -60,6 +77,9 @@ fn device_rows_are_the_downloaded_rows_for_every_fixture_model() {
             // f32 in several passes: forced 7.5 (f32 by default) found image 3's device rows
             // off the downloaded ones there (2026-12-06); this row asks every tier
             (Some(Precision::F32), several),
+            // f16 (every tier; the default on 7.5): rows checked finite, one pass and several
+            (Some(Precision::F16), usize::MAX),
+            (Some(Precision::F16), several),
         ] {
             let m = open(model, Device::Cuda(0), precision, ceiling);
             let what = format!("{model} {} ceiling {ceiling}", m.precision());
@@ -86,19 +106,24 @@ fn device_rows_are_the_downloaded_rows_for_every_fixture_model() {
                         gpu_core::tower_core::rel_l2(d, &e.rows)
                     );
                 }
-                if m.precision() == Precision::Bf16 {
-                    let b = m.encode_device(&sources, RowsDtype::Bf16).unwrap();
-                    let b = bf16_bytes_to_f32(&b.rows.to_host_bytes().unwrap());
+                // the tower's own 16-bit dtype within its rounding of the f32 rows; the other
+                // 16-bit dtype refused (cuBLASLt writes 16 bits only from inputs of that type)
+                let own = lm_dtype(&m);
+                for half in [RowsDtype::Bf16, RowsDtype::F16] {
+                    if half != own {
+                        let err = m.encode_device(&sources, half).unwrap_err();
+                        assert!(err.to_string().contains("tower"), "{what}: {err}");
+                        continue;
+                    }
+                    let b = m.encode_device(&sources, half).unwrap();
+                    let (b, rel, abs) = half_bytes_to_f32(&b.rows.to_host_bytes().unwrap(), half);
                     assert_eq!(b.len(), got.len(), "{what}");
                     for (k, (x, f)) in b.iter().zip(&got).enumerate() {
                         assert!(
-                            (x - f).abs() <= f.abs() * (1.0 / 256.0) + f32::MIN_POSITIVE,
-                            "{what}: bf16 element {k} = {x}, f32 {f}"
+                            (x - f).abs() <= f.abs() * rel + abs,
+                            "{what}: {half:?} element {k} = {x}, f32 {f}"
                         );
                     }
-                } else {
-                    let err = m.encode_device(&sources, RowsDtype::Bf16).unwrap_err();
-                    assert!(err.to_string().contains("bf16 tower"), "{what}: {err}");
                 }
             }
             println!("DEVICE-ROWS {what}: bitwise equal to the downloaded rows");
@@ -136,34 +161,36 @@ fn rows_go_into_a_callers_buffer_in_its_stream_order() {
     let sources: Vec<ImageSource<'_>> = bytes.iter().map(|b| ImageSource::Bytes(b)).collect();
     let caller = Caller::new();
     for model in ["models/gemma4", "models/glm5_next", "models/step3p7"] {
+        // the default precision: bf16 from 8.0, f16 on a tier without bf16 (7.5); either way the
+        // tower's own 16-bit rows, and the other 16-bit dtype refused, by design
         let m = open(model, Device::Cuda(0), None, usize::MAX);
-        if m.precision() == Precision::F32 {
-            // a tier without bf16 (7.5) opens f32 by default: bf16 rows are refused, by design
-            let Err(e) = m.encode_device(&sources, RowsDtype::Bf16) else {
-                panic!("{model}: bf16 rows from an f32 tower must be refused")
-            };
-            println!("{model}: f32 tower, bf16 rows refused as they must be ({e})");
-            continue;
-        }
-        let want = m.encode_device(&sources, RowsDtype::Bf16).unwrap();
+        let dtype = lm_dtype(&m);
+        let other = match dtype {
+            RowsDtype::Bf16 => RowsDtype::F16,
+            RowsDtype::F16 => RowsDtype::Bf16,
+            RowsDtype::F32 => panic!("{model}: the default precision is 16-bit on every tier"),
+        };
+        let Err(e) = m.encode_device(&sources, other) else {
+            panic!(
+                "{model}: {other:?} rows from a {} tower must be refused",
+                m.precision()
+            )
+        };
+        println!(
+            "{model}: {} tower, {other:?} rows refused as they must be ({e})",
+            m.precision()
+        );
+        let want = m.encode_device(&sources, dtype).unwrap();
         let want_bytes = want.rows.to_host_bytes().unwrap();
         let n = want.rows.rows() * m.width();
-        // Poisoned (0xffff is a bf16 NaN) by the caller on its stream, then written by us.
+        // Poisoned (0xffff is a NaN in bf16 and in f16) by the caller on its stream, then written by us.
         let mut buf = caller.stream.alloc_zeros::<u16>(n).unwrap();
         caller
             .stream
             .memcpy_htod(&vec![0xffffu16; n], &mut buf)
             .unwrap();
-        // SAFETY: `buf` holds n bf16 elements of device 0 and lives until the end of the loop.
-        let out = unsafe {
-            DeviceOut::new(
-                caller.addr(&buf),
-                n,
-                RowsDtype::Bf16,
-                0,
-                caller.raw_stream(),
-            )
-        };
+        // SAFETY: `buf` holds n 16-bit elements of device 0 and lives until the end of the loop.
+        let out = unsafe { DeviceOut::new(caller.addr(&buf), n, dtype, 0, caller.raw_stream()) };
         let plans = m.encode_device_into(&sources, &out).unwrap();
         assert_eq!(plans, want.plans, "{model}");
         // No synchronize: the copy is queued on the caller's stream after the rows.
@@ -173,18 +200,11 @@ fn rows_go_into_a_callers_buffer_in_its_stream_order() {
         assert_eq!(got, want_bytes, "{model}: caller's buffer differs");
         // Too small: refused before anything is written.
         // SAFETY: as above (one element fewer).
-        let short = unsafe {
-            DeviceOut::new(
-                caller.addr(&buf),
-                n - 1,
-                RowsDtype::Bf16,
-                0,
-                caller.raw_stream(),
-            )
-        };
+        let short =
+            unsafe { DeviceOut::new(caller.addr(&buf), n - 1, dtype, 0, caller.raw_stream()) };
         let err = m.encode_device_into(&sources, &short).unwrap_err();
         assert!(err.to_string().contains("holds"), "{model}: {err}");
-        println!("DEVICE-INTO {model}: {n} bf16 elements, bitwise the library's rows");
+        println!("DEVICE-INTO {model}: {n} {dtype:?} elements, bitwise the library's rows");
     }
 }
 

@@ -367,7 +367,7 @@ fn video_rows_on_cuda() {
             num_frames: case.meta["video_processor_config"]["num_frames"].as_u64(),
             ..Default::default()
         };
-        for precision in [None, Some(Precision::F32)] {
+        for precision in [None, Some(Precision::F32), Some(Precision::F16)] {
             let options = TowerOptions {
                 device: Device::Cuda(0),
                 precision,
@@ -378,7 +378,7 @@ fn video_rows_on_cuda() {
             let what = format!("{name} on {model} {}", m.precision());
             let bound = match m.precision() {
                 Precision::F32 => 1e-4,
-                Precision::Bf16 => 2e-2,
+                Precision::Bf16 | Precision::F16 => 2e-2,
             };
             let pre = m.video_preprocessor(settings).unwrap();
             let video = Video {

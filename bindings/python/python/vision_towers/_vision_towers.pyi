@@ -51,13 +51,13 @@ class DeviceError(VisionTowersError):
 
 class ImageRows:
     """One image's rows ``[rows, width]`` (or one video's, from ``Model.encode_video``), row-major: host float32 for a CPU model, device memory
-    (float32 or bfloat16) for a CUDA model. Exports DLPack without a copy."""
+    (float32, bfloat16 or float16) for a CUDA model. Exports DLPack without a copy."""
 
     @property
     def shape(self) -> Tuple[int, int]: ...
     @property
     def dtype(self) -> str:
-        """``"float32"`` or ``"bfloat16"``."""
+        """``"float32"``, ``"bfloat16"`` or ``"float16"``."""
     @property
     def device(self) -> str:
         """``"cpu"`` or ``"cuda:N"``."""
@@ -103,8 +103,9 @@ class Model:
     ) -> None:
         """Opens a GGUF mmproj, a ``.safetensors`` file, a model directory or a sharded
         directory. ``device``: ``"auto"`` (CUDA 0 where it opens, else the CPU), ``"cpu"``,
-        ``"cuda"`` or ``"cuda:N"``. ``precision``: ``"f32"`` or ``"bf16"`` (default: f32 on the
-        CPU, bf16 on CUDA where the GPU tier has bf16 tensor cores, f32 on Turing).
+        ``"cuda"`` or ``"cuda:N"``. ``precision``: ``"f32"``, ``"bf16"`` or ``"f16"`` (default: f32
+        on the CPU, bf16 on CUDA where the GPU tier has bf16 tensor cores, f16 on Turing; bf16 and
+        f16 run on CUDA only).
         ``gpu_tier``: run an older GPU tier on this card (``"8.0"``, ``"7.5"``, …), a test of
         code paths (``GPU_CORE_FORCE_TIER`` does the same). Where ``"auto"`` finds a CUDA
         device it cannot use, the model runs on the CPU and a RuntimeWarning says why."""
@@ -119,7 +120,7 @@ class Model:
         """``"cpu"`` or ``"cuda:N"``."""
     @property
     def precision(self) -> str:
-        """``"f32"`` or ``"bf16"``."""
+        """``"f32"``, ``"bf16"`` or ``"f16"``."""
     @property
     def cpu_reason(self) -> Optional[str]:
         """Why ``"auto"`` runs on the CPU although a CUDA device is present; None otherwise."""
@@ -147,7 +148,8 @@ class Model:
         out_stream: Optional[Any] = None,
     ) -> list[Any]:
         """One ``ImageRows`` per image (with ``out``: each image's row count). ``dtype``:
-        ``"float32"``/``"bfloat16"`` or a torch dtype (CUDA; default the model's precision).
+        ``"float32"``/``"bfloat16"``/``"float16"`` or a torch dtype (CUDA; default the model's
+        precision; a 16-bit dtype only from a model of that precision).
         ``out``: a contiguous CUDA tensor ``[total rows, width]``; ``out_stream``: the stream to
         order with (a ``CUstream`` int or a stream object; default the legacy default stream)."""
     def encode_prepared(

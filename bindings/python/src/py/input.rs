@@ -141,8 +141,8 @@ pub fn plan_failure(e: &PrepError, read: &Read<'_>) -> Failure {
     Failure::image_prep(e, read.label().as_deref(), None)
 }
 
-/// The rows' dtype from `None`, a string (`"float32"`, `"bfloat16"`, `"bf16"`, …) or anything
-/// whose `str()` is one (`torch.bfloat16`, `numpy.dtype("float32")`).
+/// The rows' dtype from `None`, a string (`"float32"`, `"bfloat16"`, `"bf16"`, `"float16"`, …)
+/// or anything whose `str()` is one (`torch.bfloat16`, `torch.float16`, `numpy.dtype("float32")`).
 pub fn dtype(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<RowsDtype>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(None);
@@ -156,8 +156,9 @@ pub fn dtype(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<RowsDtype>> {
     match t.to_ascii_lowercase().as_str() {
         "float32" | "float" | "f32" | "fp32" => Ok(Some(RowsDtype::F32)),
         "bfloat16" | "bf16" => Ok(Some(RowsDtype::Bf16)),
+        "float16" | "half" | "f16" | "fp16" => Ok(Some(RowsDtype::F16)),
         _ => Err(Failure::value(format!(
-            "dtype must be float32 or bfloat16 (a string or a torch dtype), got {text:?}"
+            "dtype must be float32, bfloat16 or float16 (a string or a torch dtype), got {text:?}"
         ))
         .into_pyerr(obj.py())),
     }
@@ -231,9 +232,10 @@ pub fn out(obj: &Bound<'_, PyAny>) -> Result<Out, Failure> {
         let dtype = match t.dtype {
             DLDataType::F32 => RowsDtype::F32,
             DLDataType::BF16 => RowsDtype::Bf16,
+            DLDataType::F16 => RowsDtype::F16,
             other => {
                 return Err(Failure::value(format!(
-                    "out: dtype {} (float32 or bfloat16 rows)",
+                    "out: dtype {} (float32, bfloat16 or float16 rows)",
                     other.name()
                 )))
             }
@@ -263,9 +265,10 @@ pub fn out(obj: &Bound<'_, PyAny>) -> Result<Out, Failure> {
             .map_err(err)?;
         let dtype = match typestr.as_str() {
             "<f4" => RowsDtype::F32,
+            "<f2" => RowsDtype::F16,
             other => {
                 return Err(Failure::value(format!(
-                    "out: typestr {other:?} (float32 rows; bfloat16 through __dlpack__)"
+                    "out: typestr {other:?} (float32 or float16 rows; bfloat16 through __dlpack__)"
                 )))
             }
         };

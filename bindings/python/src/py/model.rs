@@ -66,19 +66,25 @@ impl PyModel {
             (Device::Cuda(_), None) => Ok(match self.precision {
                 Precision::F32 => RowsDtype::F32,
                 Precision::Bf16 => RowsDtype::Bf16,
+                Precision::F16 => RowsDtype::F16,
             }),
-            (Device::Cuda(_), Some(RowsDtype::Bf16)) if self.precision == Precision::F32 => {
-                Err(Failure::unsupported(
-                    "bfloat16 rows need a model opened in bf16 (this one runs in f32); ask for \
-                     float32 rows or open the model with precision=\"bf16\"",
-                ))
+            (Device::Cuda(_), Some(d)) => {
+                match vision_towers::rows_dtype_refusal(self.precision, d) {
+                    Some(why) => Err(Failure::unsupported(format!(
+                        "{why} (this model runs in {}: open it with precision=\"bf16\" or \"f16\")",
+                        self.precision
+                    ))),
+                    None => Ok(d),
+                }
             }
-            (Device::Cuda(_), Some(d)) => Ok(d),
             (_, None | Some(RowsDtype::F32)) => Ok(RowsDtype::F32),
-            (_, Some(RowsDtype::Bf16)) => Err(Failure::unsupported(
-                "bfloat16 rows on the CPU are refused: the CPU path is the float32 reference; ask \
+            (_, Some(d @ (RowsDtype::Bf16 | RowsDtype::F16))) => {
+                Err(Failure::unsupported(format!(
+                    "{} rows on the CPU are refused: the CPU path is the float32 reference; ask \
                  for float32 or open the model on CUDA",
-            )),
+                    d.name()
+                )))
+            }
         }
     }
 
@@ -238,7 +244,7 @@ impl PyModel {
         self.device.to_string()
     }
 
-    /// The tower's arithmetic: `"f32"` or `"bf16"`.
+    /// The tower's arithmetic: `"f32"`, `"bf16"` or `"f16"`.
     #[getter]
     fn precision(&self) -> String {
         self.precision.to_string()

@@ -142,6 +142,7 @@ impl ImageRows {
         let dtype = match self.rows_dtype() {
             RowsDtype::F32 => DLDataType::F32,
             RowsDtype::Bf16 => DLDataType::BF16,
+            RowsDtype::F16 => DLDataType::F16,
         };
         match &*self.store {
             Store::Host(v) => {
@@ -239,7 +240,7 @@ impl ImageRows {
         (self.rows, self.width)
     }
 
-    /// `"float32"` or `"bfloat16"`.
+    /// `"float32"`, `"bfloat16"` or `"float16"`.
     #[getter]
     fn dtype(&self) -> &'static str {
         self.rows_dtype().name()

@@ -175,6 +175,7 @@ impl Device {
                 let dtype = match t.dtype {
                     crate::RowsDtype::F32 => Dtype::F32,
                     crate::RowsDtype::Bf16 => Dtype::Bf16,
+                    crate::RowsDtype::F16 => Dtype::F16,
                 };
                 (t.len, t.addr, dtype)
             }

@@ -103,7 +103,7 @@ fn finite_parts_are_checked_in_the_same_pass() {
     let mut c = a.clone();
     b[CONVERT_CHUNK + 1] = f32::INFINITY;
     c[3] = f32::NAN;
-    for p in [Precision::Bf16, Precision::F32] {
+    for p in [Precision::Bf16, Precision::F16, Precision::F32] {
         assert_eq!(
             HostGemm::from_finite_f32_parts(p, &[&a, &[], &a]),
             Ok(HostGemm::from_f32_parts(p, &[&a, &[], &a]))
@@ -135,6 +135,33 @@ fn finite_parts_are_checked_in_the_same_pass() {
     assert!(all_finite(&a) && all_finite(&[]));
     assert!(!all_finite(&b) && !all_finite(&c));
     assert!(!all_finite(&[f32::NEG_INFINITY]));
+}
+
+/// f16: values rounded as `half`'s `f16::from_f32`; a finite f32 beyond f16's range (±65504)
+/// becomes ±inf and is refused by the checked conversion like a NaN, in f16 only.
+#[test]
+fn f16_rounds_as_half_and_refuses_values_beyond_its_range() {
+    let v = [1.0f32, 1.0 + 1.0 / 4096.0, -3.5, 65504.0, 1e-8, -0.0];
+    let HostGemm::F16(got) = &HostGemm::from_f32(Precision::F16, v.to_vec()) else {
+        panic!("f16 asked")
+    };
+    let want: Vec<u16> = v.iter().map(|&x| f16::from_f32(x).to_bits()).collect();
+    assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want);
+    assert_eq!(
+        HostGemm::from_f32(Precision::F16, v.to_vec()).precision(),
+        Precision::F16
+    );
+    let big = [1.0f32, 70000.0];
+    assert_eq!(
+        HostGemm::from_finite_f32_parts(Precision::F16, &[&v, &big]),
+        Err(NonFinite { part: 1 })
+    );
+    for p in [Precision::Bf16, Precision::F32] {
+        assert!(
+            HostGemm::from_finite_f32_parts(p, &[&v, &big]).is_ok(),
+            "{p}"
+        );
+    }
 }
 
 #[test]

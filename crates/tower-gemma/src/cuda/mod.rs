@@ -6,7 +6,9 @@
 //! stages (when asked) and the final rows ([`DeviceTower::rows`]) come back.
 //!
 //! Layout on the device:
-//! - linear weights in bf16 ([`Precision::Bf16`], the product mode) or f32
+//! - linear weights in bf16 ([`Precision::Bf16`], the product mode), f16 ([`Precision::F16`]:
+//!   bf16's path in IEEE half, for tiers without bf16; its rows are checked finite, see the
+//!   `f16 range` notes in `forward.rs` for the clamps) or f32
 //!   ([`Precision::F32`], the exactness mode: f32 GEMMs); norms, tables, clamps, the
 //!   standardisation and the residual stream in f32;
 //! - q/k/v fused into one `[3·nh·kd, H]` weight when their input clamps agree (else one GEMM per
@@ -15,12 +17,12 @@
 //!   capability 9.0, rows interleaved at upload);
 //! - the patch projection folds the input law `2(x − 0.5)`: `W·(2x − 1) = (2W)·x − W·1`, so the
 //!   weight is doubled (exact) and `−rowsum(W)` (f64, rounded once) is the GEMM's f32 bias;
-//! - bf16 mode: head dims the tensor-core attention kernels lack (they exist for 64, 72, 96) are
+//! - bf16 and f16 modes: head dims the tensor-core attention kernels lack (they exist for 64, 72, 96) are
 //!   zero-padded to the next one: zero q/k/v weight rows and zero o columns, so the padded lanes
 //!   contribute exact zeros (f32 mode: gpu-core's f32 attention takes any head dim up to 128).
 //!
 //! Between GEMMs every activation buffer (qkv, attention output, gate|up, gated activation) is in
-//! the GEMM precision: bf16 in the product mode, f32 in the exactness mode, where per-head
+//! the GEMM precision: bf16 (or f16) in the product mode, f32 in the exactness mode, where per-head
 //! norm + rope, attention (`flash_attn_f32`, exact on CUDA cores) and the gated activation run
 //! in f32 too, so nothing on the f32 path rounds to bf16.
 use std::sync::Arc;
@@ -560,7 +562,8 @@ mod tests {
     }
 
     /// The host batch's patch rows are the validated patches (padding rows dropped) converted
-    /// value by value with `half`'s `bf16::from_f32`, bit for bit, and its positions and segments
+    /// value by value with `half`'s `bf16::from_f32` (f16: `f16::from_f32`), bit for bit, and its
+    /// positions and segments
     /// are `validate`'s: two release-size images (48×36 and 36×36 grids of 3·16² values, one
     /// with padding rows), rounding ties and signed zeros among the values.
     #[test]
@@ -629,6 +632,18 @@ mod tests {
             panic!("bf16 asked")
         };
         assert!(rows.iter().map(|v| v.to_bits()).eq(want.iter().copied()));
+        // f16 likewise, with `half`'s `f16::from_f32`
+        let h16 = GemmaCuda::prepare_host(&cfg, Precision::F16, &images).expect("prepare_host");
+        let HostGemm::F16(rows16) = &h16.inputs().rows else {
+            panic!("f16 asked")
+        };
+        let want16 = grids.iter().flat_map(|g| {
+            g.patches
+                .iter()
+                .map(|&v| gpu_core::f16::from_f32(v).to_bits())
+        });
+        assert!(rows16.iter().map(|v| v.to_bits()).eq(want16));
+        assert_eq!(h16.inputs().pos, host.inputs().pos);
         let pos: Vec<i32> = grids.iter().flat_map(|g| g.positions.clone()).collect();
         assert_eq!(host.inputs().pos, pos);
         let n0 = (grids[0].positions.len() / 2) as i32;

@@ -116,10 +116,16 @@ impl GlmCuda {
             s.downsample = self.base.dev.download_prefix(&ws.ds, np * o)?;
         }
         // Merger: proj → LayerNorm(eps 1e-5) → erf GELU → gate|up → SwiGLU → down.
+        // f16 range: the downsample output (f32) is cast for the merger's first GEMM; a value
+        // beyond ±65504 becomes ±inf there, and the rows' finiteness check refuses the pass.
         let proj_in = match (&mut ws.ds_b, &self.m_proj) {
-            (Some(xb), GemmBuffer::Bf16(w)) => {
-                d.cast_f32_bf16(&ws.ds, xb)?;
+            (Some(GemmBuffer::Bf16(xb)), GemmBuffer::Bf16(w)) => {
+                d.cast_f32_half(&ws.ds, xb)?;
                 GemmInputs::Bf16 { x: &*xb, w }
+            }
+            (Some(GemmBuffer::F16(xb)), GemmBuffer::F16(w)) => {
+                d.cast_f32_half(&ws.ds, xb)?;
+                GemmInputs::F16 { x: &*xb, w }
             }
             (None, GemmBuffer::F32(w)) => GemmInputs::F32 { x: &ws.ds, w },
             _ => return Err(CudaError::Unsupported("mixed-precision workspace".into())),

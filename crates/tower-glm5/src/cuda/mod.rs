@@ -6,15 +6,17 @@
 //! stages (when asked) and the final rows ([`DeviceTower::rows`]) come back.
 //!
 //! Layout on the device:
-//! - linear weights in bf16 ([`Precision::Bf16`], the product mode) or f32
+//! - linear weights in bf16 ([`Precision::Bf16`], the product mode), f16 ([`Precision::F16`]:
+//!   bf16's path in IEEE half, for tiers without bf16; its rows are checked finite) or f32
 //!   ([`Precision::F32`], the exactness mode: f32 GEMMs, f32 norm + rope, f32 attention,
 //!   f32 gated activation); norms, biases and the residual stream in f32;
 //! - q|k|v is the checkpoint's fused `[3H, H]` weight; gate|up are fused into one `[2I, H]`
 //!   (and the merger's into `[2Pi, O]`), biases concatenated; a GEMM with an f32 output (into
 //!   the residual stream, the downsample, the rows) takes its bias in f32, one with an output in
-//!   the GEMM precision (qkv, gate|up) in that precision (an f32 bias on a bf16 output is refused);
+//!   the GEMM precision (qkv, gate|up) in that precision (an f32 bias on a 16-bit output is refused);
 //! - gate|up and the gate are one [`ActLinear`]: in bf16 on compute capability 9.0 one fused GEMM
-//!   (rows interleaved in groups of 8 at upload, no `[N, 2I]` buffer), else the GEMM and the gate pass;
+//!   (rows interleaved in groups of 8 at upload, no `[N, 2I]` buffer), else (f16, f32, other tiers)
+//!   the GEMM and the gate pass;
 //! - the residual adds are the GEMMs' `accumulate` (`x += y·Wᵀ + b`, beta = 1 into the f32
 //!   stream): no separate add kernel and no `y` buffer;
 //! - the m×m stride-m downsample conv reads the post-norm rows as `[N/m², m²·H]` directly: the
@@ -22,14 +24,14 @@
 //!   weight's columns permuted once from (c, ky, kx) to (ky, kx, c) the conv is one dense GEMM —
 //!   the same products as `block_gather_2x2` + GEMM, without the gather kernel or its buffer, and
 //!   in either precision (gpu-core's gather is bf16 only);
-//! - bf16 mode: head dims the tensor-core attention kernels lack (they exist for 64, 72, 96; the
+//! - bf16 and f16 modes: head dims the tensor-core attention kernels lack (they exist for 64, 72, 96; the
 //!   fixtures' mini towers have 16) are zero-padded to the next one: zero q/k/v weight rows and
 //!   biases, zero proj columns, so the padded lanes contribute exact zeros.
 use std::sync::Arc;
 
 use gpu_core::{
-    all_finite, bf16, pad_head_cols, pad_head_rows, rope_inv_freq, ActLinear, Activation, Batch,
-    Clamp, DeviceBuffer, DeviceTower, Epilogue, FusedAct, Gate, GemmBias, GemmBuffer, GemmInputs,
+    all_finite, pad_head_cols, pad_head_rows, rope_inv_freq, ActLinear, Activation, Batch, Clamp,
+    DeviceBuffer, DeviceTower, Epilogue, FusedAct, Gate, GemmBias, GemmBuffer, GemmInputs,
     GemmOutput, GemmShape, GraphKey, HostBatch, HostGemm, HostInputs, HostTensor, InputBuffers,
     Mat, PassWorkspace, QkNorm, RopeLayout, RowsTarget, Stager, TensorStore, TowerBase,
 };
@@ -102,8 +104,8 @@ pub struct Workspace {
     /// f32 `post_norm` for the stages (only written when they are kept).
     stage: Option<DeviceBuffer<f32>>,
     ds: DeviceBuffer<f32>,
-    /// bf16 mode: the downsample output cast for the merger's first GEMM.
-    ds_b: Option<DeviceBuffer<bf16>>,
+    /// bf16 and f16 modes: the downsample output cast for the merger's first GEMM.
+    ds_b: Option<GemmBuffer>,
     m: DeviceBuffer<f32>,
     mn: GemmBuffer,
     /// The merger's gate|up output (None where fused).
@@ -425,7 +427,7 @@ impl GlmCuda {
                 },
                 ds: d.alloc(cap_p * o)?,
                 ds_b: match p {
-                    Precision::Bf16 => Some(d.alloc(cap_p * o)?),
+                    Precision::Bf16 | Precision::F16 => Some(GemmBuffer::alloc(d, p, cap_p * o)?),
                     Precision::F32 => None,
                 },
                 m: d.alloc(cap_p * o)?,

@@ -53,13 +53,16 @@ fn prepare_host_reference(
         .flat_map(|i| i.patches.iter().copied())
         .collect();
     let patch_rows = match precision {
-        Precision::Bf16 => HostGemm::Bf16(all.iter().map(|&x| bf16::from_f32(x)).collect()),
+        Precision::Bf16 => {
+            HostGemm::Bf16(all.iter().map(|&x| gpu_core::bf16::from_f32(x)).collect())
+        }
+        Precision::F16 => HostGemm::F16(all.iter().map(|&x| gpu_core::f16::from_f32(x)).collect()),
         Precision::F32 => HostGemm::F32(all),
     };
     host_batch(cfg, precision, images, &rows, patch_rows)
 }
 
-/// Every field of two host batches, bit for bit (bf16 and f32 compared as bits).
+/// Every field of two host batches, bit for bit (bf16, f16 and f32 compared as bits).
 fn assert_same(got: &GlmHostBatch, want: &GlmHostBatch, what: &str) {
     assert_eq!(got.meta().n, want.meta().n, "{what}");
     assert_eq!(got.meta().cu, want.meta().cu, "{what}");
@@ -70,6 +73,7 @@ fn assert_same(got: &GlmHostBatch, want: &GlmHostBatch, what: &str) {
     let bits = |h: &HostGemm| -> Vec<u32> {
         match h {
             HostGemm::Bf16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
+            HostGemm::F16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
             HostGemm::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
         }
     };
@@ -145,7 +149,7 @@ fn prepare_host_matches_the_reference_bit_for_bit() {
     for (variant, case) in cases {
         let (cfg, pv, grids) = fixture_inputs(variant, case);
         let images = cut(&cfg, &pv, &grids);
-        for p in [Precision::Bf16, Precision::F32] {
+        for p in [Precision::Bf16, Precision::F16, Precision::F32] {
             let got = GlmCuda::prepare_host(&cfg, p, &images).expect("prepare_host");
             let want = prepare_host_reference(&cfg, p, &images).expect("reference");
             assert_same(&got, &want, &format!("{variant}/{case} {p:?}"));
@@ -174,7 +178,7 @@ fn prepare_host_matches_the_reference_bit_for_bit() {
         .collect();
     for grids in [vec![big], vec![small, big], vec![big, small]] {
         let images = cut(&cfg, &pv, &grids);
-        for p in [Precision::Bf16, Precision::F32] {
+        for p in [Precision::Bf16, Precision::F16, Precision::F32] {
             let got = GlmCuda::prepare_host(&cfg, p, &images).expect("prepare_host");
             let want = prepare_host_reference(&cfg, p, &images).expect("reference");
             assert_same(&got, &want, &format!("synthetic {grids:?} {p:?}"));

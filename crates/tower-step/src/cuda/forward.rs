@@ -120,8 +120,12 @@ impl StepCuda {
 
         // No post-LN; per grid size the two 3×3 stride-2 pad-1 convs with bias as im2col + GEMM
         // (modeling_step3p7.py:430-434), then the projector over every view (:958-960).
-        if let GemmBuffer::Bf16(xb) = &mut ws.hn {
-            d.cast_f32_bf16(&ws.x, xb)?;
+        // f16 range: the residual stream is cast for the convolutions' im2col; a value beyond
+        // ±65504 becomes ±inf there, and the rows' finiteness check refuses the pass.
+        match &mut ws.hn {
+            GemmBuffer::Bf16(xb) => d.cast_f32_half(&ws.x, xb)?,
+            GemmBuffer::F16(xb) => d.cast_f32_half(&ws.x, xb)?,
+            GemmBuffer::F32(_) => {}
         }
         for r in &b.runs {
             let v0 = b.views[r.first];
@@ -130,22 +134,10 @@ impl StepCuda {
             let (m1, m2) = (r.views * h1 * w1, r.views * h2 * w2);
             match (&mut ws.hn, &mut ws.attn, &mut ws.col1) {
                 (GemmBuffer::Bf16(xb), GemmBuffer::Bf16(moved), GemmBuffer::Bf16(col)) => {
-                    let rows = r.views * r.gh * r.gw;
-                    let src = if v0.tok == 0 {
-                        &*xb
-                    } else {
-                        d.act(
-                            moved,
-                            Mat::dense(rows, h),
-                            xb,
-                            Mat::strided(rows, h, h, v0.tok * h),
-                            Activation::Identity,
-                            Clamp::NONE,
-                            Clamp::NONE,
-                        )?;
-                        &*moved
-                    };
-                    d.im2col_3x3s2(src, r.views, r.gh, r.gw, h, col)?;
+                    im2col_half(d, xb, moved, col, r.views, r.gh, r.gw, h, v0.tok)?
+                }
+                (GemmBuffer::F16(xb), GemmBuffer::F16(moved), GemmBuffer::F16(col)) => {
+                    im2col_half(d, xb, moved, col, r.views, r.gh, r.gw, h, v0.tok)?
                 }
                 (_, _, GemmBuffer::F32(col)) => {
                     let plan = im2col_plan(r.views, r.gh, r.gw, h, v0.tok);
@@ -166,6 +158,9 @@ impl StepCuda {
             }
             match (&ws.d1, &mut ws.col2) {
                 (GemmBuffer::Bf16(d1), GemmBuffer::Bf16(col)) => {
+                    d.im2col_3x3s2(d1, r.views, h1, w1, 2 * h, col)?
+                }
+                (GemmBuffer::F16(d1), GemmBuffer::F16(col)) => {
                     d.im2col_3x3s2(d1, r.views, h1, w1, 2 * h, col)?
                 }
                 (GemmBuffer::F32(d1), GemmBuffer::F32(col)) => {
@@ -222,4 +217,38 @@ impl StepCuda {
         }
         Ok(())
     }
+}
+
+/// The 16-bit (bf16 or f16) im2col of one grid-size run: its views' rows of `xb` (the residual
+/// stream cast to the GEMM precision), moved to the start of `moved` first when the run does not
+/// start at token 0, through gpu-core's `im2col_3x3s2` into `col`.
+#[allow(clippy::too_many_arguments)]
+fn im2col_half<T: HalfElem>(
+    d: &Device,
+    xb: &DeviceBuffer<T>,
+    moved: &mut DeviceBuffer<T>,
+    col: &mut DeviceBuffer<T>,
+    views: usize,
+    gh: usize,
+    gw: usize,
+    h: usize,
+    tok: usize,
+) -> CudaResult<()> {
+    let rows = views * gh * gw;
+    let src = if tok == 0 {
+        xb
+    } else {
+        d.act(
+            moved,
+            Mat::dense(rows, h),
+            xb,
+            Mat::strided(rows, h, h, tok * h),
+            Activation::Identity,
+            Clamp::NONE,
+            Clamp::NONE,
+        )?;
+        &*moved
+    };
+    d.im2col_3x3s2(src, views, gh, gw, h, col)?;
+    Ok(())
 }

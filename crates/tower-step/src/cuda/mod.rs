@@ -6,7 +6,8 @@
 //! stages (when asked) and the final rows ([`DeviceTower::rows`]) come back.
 //!
 //! Layout on the device:
-//! - linear weights in bf16 ([`Precision::Bf16`], the product mode) or f32
+//! - linear weights in bf16 ([`Precision::Bf16`], the product mode), f16 ([`Precision::F16`]:
+//!   bf16's path in IEEE half, for tiers without bf16; its rows are checked finite) or f32
 //!   ([`Precision::F32`], the exactness mode: f32 GEMMs, rope, attention and activation);
 //!   norms, the position tables and the residual stream in f32;
 //! - LayerScale folded at upload (in f32, before any bf16 rounding): `λ ⊙ (a·Wᵀ + b)` =
@@ -23,18 +24,18 @@
 //!   patch GEMM accumulates onto it;
 //! - inside a batch the views are grouped by grid size (stable, first appearance first): the
 //!   3×3 stride-2 convolutions then run once per grid size over all its views, as im2col + GEMM.
-//!   bf16: gpu-core's `im2col_3x3s2` (columns (c, ky, kx), the checkpoint's weight as is); f32:
+//!   bf16 and f16: gpu-core's `im2col_3x3s2` (columns (c, ky, kx), the checkpoint's weight as is); f32:
 //!   strided copies with the weight's columns permuted to (ky, kx, c) at upload (gpu-core's
-//!   im2col is bf16 only). Rows come back in upstream order ([`DeviceTower::rows`]);
-//! - bf16 mode: head dims the tensor-core attention kernels lack (they exist for 64, 72, 96; the
+//!   im2col is 16-bit only). Rows come back in upstream order ([`DeviceTower::rows`]);
+//! - bf16 and f16 modes: head dims the tensor-core attention kernels lack (they exist for 64, 72, 96; the
 //!   fixtures' mini towers have 16) are zero-padded to the next one: zero q/k/v weight rows and
 //!   biases, zero out_proj columns, so the padded lanes contribute exact zeros.
 use std::sync::Arc;
 
 use gpu_core::{
-    bf16, conv3x3s2_out, rope_inv_freq, ActLinear, Activation, Batch, Clamp, DeviceBuffer,
+    bf16, conv3x3s2_out, f16, rope_inv_freq, ActLinear, Activation, Batch, Clamp, DeviceBuffer,
     DeviceTower, Epilogue, FusedAct, GemmBias, GemmBuffer, GemmOutput, GemmShape, GraphKey,
-    HostBatch, HostGemm, HostInputs, InputBuffers, Mat, PassRows, PassWorkspace, QkNorm,
+    HalfElem, HostBatch, HostGemm, HostInputs, InputBuffers, Mat, PassRows, PassWorkspace, QkNorm,
     RopeLayout, RowsTarget, Stager, TensorStore, TowerBase,
 };
 
@@ -113,10 +114,10 @@ pub struct Workspace {
     x: DeviceBuffer<f32>,
     /// Patch embedding + position table `[N, H]` (ln_pre's input).
     y: DeviceBuffer<f32>,
-    /// Pre-norms `[N, H]`; bf16 mode: afterwards the blocks' output cast for the convolutions.
+    /// Pre-norms `[N, H]`; bf16 and f16 modes: afterwards the blocks' output cast for the convolutions.
     hn: GemmBuffer,
     qkv: GemmBuffer,
-    /// Attention output `[N, heads·kd]`; bf16 mode: afterwards a later grid size's conv input,
+    /// Attention output `[N, heads·kd]`; bf16 and f16 modes: afterwards a later grid size's conv input,
     /// moved to offset 0 (gpu-core's im2col reads from the start of its buffer).
     attn: GemmBuffer,
     /// fc1 output and its activation `[N, I]`.
@@ -160,7 +161,7 @@ pub struct StepCuda {
     ln_pre_w: DeviceBuffer<f32>,
     ln_pre_b: DeviceBuffer<f32>,
     layers: Vec<DevLayer>,
-    /// `[2H, 9H]`: bf16 columns (c, ky, kx); f32 columns (ky, kx, c).
+    /// `[2H, 9H]`: bf16 and f16 columns (c, ky, kx); f32 columns (ky, kx, c).
     down1: GemmBuffer,
     down1_b: GemmBuffer,
     /// `[4H, 18H]`, columns as `down1`.
@@ -252,7 +253,7 @@ impl StepCuda {
         }
         let mut conv = |wt: &T, c: usize| -> CudaResult<GemmBuffer> {
             Ok(match p {
-                Precision::Bf16 => st.upload_gemm(d, p, wt)?,
+                Precision::Bf16 | Precision::F16 => st.upload_gemm(d, p, wt)?,
                 Precision::F32 => {
                     st.upload_gemm(d, p, &taps_major(&wt.to_f32_vec(), c, CONV_TAPS))?
                 }
@@ -369,7 +370,7 @@ impl StepCuda {
                 rows: d.alloc(cap2 * c.text_hidden)?,
                 zeros: match p {
                     Precision::F32 => Some(d.alloc_zeros(capw * 2 * h)?),
-                    Precision::Bf16 => None,
+                    Precision::Bf16 | Precision::F16 => None,
                 },
             })
         })?;
@@ -416,6 +417,15 @@ impl DeviceTower for StepCuda {
                 k,
                 bf16::from_f32,
                 gpu_core::recycled_bf16,
+            )),
+            // f16: normalised pixels, far inside f16's range
+            Precision::F16 => HostGemm::F16(patch_rows(
+                &grids,
+                &plan.order,
+                cfg.patch,
+                k,
+                f16::from_f32,
+                |n| vec![f16::ZERO; n],
             )),
             Precision::F32 => HostGemm::F32(patch_rows(
                 &grids,

@@ -8,12 +8,12 @@ use gpu_core::host;
 use gpu_core::HostSource;
 use std::borrow::Cow;
 
-/// A downsampler weight `[O, C·9]` in the layout the precision's im2col produces: bf16 as the
-/// checkpoint has it (gpu-core's im2col, columns (c, ky, kx)); f32 columns (ky, kx, c)
+/// A downsampler weight `[O, C·9]` in the layout the precision's im2col produces: bf16 and f16
+/// as the checkpoint has it (gpu-core's im2col, columns (c, ky, kx)); f32 columns (ky, kx, c)
 /// ([`im2col_plan`]).
 fn conv_layout(p: Precision, w: &[f32], c: usize) -> Cow<'_, [f32]> {
     match p {
-        Precision::Bf16 => Cow::Borrowed(w),
+        Precision::Bf16 | Precision::F16 => Cow::Borrowed(w),
         Precision::F32 => Cow::Owned(taps_major(w, c, CONV_TAPS)),
     }
 }
@@ -247,7 +247,9 @@ fn emulate(
     );
     let im2col = |src: &[f32], views, gh, gw, ch, tok| -> Vec<f32> {
         match p {
-            Precision::Bf16 => host::im2col_3x3s2(&src[tok * ch..], views, gh, gw, ch),
+            Precision::Bf16 | Precision::F16 => {
+                host::im2col_3x3s2(&src[tok * ch..], views, gh, gw, ch)
+            }
             Precision::F32 => {
                 let m = views * conv3x3s2_out(gh) * conv3x3s2_out(gw);
                 let mut col = vec![f32::NAN; m * CONV_TAPS * ch];
@@ -338,7 +340,7 @@ fn device_sequence_matches_the_host_reference() {
     ];
     let (want, ws) = t.forward_host(&images, true).unwrap();
     let ws = ws.unwrap();
-    for p in [Precision::Bf16, Precision::F32] {
+    for p in [Precision::Bf16, Precision::F16, Precision::F32] {
         let (got, gs) = emulate(&t, &images, p);
         for (g, w) in got.iter().zip(&want) {
             assert_eq!(

@@ -215,10 +215,12 @@ static void cuda_teardown(void) {
     cu.ready = 0;
 }
 
-static size_t dtype_size(unsigned dtype) { return dtype == VT_DTYPE_BF16 ? 2 : 4; }
+static size_t dtype_size(unsigned dtype) {
+    return dtype == VT_DTYPE_BF16 || dtype == VT_DTYPE_F16 ? 2 : 4;
+}
 
-/* Allocates `elements` of `dtype` (at least one byte), poisoned with 0xff bytes (NaN in both
- * dtypes) on the caller's stream: the library must order its writes after this. */
+/* Allocates `elements` of `dtype` (at least one byte), poisoned with 0xff bytes (NaN in every
+ * dtype) on the caller's stream: the library must order its writes after this. */
 static CUdeviceptr device_buffer(size_t elements, unsigned dtype) {
     size_t bytes = elements * dtype_size(dtype);
     CUdeviceptr p = 0;
@@ -532,7 +534,7 @@ static void cmd_encode_tensors(char **f, size_t n) {
     print_message();
 }
 
-/* encode_device <slot> <dtype 0|1> <capacity> <out> <image>...: a cuMemAlloc'd buffer, our
+/* encode_device <slot> <dtype 0|1|2> <capacity> <out> <image>...: a cuMemAlloc'd buffer, our
  * stream; the bytes are copied back in the stream's order, without a sync in between */
 static void cmd_encode_device(char **f, size_t n) {
     if (n < 6) die("encode_device: 5 arguments or more");
@@ -736,6 +738,9 @@ static void cmd_nulls(char **f, size_t n) {
     bad.precision = VT_PRECISION_BF16;
     bad.device = "cpu";
     expect(vt_model_open(f[3], &bad, &mo) == VT_ERR_UNSUPPORTED && !mo, "open bf16 on cpu");
+    bad.precision = VT_PRECISION_F16;
+    expect(vt_model_open(f[3], &bad, &mo) == VT_ERR_UNSUPPORTED && !mo, "open f16 on cpu");
+    expect(VT_PRECISION_F16 == 3 && VT_DTYPE_F16 == 2, "f16 enum values");
     expect(vt_model_family(NULL) == VT_FAMILY_NONE, "family NULL");
     expect(vt_model_family_name(NULL) == NULL, "family name NULL");
     expect(vt_model_width(NULL) == 0, "width NULL");

@@ -104,8 +104,9 @@ enum Command {
         /// or cuda:N (an error when that device does not open).
         #[arg(long, default_value_t = Device::Auto)]
         device: Device,
-        /// Arithmetic: f32 (the host reference; CUDA's exactness mode) or bf16 (CUDA tensor
-        /// cores). Default: f32 on the CPU, bf16 on CUDA.
+        /// Arithmetic: f32 (the host reference; CUDA's exactness mode), bf16 (CUDA tensor
+        /// cores, compute capability 8.0+) or f16 (CUDA tensor cores, every tier: Turing's).
+        /// Default: f32 on the CPU, bf16 on CUDA (f16 on a 7.5 tier).
         #[arg(long)]
         precision: Option<Precision>,
         /// The most patches one pass of the tower holds: more images run in several passes,
