@@ -31,10 +31,11 @@ using namespace sm90;
 // sinks it below one, and the wgmma pipeline serialises).
 // ptxas places a wgmma wait where its latency model expects the product to be done, which is right after
 // the previous wait: the softmax would then run after the P·V product instead of under it. A shared store of
-// the row sums (which depend on every exponential of the tile) in front of the wait keeps the wait after the
-// exponentials: the wait is not moved above a memory operation.
+// the row sums' sum (which depends on every exponential of the tile) in front of the wait keeps the wait after
+// the exponentials: the wait is not moved above a memory operation. Each lane stores to its own never-read slot
+// (`scratch`), so the fence is no data race (compute-sanitizer racecheck, docs/RELIABILITY.md).
 __device__ __forceinline__ void pin_before_wait(uint32_t scratch, const float (&l)[2]) {
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(scratch), "f"(l[0]), "f"(l[1]) : "memory");
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(l[0] + l[1]) : "memory");
 }
 template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N]) {
 #pragma unroll
@@ -77,8 +78,12 @@ struct WsSmem {
     static constexpr int QB = NA * BM * 128, TB = NA * BN * 128;
     static constexpr int BAR = QB + 2 * ST * TB;  // barriers after the tiles
     // barriers: Q, fullK[ST], fullV[ST], emptyK[ST], emptyV[ST]
-    static constexpr int SCRATCH = BAR + 8 * (1 + 4 * ST);  // 8 bytes per consumer warp (pin_before_wait)
-    static constexpr int BYTES = SCRATCH + 8 * 4 * C + 1024;  // + alignment slack for the 1024-byte base
+    // pin_before_wait's slots: 4 bytes per lane of every consumer warp (128 bytes a warp), so no two
+    // lanes store to one address (racecheck reported one shared slot per warp as write-after-write
+    // hazards); 8 bytes a lane would put hd 72 with two consumers 104 bytes over the 227 KB a block
+    // may have
+    static constexpr int SCRATCH = BAR + 8 * (1 + 4 * ST);
+    static constexpr int BYTES = SCRATCH + 128 * 4 * C + 1024;  // + alignment slack for the 1024-byte base
 };
 
 template <int HD, int HDP, int C, int BN, int ST, int PP>
@@ -153,7 +158,7 @@ __device__ __forceinline__ void attn_ws(const TmaDesc* mq, const TmaDesc* mk, co
     uint32_t pa[BN / 16][4];
     float mrow[2], lrow[2];
     const uint32_t qa = sQ + cw * 64 * 128;
-    const uint32_t scratch = sQ + L::SCRATCH + 8 * ((tid - 128) >> 5);
+    const uint32_t scratch = sQ + L::SCRATCH + 128 * ((tid - 128) >> 5) + 4 * (tid & 31);
 
     auto issue_s = [&](int t) {
         const uint32_t ka = sK + (t % ST) * TB;

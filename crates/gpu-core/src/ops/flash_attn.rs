@@ -77,12 +77,13 @@ impl WsConfig {
     }
 
     /// Dynamic shared memory, as `fa_ws::WsSmem<HDP, C, BN, ST>::BYTES` computes it: Q `[NA][BM][128 B]`, K and
-    /// V `[ST][NA][BN][128 B]`, 1 + 4·ST mbarriers, 8 bytes per consumer warp, 1024 bytes of alignment slack.
+    /// V `[ST][NA][BN][128 B]`, 1 + 4·ST mbarriers, 4 bytes per lane of every consumer warp (the scheduling
+    /// fence's slots), 1024 bytes of alignment slack.
     fn shared_bytes(self, head_dim: usize) -> usize {
         let atoms = head_dim.next_multiple_of(16).div_ceil(64);
         let q = atoms * self.rows() * 128;
         let tile = atoms * self.key_tile * 128;
-        q + 2 * self.stages * tile + 8 * (1 + 4 * self.stages) + 8 * 4 * self.consumers + 1024
+        q + 2 * self.stages * tile + 8 * (1 + 4 * self.stages) + 128 * 4 * self.consumers + 1024
     }
 }
 
@@ -516,8 +517,8 @@ mod tests {
     #[test]
     fn warp_specialised_shared_memory() {
         let c = WsConfig::new(96, FlashVariant::Ws3).map(|c| c.shared_bytes(96));
-        // Q 2·192·128 + K, V 3·2·(2·96·128) + 13 barriers + 12 warps' scratch + slack
-        assert_eq!(c, Some(49152 + 147456 + 104 + 96 + 1024));
+        // Q 2·192·128 + K, V 3·2·(2·96·128) + 13 barriers + 12 warps' scratch (a slot per lane) + slack
+        assert_eq!(c, Some(49152 + 147456 + 104 + 12 * 128 + 1024));
         for hd in [64, 72, 96] {
             for v in [FlashVariant::Ws2, FlashVariant::Ws3] {
                 let bytes = WsConfig::new(hd, v)
