@@ -48,7 +48,7 @@ __device__ __forceinline__ void gated_act_vec(T* __restrict__ out, const T* __re
             float o[N];
 #pragma unroll
             for (int e = 0; e < N; ++e) {
-                const float a = clampf(fminf(g[k][e], glim), g_lo, g_hi);
+                const float a = clampf(min_keep_nan(g[k][e], glim), g_lo, g_hi);
                 const float b = clampf(u[k][e], u_lo, u_hi);
                 o[e] = clampf(act_fixed<MODE>(a) * b, o_lo, o_hi);
             }
@@ -67,7 +67,7 @@ __device__ __forceinline__ void gated_act_scalar(T* __restrict__ out, const T* _
          i += (long long)gridDim.x * blockDim.x) {
         long long r = i / cols;
         long long c = i - r * cols;
-        float g = clampf(fminf(load_in(gate + r * ldg + c), glim), g_lo, g_hi);
+        float g = clampf(min_keep_nan(load_in(gate + r * ldg + c), glim), g_lo, g_hi);
         float u = clampf(load_in(up + r * ldu + c), u_lo, u_hi);
         store_out(out + r * ldo + c, clampf(act_apply(mode, g) * u, o_lo, o_hi));
     }

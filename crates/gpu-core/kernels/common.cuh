@@ -37,7 +37,15 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     return warp_sum(t);
 }
 
-__device__ __forceinline__ float clampf(float x, float lo, float hi) { return fminf(fmaxf(x, lo), hi); }
+// torch.clamp's law (the oracle's): a NaN stays NaN. fminf/fmaxf alone return the other operand, so
+// a NaN (an f16 overflow's inf − inf upstream, say) would leave the clamp as its bound and pass any
+// finiteness check downstream. The select costs one compare per value; ±inf bounds = no clamp.
+__device__ __forceinline__ float clampf(float x, float lo, float hi) {
+    const float c = fminf(fmaxf(x, lo), hi);
+    return x != x ? x : c;
+}
+// min(x, hi) with torch's NaN law (`gate.clamp(max=limit)` upstream), for the gate limit.
+__device__ __forceinline__ float min_keep_nan(float x, float hi) { return x != x ? x : fminf(x, hi); }
 
 // ---- 16-byte vector access (8 bf16 / f16 or 4 f32 per access), values in f32 registers ----
 // The caller guarantees 16-byte alignment (the host launchers check pointers, strides and offsets).

@@ -100,7 +100,7 @@ __device__ __forceinline__ void epilogue_values(const float (&acc)[BN / 2], int 
                     v[e] = clampf(act(clampf(a, ep.g_lo, ep.g_hi)), ep.o_lo, ep.o_hi);
                 } else {
                     const float u = clampf(acc[(j + 1) * 4 + 2 * hr + e] + b[2 + e], ep.u_lo, ep.u_hi);
-                    const float g = clampf(fminf(a, ep.glim), ep.g_lo, ep.g_hi);
+                    const float g = clampf(min_keep_nan(a, ep.glim), ep.g_lo, ep.g_hi);
                     v[e] = clampf(act(g) * u, ep.o_lo, ep.o_hi);
                 }
             }

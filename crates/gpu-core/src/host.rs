@@ -8,7 +8,7 @@ use crate::Activation;
 pub use tower_core::rel_l2;
 
 fn clamp(x: f32, c: Clamp) -> f32 {
-    x.max(c.lo).min(c.hi)
+    c.apply(x)
 }
 
 /// `n` deterministic values in [-1, 1) from `seed` (a multiplicative hash of the index): test
@@ -94,7 +94,7 @@ pub fn gated_act(gate: &[f32], up: &[f32], g: Gate) -> Vec<f32> {
     gate.par_iter()
         .zip(up.par_iter())
         .map(|(&a, &u)| {
-            let a = clamp(a.min(g.gate_limit), g.gate);
+            let a = clamp(if a.is_nan() { a } else { a.min(g.gate_limit) }, g.gate);
             let u = clamp(u, g.up);
             clamp((activation(g.act, a) as f64 * u as f64) as f32, g.out)
         })
@@ -436,6 +436,25 @@ pub fn im2col_3x3s2(input: &[f32], batch: usize, gh: usize, gw: usize, c: usize)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The host twins keep a NaN through every clamp and the gate limit, as torch.clamp does
+    /// (before, `f32::max`/`min` returned the bound: this test failed on the gate limit and clamps).
+    #[test]
+    fn clamped_twins_keep_nan() {
+        let g = Gate {
+            gate: Clamp::new(-3.0, 2.5),
+            up: Clamp::new(-1.0, 4.0),
+            out: Clamp::new(-2.0, 2.0),
+            ..Gate::swiglu_clamped(2.0)
+        };
+        let y = gated_act(&[f32::NAN, 0.5, 0.5], &[0.5, f32::NAN, 0.5], g);
+        assert!(y[0].is_nan() && y[1].is_nan() && y[2].is_finite(), "{y:?}");
+        let c = Clamp::new(-1.0, 1.0);
+        let a = act(&[f32::NAN, 3.0], Activation::Silu, c, c);
+        assert!(a[0].is_nan() && a[1] == 1.0f32.min(activation(Activation::Silu, 1.0)), "{a:?}");
+        let n = rms_norm(&[f32::NAN, 1.0, 2.0, 3.0], 2, None, 1e-6, c);
+        assert!(n[0].is_nan() && n[1].is_nan() && n[2].is_finite(), "{n:?}");
+    }
 
     /// The fused twin on an interleaved weight is the two-step law on the stacked one, exactly.
     #[test]

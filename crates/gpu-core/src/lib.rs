@@ -54,6 +54,8 @@ mod gpu_tests_fused;
 mod gpu_tests_graph;
 #[cfg(test)]
 mod gpu_tests_layout;
+#[cfg(test)]
+mod gpu_tests_nan;
 
 pub use act_linear::{fuses, ActLinear};
 pub use batch::{Batch, HostBatch, PassRows, PassWorkspace};

@@ -128,14 +128,14 @@ fn linear(x: &[f32], l: &Linear) -> Vec<f32> {
     } else {
         clamped = x
             .iter()
-            .map(|v| v.max(l.clamp_in.lo).min(l.clamp_in.hi))
+            .map(|&v| l.clamp_in.apply(v))
             .collect::<Vec<_>>();
         &clamped
     };
     let mut y = host::gemm(x, &l.w, None, rows, l.out, l.inp);
     if l.clamp_out != Clamp::NONE {
         for v in &mut y {
-            *v = v.max(l.clamp_out.lo).min(l.clamp_out.hi);
+            *v = l.clamp_out.apply(*v);
         }
     }
     y

@@ -156,6 +156,16 @@ impl Clamp {
     pub fn new(lo: f32, hi: f32) -> Self {
         Clamp { lo, hi }
     }
+    /// `x` clamped to `[lo, hi]` by torch.clamp's law, the oracle's and the kernels' `clampf`: a
+    /// NaN stays NaN (`f32::max`/`min` alone would return the bound and hide it from every
+    /// finiteness check downstream).
+    pub fn apply(self, x: f32) -> f32 {
+        if x.is_nan() {
+            x
+        } else {
+            x.max(self.lo).min(self.hi)
+        }
+    }
 }
 
 impl Default for Clamp {
@@ -167,6 +177,18 @@ impl Default for Clamp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// torch.clamp keeps a NaN (torch 2.11: `torch.tensor([nan]).clamp(-1, 1)` is `[nan]`); bounds
+    /// and infinities clamp as usual.
+    #[test]
+    fn clamp_keeps_nan_as_torch_does() {
+        let c = Clamp::new(-1.0, 2.0);
+        assert!(c.apply(f32::NAN).is_nan());
+        assert_eq!(c.apply(f32::INFINITY), 2.0);
+        assert_eq!(c.apply(f32::NEG_INFINITY), -1.0);
+        assert_eq!(c.apply(0.5), 0.5);
+        assert!(Clamp::NONE.apply(f32::NAN).is_nan());
+    }
 
     /// The extent check every Mat-based launch rests on, on the host: sums and products that
     /// would wrap in a release build (offsets and strides near usize::MAX) are errors, as are
