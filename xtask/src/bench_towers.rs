@@ -359,14 +359,14 @@ impl Inputs {
     }
 }
 
-/// A family's tower on `dev` in bf16, with the seconds spent and the bytes resident.
+/// A family's tower on `dev` in a 16-bit precision, with the seconds spent and the bytes resident.
 pub struct Loaded<T> {
     /// The tower.
     pub tower: T,
     /// Seconds opening the checkpoint and validating it (header, config, census, shapes): the
     /// tensors stay in the memory-mapped file.
     pub load_s: f64,
-    /// Seconds converting to bf16 straight from the memory map into page-locked staging and
+    /// Seconds converting to 16 bits straight from the memory map into page-locked staging and
     /// copying to the device (0 on the host).
     pub upload_s: f64,
     /// Bytes of weights on the device (0 on the host).
@@ -403,8 +403,8 @@ pub fn load_step(dir: &Path) -> Result<(StepTower, f64)> {
     })
 }
 
-/// Opens the Gemma-4 HF checkpoint at `dir` mapped and uploads it in bf16.
-pub fn gemma_cuda(dev: &Arc<Device>, dir: &Path) -> Result<Loaded<GemmaCuda>> {
+/// Opens the Gemma-4 HF checkpoint at `dir` mapped and uploads it in `precision` (bf16 or f16).
+pub fn gemma_cuda(dev: &Arc<Device>, dir: &Path, precision: tower_gemma::Precision) -> Result<Loaded<GemmaCuda>> {
     let (ck, open_s) = timed(|| open(dir))?;
     let ((cfg, w), check_s) = timed(|| Ok(tower_gemma::load_hf_mapped(&ck)?))?;
     let load_s = open_s + check_s;
@@ -413,7 +413,7 @@ pub fn gemma_cuda(dev: &Arc<Device>, dir: &Path) -> Result<Loaded<GemmaCuda>> {
             dev.clone(),
             &cfg,
             &w,
-            tower_gemma::Precision::Bf16,
+            precision,
         )?)
     })?;
     drop(w);
@@ -426,8 +426,8 @@ pub fn gemma_cuda(dev: &Arc<Device>, dir: &Path) -> Result<Loaded<GemmaCuda>> {
     })
 }
 
-/// Opens the GLM checkpoint at `dir` mapped and uploads it in bf16.
-pub fn glm_cuda(dev: &Arc<Device>, dir: &Path) -> Result<Loaded<GlmCuda>> {
+/// Opens the GLM checkpoint at `dir` mapped and uploads it in `precision` (bf16 or f16).
+pub fn glm_cuda(dev: &Arc<Device>, dir: &Path, precision: tower_glm5::Precision) -> Result<Loaded<GlmCuda>> {
     let (ck, open_s) = timed(|| open(dir))?;
     let ((cfg, w), check_s) = timed(|| Ok(tower_glm5::load_hf_mapped(&ck)?))?;
     let load_s = open_s + check_s;
@@ -436,7 +436,7 @@ pub fn glm_cuda(dev: &Arc<Device>, dir: &Path) -> Result<Loaded<GlmCuda>> {
             dev.clone(),
             &cfg,
             &w,
-            tower_glm5::Precision::Bf16,
+            precision,
         )?)
     })?;
     drop(w);
@@ -449,8 +449,8 @@ pub fn glm_cuda(dev: &Arc<Device>, dir: &Path) -> Result<Loaded<GlmCuda>> {
     })
 }
 
-/// Opens the Step-3.7 checkpoint at `dir` mapped and uploads it in bf16.
-pub fn step_cuda(dev: &Arc<Device>, dir: &Path) -> Result<Loaded<StepCuda>> {
+/// Opens the Step-3.7 checkpoint at `dir` mapped and uploads it in `precision` (bf16 or f16).
+pub fn step_cuda(dev: &Arc<Device>, dir: &Path, precision: tower_step::Precision) -> Result<Loaded<StepCuda>> {
     let (ck, open_s) = timed(|| open(dir))?;
     let ((cfg, w), check_s) = timed(|| {
         let config = ck
@@ -464,7 +464,7 @@ pub fn step_cuda(dev: &Arc<Device>, dir: &Path) -> Result<Loaded<StepCuda>> {
             dev.clone(),
             &cfg,
             &w,
-            tower_step::Precision::Bf16,
+            precision,
         )?)
     })?;
     drop(w);

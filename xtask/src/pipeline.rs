@@ -774,7 +774,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut cuda_tower: Option<StepCuda> = None;
     let mut graphs = Vec::new();
     if let Some(d) = &dev {
-        let l = bt::step_cuda(d, &dir)?;
+        let l = bt::step_cuda(d, &dir, tower_step::Precision::Bf16)?;
         say!(
             "tower loaded mapped: open + validation {:.2} s, bf16 upload {:.2} s, {:.0} MiB resident",
             l.load_s,

@@ -32,6 +32,7 @@ use std::time::Instant;
 
 use crate::bench_towers::{self as bt, BenchTower, Host, Inputs};
 use crate::clocks::{self, Sample};
+use gpu_core::Precision;
 use gpu_core::{
     bf16, Device, DeviceTower, Epilogue, GemmInputs, GemmOutput, GemmShape, GemmTuned, GemmTuning,
 };
@@ -40,7 +41,7 @@ pub use vision_towers::tower_core::rel_l2;
 const USAGE: &str =
     "usage: cargo xtask bench [--cases LIST] [--no-compile] [--torch-out DIR] [--rerun-torch]
                          [--report PATH] [--iters N] [--warmup N] [--deadline SECONDS]
-                         [--python PYTHON] [--tiny] [--host] [--profile]
+                         [--python PYTHON] [--tiny] [--host] [--profile] [--precision P]
 
   --cases LIST       comma list of case names or families (gemma4, glm5_next, step3p7); default all
   --no-compile       skip the torch.compile timings (the slow part of the PyTorch side)
@@ -58,6 +59,8 @@ const USAGE: &str =
   --host             our side on the host f32 reference instead of CUDA (with --tiny only)
   --gemm-tuning M    heuristic (cuBLASLt's first answer) or measured (the fastest of its answers, timed
                      once per shape; the default)
+  --precision P      our CUDA towers' precision: bf16 (the default, what the anchors compare) or f16
+                     (issue 39's gate: its rows' distance from the f32 forward against torch's bf16)
   --profile          after timing, one more eager pass per case with every launch and GEMM timed
                      (CUDA events): where the pass's time goes, per kernel and GEMM shape, printed, in
                      ours.json and as a table in the report (CUDA only)
@@ -104,6 +107,8 @@ struct Opts {
     tuning: GemmTuning,
     /// One profiled eager pass per case after the timing (`--profile`).
     profile: bool,
+    /// Our CUDA towers' precision (`--precision`, bf16 by default; f16 for issue 39's gate).
+    precision: Precision,
 }
 
 fn parse(args: &[String]) -> Result<Opts> {
@@ -123,6 +128,7 @@ fn parse(args: &[String]) -> Result<Opts> {
         host: false,
         tuning: GemmTuning::default(),
         profile: false,
+        precision: Precision::Bf16,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -147,6 +153,14 @@ fn parse(args: &[String]) -> Result<Opts> {
             "--tiny" => o.tiny = true,
             "--host" => o.host = true,
             "--profile" => o.profile = true,
+            "--precision" => {
+                o.precision = match val("bf16 or f16")?.parse()? {
+                    p @ (Precision::Bf16 | Precision::F16) => p,
+                    Precision::F32 => bail!(
+                        "--precision f32: the bench compares 16-bit towers with torch's bf16 (parity checks f32)"
+                    ),
+                }
+            }
             "--gemm-tuning" => {
                 o.tuning = match val("heuristic or measured")?.as_str() {
                     "heuristic" => GemmTuning::Heuristic,
@@ -399,17 +413,17 @@ fn run_family(
     }
     match (fam, cuda) {
         (Family::Gemma4, Some(d)) => {
-            let l = bt::gemma_cuda(d, &dir)?;
+            let l = bt::gemma_cuda(d, &dir, o.precision)?;
             let dims = gemma_dims(l.tower.config());
             go!((l.tower, l.load_s, l.upload_s, l.weight_bytes), dims, gemma)
         }
         (Family::Glm5Next, Some(d)) => {
-            let l = bt::glm_cuda(d, &dir)?;
+            let l = bt::glm_cuda(d, &dir, o.precision)?;
             let dims = glm_dims(l.tower.config());
             go!((l.tower, l.load_s, l.upload_s, l.weight_bytes), dims, glm)
         }
         (Family::Step3p7, Some(d)) => {
-            let l = bt::step_cuda(d, &dir)?;
+            let l = bt::step_cuda(d, &dir, o.precision)?;
             let dims = step_dims(l.tower.config());
             go!((l.tower, l.load_s, l.upload_s, l.weight_bytes), dims, step)
         }
@@ -877,7 +891,8 @@ pub fn run(args: &[String]) -> Result<()> {
     );
     let _ = writeln!(
         md,
-        "Method: same inputs both sides (saved by `xtask/bench/torch_anchor.py`); CUDA events around forward + projection from device-resident inputs to device-resident rows; warm-up {} runs ({} after torch.compile), then the median of {}; torch.compile default mode over SDPA, one static compile per case. TFLOP/s and floor: analytic FLOPs at the measured gpu-core peak.\n",
+        "Method: same inputs both sides (saved by `xtask/bench/torch_anchor.py`); our towers in {}; CUDA events around forward + projection from device-resident inputs to device-resident rows; warm-up {} runs ({} after torch.compile), then the median of {}; torch.compile default mode over SDPA, one static compile per case. TFLOP/s and floor: analytic FLOPs at the measured gpu-core peak.\n",
+        o.precision,
         o.warmup,
         anchor["compile_warmup"].as_u64().unwrap_or(5),
         o.iters
@@ -900,7 +915,7 @@ pub fn run(args: &[String]) -> Result<()> {
         md.push_str(&profile_table(&lines));
         md.push('\n');
     }
-    md.push_str(&accuracy_table(&lines));
+    md.push_str(&accuracy_table(&lines, o.precision));
     if anchor["tiny"].as_bool() != Some(true) {
         md.push('\n');
         md.push_str(&anchors_table(&lines));
@@ -939,7 +954,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     std::fs::write(&report, &md).with_context(|| format!("writing {}", report.display()))?;
     let ours = json!({
-        "date": today(), "device": device_name, "nvidia_smi": nvidia_smi(),
+        "date": today(), "device": device_name, "nvidia_smi": nvidia_smi(), "precision": o.precision.name(),
         "ceilings": {
             "gemm_bf16_8192_tflops": peak,
             "gemm_bf16_8192_sustained_tflops": ceil.map(|c| c.gemm_sustained),
@@ -958,7 +973,7 @@ pub fn run(args: &[String]) -> Result<()> {
         ours_path.display(),
         t0.elapsed().as_secs_f64()
     );
-    print!("{}", accuracy_table(&lines));
+    print!("{}", accuracy_table(&lines, o.precision));
     println!();
     print!("{}", graph_table(&lines));
     println!();

@@ -234,11 +234,33 @@ fn accuracy_table_verdicts() {
         rel_f32: Some(r),
         ..Line::default()
     };
-    let t = accuracy_table(&[mk(3.2e-3), mk(0.5), mk(f64::NAN)]);
+    let t = accuracy_table(&[mk(3.2e-3), mk(0.5), mk(f64::NAN)], Precision::Bf16);
     let rows: Vec<&str> = t.lines().skip(2).collect();
     assert!(rows[0].ends_with("| PASS |") && rows[0].contains("266 × 5376"));
     assert!(rows[1].ends_with("| FAIL |"));
     assert!(rows[2].ends_with("| FAIL |") && rows[2].contains("NaN"));
+    assert!(!t.contains("f16 gate"));
+}
+
+/// In f16 the last column is issue 39's gate: our rows no further from f32 than torch's bf16.
+#[test]
+fn accuracy_table_f16_gate() {
+    let mk = |ours: f64, torch: Option<f64>| Line {
+        label: "a".into(),
+        rows: Some((266, 5376)),
+        rel_f32: Some(ours),
+        torch_rel_f32: torch,
+        ..Line::default()
+    };
+    let t = accuracy_table(
+        &[mk(4e-4, Some(6.9e-3)), mk(8e-3, Some(6.9e-3)), mk(4e-4, None)],
+        Precision::F16,
+    );
+    assert!(t.lines().next().unwrap().contains("f16 gate"));
+    let rows: Vec<&str> = t.lines().skip(2).collect();
+    assert!(rows[0].ends_with("| PASS | PASS |"), "{}", rows[0]);
+    assert!(rows[1].ends_with("| PASS | FAIL |"), "{}", rows[1]);
+    assert!(rows[2].ends_with("| PASS | — |"), "{}", rows[2]);
 }
 
 #[test]
