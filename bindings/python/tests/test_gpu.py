@@ -9,6 +9,10 @@ path); the tensor's `data_ptr` is the library's buffer (zero copy); rows outlive
 `ImageRows`; an out-of-memory raises OutOfMemoryError and the next call works; `out=` writes a
 caller's tensor on the caller's stream; `encode_prepared` from PyTorch CPU tensors equals
 `encode` from bytes.
+
+Every tier that `GPU_CORE_FORCE_TIER` forces (`8.0`, `7.5`; unset: the card's own) runs them all:
+the default precision is the tier's (`gpu_tier`: f16 on 7.5, which refuses bf16, else bf16), and
+every CUDA model is checked to run that tier.
 """
 
 import gc
@@ -18,7 +22,7 @@ import threading
 import pytest
 
 import vision_towers as vt
-from vt_testutil import SafeTensors, bf16s, f16s, f32s, fixtures_dir, image_bytes, rel_l2
+from vt_testutil import SafeTensors, bf16s, f16s, f32s, fixtures_dir, gpu_tier, image_bytes, rel_l2
 
 pytestmark = pytest.mark.gpu
 
@@ -50,6 +54,7 @@ def cuda_model(name, **kw):
     key = (name, tuple(sorted(kw.items())))
     if key not in _OPEN:
         _OPEN[key] = vt.Model(fixtures_dir() / "models" / name, device="cuda:0", **kw)
+        gpu_tier(_OPEN[key])
     return _OPEN[key]
 
 
@@ -67,7 +72,8 @@ def as_bytes(torch, t):
 @pytest.mark.parametrize("name", MODELS)
 def test_from_dlpack_on_a_side_stream_is_bitwise_the_rust_rows(torch, name):
     m = cuda_model(name)
-    assert (m.device, m.precision) == ("cuda:0", "bf16")
+    tier = gpu_tier()
+    assert (m.device, m.precision) == ("cuda:0", tier.precision)
     side = torch.cuda.Stream()
     for round in range(5):
         with torch.cuda.stream(side):
@@ -77,7 +83,7 @@ def test_from_dlpack_on_a_side_stream_is_bitwise_the_rust_rows(torch, name):
             # Work queued on side right away reads the rows (a missing wait races here).
             copies = [t.clone() for t in ts]
         for r, t, c in zip(rows, ts, copies):
-            assert t.device.type == "cuda" and t.dtype == torch.bfloat16
+            assert t.device.type == "cuda" and t.dtype == tier.torch_dtype
             assert tuple(t.shape) == r.shape and r.device == "cuda:0"
             assert t.data_ptr() == r.data_ptr  # zero copy
             with torch.cuda.stream(side):
@@ -126,13 +132,21 @@ def test_f16_rows_through_dlpack_are_finite_and_within_the_16_bit_bound(torch):
 
 
 def test_dtypes_and_capsules(torch):
+    """float32 rows and the tier's 16-bit rows (bfloat16, float16 on 7.5) of one model: the 16-bit
+    rows the float32 ones rounded once (a bf16 step, 2^-8 relative; half an f16 ulp, 2^-11
+    relative and 2^-25 absolute among the subnormals, with margin); their DLPack capsules."""
+    tier = gpu_tier()
+    widen, rel, tiny = {
+        "bfloat16": (bf16s, 1 / 256, 1e-38),
+        "float16": (f16s, 1 / 1024, 6e-8),
+    }[tier.dtype]
     m = cuda_model("glm5_next")
     r32 = m.encode(images(), dtype="float32")
-    r16 = m.encode(images(), dtype=torch.bfloat16)
+    r16 = m.encode(images(), dtype=tier.torch_dtype)
     for a, b in zip(r32, r16):
-        assert (a.dtype, b.dtype) == ("float32", "bfloat16")
-        x, y = f32s(a.to_bytes()), bf16s(b.to_bytes())
-        assert all(abs(p - q) <= abs(p) / 256 + 1e-38 for p, q in zip(x, y))
+        assert (a.dtype, b.dtype) == ("float32", tier.dtype)
+        x, y = f32s(a.to_bytes()), widen(b.to_bytes())
+        assert all(abs(p - q) <= abs(p) * rel + tiny for p, q in zip(x, y))
     r = r16[0]
     assert r.__dlpack_device__() == (2, 0)
     s = torch.cuda.Stream()
@@ -203,6 +217,8 @@ def test_out_of_memory_raises_and_the_next_call_works(torch):
 
 
 def test_out_writes_a_callers_tensor_on_its_stream(torch):
+    tier = gpu_tier()
+    other = torch.float16 if tier.torch_dtype == torch.bfloat16 else torch.bfloat16
     for name in MODELS:
         m = cuda_model(name)
         rows = m.encode(images())
@@ -210,7 +226,7 @@ def test_out_writes_a_callers_tensor_on_its_stream(torch):
         want = b"".join(r.to_bytes() for r in rows)
         s = torch.cuda.Stream()
         with torch.cuda.stream(s):
-            out = torch.full((total, m.width), float("nan"), dtype=torch.bfloat16, device="cuda")
+            out = torch.full((total, m.width), float("nan"), dtype=tier.torch_dtype, device="cuda")
             counts = m.encode(images(), out=out, out_stream=torch.cuda.current_stream())
             got = out.clone()  # ordered after the write on s, no synchronize
         assert counts == [r.shape[0] for r in rows]
@@ -224,10 +240,11 @@ def test_out_writes_a_callers_tensor_on_its_stream(torch):
     m = cuda_model("gemma4")
     total = sum(m.plan(i)["rows"] for i in images())
     for bad, exc in (
-        (torch.empty((total + 1, m.width), dtype=torch.bfloat16, device="cuda"), ValueError),
-        (torch.empty((total, m.width), dtype=torch.float16, device="cuda"), ValueError),
-        (torch.empty((m.width, total), dtype=torch.bfloat16, device="cuda").t(), ValueError),
-        (torch.empty((total, m.width), dtype=torch.bfloat16), vt.UnsupportedError),
+        (torch.empty((total + 1, m.width), dtype=tier.torch_dtype, device="cuda"), ValueError),
+        # the other 16-bit dtype: rows a tower of the tier's precision cannot write
+        (torch.empty((total, m.width), dtype=other, device="cuda"), vt.UnsupportedError),
+        (torch.empty((m.width, total), dtype=tier.torch_dtype, device="cuda").t(), ValueError),
+        (torch.empty((total, m.width), dtype=tier.torch_dtype), vt.UnsupportedError),
     ):
         with pytest.raises(exc):
             m.encode(images(), out=bad)
@@ -291,7 +308,21 @@ def test_eight_threads_on_one_cuda_model(torch):
 
 def test_auto_takes_the_gpu():
     m = vt.Model(fixtures_dir() / "models" / "gemma4")
-    assert (m.device, m.precision) == ("cuda:0", "bf16")
+    assert (m.device, m.precision) == ("cuda:0", gpu_tier(m).precision)
+
+
+def test_bf16_runs_where_the_tier_has_bf16_tensor_cores():
+    """precision="bf16" on CUDA: a bf16 tower from 8.0 on; on 7.5 (no bf16 tensor cores) the open
+    raises UnsupportedError advising f16, for every fixture model."""
+    tier = gpu_tier()
+    for name in MODELS:
+        if tier.precision == "bf16":
+            assert cuda_model(name, precision="bf16").precision == "bf16"
+        else:
+            with pytest.raises(vt.UnsupportedError, match="use f16") as e:
+                cuda_model(name, precision="bf16")
+            assert e.value.kind == "unsupported", e.value.kind
+            assert "bf16 tensor cores" in str(e.value), str(e.value)
 
 
 def test_one_cublaslt_in_a_process_that_loaded_torch_first(torch):

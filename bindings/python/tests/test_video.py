@@ -4,7 +4,8 @@
 host bound and bitwise equal to ``vtower encode --video-frames`` (the Rust API); the plan equal to
 the fixture's; the metadata budgets refusing 10 000 frames and 10⁹ pixels before any frame is
 read; a family without video refusing it; and (marked ``gpu``) the CUDA rows through
-``torch.from_dlpack`` against the host rows.
+``torch.from_dlpack`` against the host rows, in the GPU tier's default precision (bf16, f16 on
+7.5: ``gpu_tier``) and in f32.
 """
 
 import json
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import vision_towers as vt
-from vt_testutil import SafeTensors, bf16s, f32s, fixtures_dir, model, rel_l2
+from vt_testutil import SafeTensors, bf16s, f16s, f32s, fixtures_dir, gpu_tier, model, rel_l2
 
 HOST_BOUND = 1e-5
 
@@ -251,8 +252,9 @@ def test_video_rows_on_cuda(name, layout, kw):
         case.raw, width=case.width, height=case.height, fps=case.fps, **kw
     )
     want = f32s(host.to_bytes())
-    for precision, bound in (("bf16", 2e-2), ("f32", 1e-4)):
+    for precision, bound in ((gpu_tier().precision, 2e-2), ("f32", 1e-4)):
         m = vt.Model(fixtures_dir() / "models" / layout, device="cuda:0", precision=precision)
+        gpu_tier(m)
         rows = m.encode_video(case.raw, width=case.width, height=case.height, fps=case.fps, **kw)
         assert rows.device == "cuda:0"
         assert rows.plan == host.plan
@@ -263,7 +265,7 @@ def test_video_rows_on_cuda(name, layout, kw):
         assert all(v == v for v in got), "NaN"
         # torch's read equals the library's own download of the rows
         dl = rows.to_bytes()
-        lib = bf16s(dl) if rows.dtype == "bfloat16" else f32s(dl)
+        lib = {"bfloat16": bf16s, "float16": f16s, "float32": f32s}[rows.dtype](dl)
         assert got == list(lib)
         for what, ref in (("host rows", want), ("upstream f64", case.rows)):
             err = rel_l2(got, ref)

@@ -1,10 +1,11 @@
 """Helpers shared by the tests: where the fixtures are, a tiny safetensors reader (stdlib only),
-rel-L2, and the fixture models."""
+rel-L2, the fixture models, and the GPU tier a CUDA test runs."""
 
 import json
 import math
 import os
 import struct
+from collections import namedtuple
 from pathlib import Path
 
 import vision_towers as vt
@@ -93,6 +94,35 @@ def model(name, **kw):
     if key not in _MODELS:
         _MODELS[key] = vt.Model(fixtures_dir() / "models" / name, device="cpu", **kw)
     return _MODELS[key]
+
+
+GpuTier = namedtuple("GpuTier", "name precision dtype torch_dtype")
+
+
+def gpu_tier(m=None):
+    """The GPU tier this process runs and the precision a CUDA model opens in there by default.
+
+    ``name``: ``"7.5"``, ``"8.0"``, ``"9.0"``, …: the tier ``GPU_CORE_FORCE_TIER`` forces
+    (``8.0``, ``sm80``, ``sm_80`` or ``80``; unset or empty: none), else cuda:0's compute
+    capability (the card's own tier). ``precision``: ``"f16"`` on 7.5, which has no bf16 tensor
+    cores and refuses bf16, else ``"bf16"``. ``dtype`` and ``torch_dtype``: its rows' dtype
+    (``ImageRows.dtype``: ``"float16"`` or ``"bfloat16"``) and the torch dtype of that name. With
+    a CUDA model ``m``, asserts that ``m.gpu_tier`` is this tier, forced where the variable is set.
+    """
+    import torch
+
+    forced = os.environ.get("GPU_CORE_FORCE_TIER", "").strip()
+    if forced:
+        digits = forced.removeprefix("sm_").removeprefix("sm")
+        major, minor = digits.split(".") if "." in digits else divmod(int(digits), 10)
+        name = f"{int(major)}.{int(minor)}"
+    else:
+        name = "{}.{}".format(*torch.cuda.get_device_capability(0))
+    if m is not None:
+        assert m.gpu_tier.split()[0] == name, (m.gpu_tier, name)
+        assert ("forced on" in m.gpu_tier) == bool(forced), (m.gpu_tier, forced)
+    precision, dtype = ("f16", "float16") if name == "7.5" else ("bf16", "bfloat16")
+    return GpuTier(name, precision, dtype, getattr(torch, dtype))
 
 
 def image_bytes(name):
