@@ -92,7 +92,6 @@ impl GemmaCuda {
             ATTENTION_SCALE,
             &batch.cu,
         );
-        let nl = self.layers.len();
         // In bf16 and f16 modes a single unclamped group reads the pre-norm fused into the
         // residual kernel.
         let fusable = |gs: &[Group]| half_mode && gs.len() == 1 && gs[0].clamp_in == Clamp::NONE;
@@ -195,8 +194,13 @@ impl GemmaCuda {
                 Epilogue::None,
             )?;
             {
-                let fuse_next = li + 1 < nl && fusable(&self.layers[li + 1].qkv);
-                let next = fuse_next.then_some((Some(&self.layers[li + 1].ln_in), &mut ws.hn, eps));
+                // The next layer's pre-norm, fused here when that layer reads it unclamped
+                // (none after the last layer).
+                let next = self
+                    .layers
+                    .get(li + 1)
+                    .filter(|nx| fusable(&nx.qkv))
+                    .map(|nx| (Some(&nx.ln_in), &mut ws.hn, eps));
                 prenormed = next.is_some();
                 d.residual_rms_add_mixed(
                     &mut ws.x,
