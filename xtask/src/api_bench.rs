@@ -285,21 +285,33 @@ fn device_stages(
                 .iter()
                 .map(|p| p.gemma4().ok_or_else(missing))
                 .collect::<Result<Vec<_>>>()?;
-            stages(&mut bt::gemma_cuda(dev, dir, tower_gemma::Precision::Bf16)?.tower, &images, iters)
+            stages(
+                &mut bt::gemma_cuda(dev, dir, tower_gemma::Precision::Bf16)?.tower,
+                &images,
+                iters,
+            )
         }
         Family::Glm5Next | Family::GlmOcr => {
             let images = prepared
                 .iter()
                 .map(|p| p.glm().ok_or_else(missing))
                 .collect::<Result<Vec<_>>>()?;
-            stages(&mut bt::glm_cuda(dev, dir, tower_glm5::Precision::Bf16)?.tower, &images, iters)
+            stages(
+                &mut bt::glm_cuda(dev, dir, tower_glm5::Precision::Bf16)?.tower,
+                &images,
+                iters,
+            )
         }
         Family::Step3p7 => {
             let images = prepared
                 .iter()
                 .map(|p| p.step3p7().ok_or_else(missing))
                 .collect::<Result<Vec<_>>>()?;
-            stages(&mut bt::step_cuda(dev, dir, tower_step::Precision::Bf16)?.tower, &images, iters)
+            stages(
+                &mut bt::step_cuda(dev, dir, tower_step::Precision::Bf16)?.tower,
+                &images,
+                iters,
+            )
         }
     }
 }

@@ -404,18 +404,15 @@ pub fn load_step(dir: &Path) -> Result<(StepTower, f64)> {
 }
 
 /// Opens the Gemma-4 HF checkpoint at `dir` mapped and uploads it in `precision` (bf16 or f16).
-pub fn gemma_cuda(dev: &Arc<Device>, dir: &Path, precision: tower_gemma::Precision) -> Result<Loaded<GemmaCuda>> {
+pub fn gemma_cuda(
+    dev: &Arc<Device>,
+    dir: &Path,
+    precision: tower_gemma::Precision,
+) -> Result<Loaded<GemmaCuda>> {
     let (ck, open_s) = timed(|| open(dir))?;
     let ((cfg, w), check_s) = timed(|| Ok(tower_gemma::load_hf_mapped(&ck)?))?;
     let load_s = open_s + check_s;
-    let (tower, upload_s) = timed(|| {
-        Ok(GemmaCuda::new(
-            dev.clone(),
-            &cfg,
-            &w,
-            precision,
-        )?)
-    })?;
+    let (tower, upload_s) = timed(|| Ok(GemmaCuda::new(dev.clone(), &cfg, &w, precision)?))?;
     drop(w);
     drop(ck);
     Ok(Loaded {
@@ -427,18 +424,15 @@ pub fn gemma_cuda(dev: &Arc<Device>, dir: &Path, precision: tower_gemma::Precisi
 }
 
 /// Opens the GLM checkpoint at `dir` mapped and uploads it in `precision` (bf16 or f16).
-pub fn glm_cuda(dev: &Arc<Device>, dir: &Path, precision: tower_glm5::Precision) -> Result<Loaded<GlmCuda>> {
+pub fn glm_cuda(
+    dev: &Arc<Device>,
+    dir: &Path,
+    precision: tower_glm5::Precision,
+) -> Result<Loaded<GlmCuda>> {
     let (ck, open_s) = timed(|| open(dir))?;
     let ((cfg, w), check_s) = timed(|| Ok(tower_glm5::load_hf_mapped(&ck)?))?;
     let load_s = open_s + check_s;
-    let (tower, upload_s) = timed(|| {
-        Ok(GlmCuda::new(
-            dev.clone(),
-            &cfg,
-            &w,
-            precision,
-        )?)
-    })?;
+    let (tower, upload_s) = timed(|| Ok(GlmCuda::new(dev.clone(), &cfg, &w, precision)?))?;
     drop(w);
     drop(ck);
     Ok(Loaded {
@@ -450,7 +444,11 @@ pub fn glm_cuda(dev: &Arc<Device>, dir: &Path, precision: tower_glm5::Precision)
 }
 
 /// Opens the Step-3.7 checkpoint at `dir` mapped and uploads it in `precision` (bf16 or f16).
-pub fn step_cuda(dev: &Arc<Device>, dir: &Path, precision: tower_step::Precision) -> Result<Loaded<StepCuda>> {
+pub fn step_cuda(
+    dev: &Arc<Device>,
+    dir: &Path,
+    precision: tower_step::Precision,
+) -> Result<Loaded<StepCuda>> {
     let (ck, open_s) = timed(|| open(dir))?;
     let ((cfg, w), check_s) = timed(|| {
         let config = ck
@@ -459,14 +457,7 @@ pub fn step_cuda(dev: &Arc<Device>, dir: &Path, precision: tower_step::Precision
         Ok(tower_step::load_mapped(&ck, config)?)
     })?;
     let load_s = open_s + check_s;
-    let (tower, upload_s) = timed(|| {
-        Ok(StepCuda::new(
-            dev.clone(),
-            &cfg,
-            &w,
-            precision,
-        )?)
-    })?;
+    let (tower, upload_s) = timed(|| Ok(StepCuda::new(dev.clone(), &cfg, &w, precision)?))?;
     drop(w);
     drop(ck);
     Ok(Loaded {

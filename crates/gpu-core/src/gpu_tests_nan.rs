@@ -11,11 +11,16 @@ use crate::*;
 fn same_nans(name: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{name}: length");
     let wrong: Vec<usize> = (0..got.len())
-        .filter(|&i| got[i].is_nan() != want[i].is_nan() || !(got[i].is_nan() || got[i].is_finite()))
+        .filter(|&i| {
+            got[i].is_nan() != want[i].is_nan() || !(got[i].is_nan() || got[i].is_finite())
+        })
         .take(4)
         .collect();
     let nans = want.iter().filter(|v| v.is_nan()).count();
-    assert!(nans > 0, "{name}: the host twin has no NaN (the test would prove nothing)");
+    assert!(
+        nans > 0,
+        "{name}: the host twin has no NaN (the test would prove nothing)"
+    );
     assert!(
         wrong.is_empty(),
         "{name}: NaN not kept at {wrong:?} (got {:?}, want {:?}); {nans} NaN expected",
@@ -55,7 +60,10 @@ fn clamps_keep_nan() {
         let m = Mat::dense(rows, cols);
         for g in gates {
             let want = host::gated_act(&gate, &up, g);
-            let (gd, ud) = (d.upload(&to_bf(&gate)).unwrap(), d.upload(&to_bf(&up)).unwrap());
+            let (gd, ud) = (
+                d.upload(&to_bf(&gate)).unwrap(),
+                d.upload(&to_bf(&up)).unwrap(),
+            );
             let mut out = d.alloc::<bf16>(rows * cols).unwrap();
             d.gated_act(&mut out, m, &gd, m, &ud, m, g).unwrap();
             same_nans(
@@ -112,10 +120,22 @@ fn clamps_keep_nan() {
         };
         let act = FusedAct::Gated(gemma);
         assert!(d.fused_gemm_supports(&act, n, k));
-        let (xd, wd) = (d.upload(&to_bf(&xv)).unwrap(), d.upload(&to_bf(&w)).unwrap());
+        let (xd, wd) = (
+            d.upload(&to_bf(&xv)).unwrap(),
+            d.upload(&to_bf(&w)).unwrap(),
+        );
         let mut y = d.alloc::<bf16>(m * n / 2).unwrap();
-        d.gemm_act(&xd, Mat::dense(m, k), &wd, n, None, &mut y, Mat::dense(m, n / 2), act)
-            .unwrap();
+        d.gemm_act(
+            &xd,
+            Mat::dense(m, k),
+            &wd,
+            n,
+            None,
+            &mut y,
+            Mat::dense(m, n / 2),
+            act,
+        )
+        .unwrap();
         same_nans(
             "gemm_act gated epilogue",
             &from_bf(&d.download(&y).unwrap()),

@@ -451,7 +451,10 @@ mod tests {
         assert!(y[0].is_nan() && y[1].is_nan() && y[2].is_finite(), "{y:?}");
         let c = Clamp::new(-1.0, 1.0);
         let a = act(&[f32::NAN, 3.0], Activation::Silu, c, c);
-        assert!(a[0].is_nan() && a[1] == 1.0f32.min(activation(Activation::Silu, 1.0)), "{a:?}");
+        assert!(
+            a[0].is_nan() && a[1] == 1.0f32.min(activation(Activation::Silu, 1.0)),
+            "{a:?}"
+        );
         let n = rms_norm(&[f32::NAN, 1.0, 2.0, 3.0], 2, None, 1e-6, c);
         assert!(n[0].is_nan() && n[1].is_nan() && n[2].is_finite(), "{n:?}");
     }

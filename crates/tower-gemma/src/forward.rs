@@ -126,10 +126,7 @@ fn linear(x: &[f32], l: &Linear) -> Vec<f32> {
     let x = if l.clamp_in == Clamp::NONE {
         x
     } else {
-        clamped = x
-            .iter()
-            .map(|&v| l.clamp_in.apply(v))
-            .collect::<Vec<_>>();
+        clamped = x.iter().map(|&v| l.clamp_in.apply(v)).collect::<Vec<_>>();
         &clamped
     };
     let mut y = host::gemm(x, &l.w, None, rows, l.out, l.inp);

@@ -118,7 +118,11 @@ pub fn accuracy_table(lines: &[Line], precision: Precision) -> String {
         "| case | rows | ours ({precision}) vs torch bf16 | ours ({precision}) vs f32 | torch bf16 vs f32 | ours ≤ {BF16_BOUND:.0e} vs f32 |{}",
         if f16 { " f16 gate: ours ≤ torch bf16 vs f32 |" } else { "" }
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|{}", if f16 { "---|" } else { "" });
+    let _ = writeln!(
+        s,
+        "|---|---|---|---|---|---|{}",
+        if f16 { "---|" } else { "" }
+    );
     for l in lines {
         let verdict = match l.rel_f32 {
             Some(r) if r <= BF16_BOUND => "PASS",

@@ -253,7 +253,11 @@ fn accuracy_table_f16_gate() {
         ..Line::default()
     };
     let t = accuracy_table(
-        &[mk(4e-4, Some(6.9e-3)), mk(8e-3, Some(6.9e-3)), mk(4e-4, None)],
+        &[
+            mk(4e-4, Some(6.9e-3)),
+            mk(8e-3, Some(6.9e-3)),
+            mk(4e-4, None),
+        ],
         Precision::F16,
     );
     assert!(t.lines().next().unwrap().contains("f16 gate"));
