@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# One GPU-machine call that checks a branch before it lands on main (docs/TIERS.md, issue 41):
+# (1) kernels/tiers_device.sh (gpu-core's GPU tests and `xtask parity --require-cuda` per tier, the
+# facade and C-ABI GPU suites), (2) the wheel's `pytest --gpu` on the card's own tier and on forced
+# ones, (3) kernels/sanitize_device.sh runs, (4) `xtask bench` in bf16 and then f16 on a few cases
+# (issue 39's f16 gate) while time is left. Prints one table last.
+# Needs, carried: .device/all.tar.xz (a tar of `cargo xtask gpu-test --prepare`'s .device/ —
+# gpu_core_tests, xtask, facade/, capi/ — plus wheelx/, the manylinux wheel unpacked; xz with a
+# dictionary as large as the tar, so the binaries' shared kernels compress once), .device/pyw/
+# (pytest's wheels, for a machine without pytest), .whl/transformers-5.23.0-*.whl for the bench.
+# The tree's fixtures travel with it (keep fixtures/adversarial and fixtures/prep: pytest reads them).
+# Environment (all optional): TIERS (default "native 8.0 7.5"), FACADE_TIERS ("native 7.5"),
+# PY_TIERS ("native 7.5"), SANITIZE (1; 0 skips step 3), SAN_STOP (no sanitizer run starts after
+# this many seconds, default 420), CASES (bench cases, default "glm5_72_b1,gemma4_b1"), TOTAL (the
+# bench runs only when at least 150 s of this many are left, default 560).
+set -u
+OUT=${OUT:-/tmp/landing-out}
+mkdir -p "$OUT"
+T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }
+[ -f .device/gpu_core_tests ] || tar -xJf .device/all.tar.xz -C .device || exit 1
+chmod +x .device/gpu_core_tests .device/xtask .device/facade/* .device/capi/* 2> /dev/null
+export VT_FIXTURES=$PWD/fixtures NVCC=/nonexistent-nvcc PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
+rows=()
+# (1) Rust GPU suites per tier
+TIERS="${TIERS:-native 8.0 7.5}" FACADE_TIERS="${FACADE_TIERS:-native 7.5}" OUT="$OUT/tiers" \
+    timeout 200 bash kernels/tiers_device.sh > "$OUT/tiers.log" 2>&1
+echo "tiers rc=$? at $(el) s"
+# (2) the wheel, zipped again from its unpacked files, installed apart; pytest per tier
+python3 -c "import pytest" 2> /dev/null \
+    || python3 -m pip install -q --no-index --find-links .device/pyw --target /tmp/pyt pytest > /dev/null 2>&1
+DI=$(cd .device/wheelx && ls -d *.dist-info | head -1)
+VER=${DI%.dist-info}
+VER=${VER#vision_towers-}
+WHEEL=/tmp/vision_towers-$VER-cp39-abi3-manylinux_2_28_x86_64.whl
+(cd .device/wheelx && python3 -m zipfile -c "$WHEEL" *)
+python3 -m pip install -q --no-index --no-deps --target /tmp/vtw "$WHEEL" > "$OUT/pip.log" 2>&1 || echo "wheel install failed"
+for tier in ${PY_TIERS:-native 7.5}; do
+    if [ "$tier" = native ]; then unset GPU_CORE_FORCE_TIER; else export GPU_CORE_FORCE_TIER="$tier"; fi
+    t1=$(date +%s)
+    PYTHONPATH=/tmp/vtw:/tmp/pyt timeout 90 python3 -m pytest -q --gpu -p no:cacheprovider bindings/python/tests > "$OUT/pytest_$tier.log" 2>&1
+    rows+=("| pytest --gpu | $tier | rc $? | $(tail -1 "$OUT/pytest_$tier.log") | $(( $(date +%s) - t1 )) s |")
+done
+unset GPU_CORE_FORCE_TIER
+# (3) sanitizers: the tier's own f16 on the kernel tests and two encodes, the f32 initcheck control
+# (cuBLASLt's f32 kernels write without TMA), forced 7.5 in f16 (bf16 there: refused), gemma4 f16
+san() {
+    local name=$1
+    shift
+    [ "$(el)" -gt "${SAN_STOP:-420}" ] && { echo "$name skipped at $(el) s"; return; }
+    env OUT="$OUT/$name" "$@" bash kernels/sanitize_device.sh > "$OUT/$name.log" 2>&1
+    echo "$name rc=$? at $(el) s"
+}
+if [ "${SANITIZE:-1}" = 1 ]; then
+    san s1 TIERS=native TESTS="gpu_tests_attn gpu_tests_f16" FAMILIES="glm5_next step3p7" PRECISIONS=f16 TOOLS="racecheck initcheck memcheck" LIMIT=35
+    san s2 TIERS=native FAMILIES="glm5_next step3p7" PRECISIONS=f32 TOOLS=initcheck LIMIT=30
+    san s3 TIERS=7.5 TESTS=gpu_tests_f16 FAMILIES="glm5_next step3p7 gemma4" PRECISIONS="f16 bf16" TOOLS="memcheck racecheck" LIMIT=30
+    san s4 TIERS=native FAMILIES=gemma4 PRECISIONS=f16 TOOLS="memcheck initcheck synccheck" LIMIT=30
+fi
+# (4) bf16 then f16 on the same PyTorch results (eager: the accuracy columns need no compile)
+left=$(( ${TOTAL:-560} - $(el) ))
+if [ "$left" -gt 150 ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/transformers-5.23.0-*.whl
+    C=${CASES:-glm5_72_b1,gemma4_b1}
+    PYTHONPATH=/tmp/site timeout $(( left - 50 )) .device/xtask bench --torch-out /tmp/vt-landing-bench --rerun-torch \
+        --no-compile --iters 10 --cases "$C" --report "$OUT/bench_bf16.md" > "$OUT/bench_bf16.log" 2>&1
+    echo "bench bf16 rc=$? at $(el) s"
+    PYTHONPATH=/tmp/site timeout 45 .device/xtask bench --torch-out /tmp/vt-landing-bench --no-compile --iters 10 \
+        --cases "$C" --precision f16 --report "$OUT/bench_f16.md" > "$OUT/bench_f16.log" 2>&1
+    echo "bench f16 rc=$? at $(el) s"
+else
+    echo "bench skipped: $left s left of ${TOTAL:-560}"
+fi
+echo "=== tiers"
+sed -n '/=== summary/,$p' "$OUT/tiers.log"
+grep -E "panicked|FAILED" "$OUT/tiers.log" | head -8
+for s in s1 s2 s3 s4; do
+    [ -f "$OUT/$s.log" ] || continue
+    echo "=== sanitizers $s"
+    grep -E "^\|" "$OUT/$s.log" | grep -v -e "^|---" -e "^| tier"
+    grep FAILED "$OUT/$s.log"
+done
+echo "=== bench"
+for p in bf16 f16; do [ -f "$OUT/bench_$p.md" ] && grep -E "^\|" "$OUT/bench_$p.md" | head -24; done
+echo "=== pytest (total $(el) s)"
+echo "| suite | tier | exit | result | time |"
+echo "|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
