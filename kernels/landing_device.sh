@@ -44,7 +44,8 @@ for tier in ${PY_TIERS:-native 7.5}; do
 done
 unset GPU_CORE_FORCE_TIER
 # (3) sanitizers: the tier's own f16 on the kernel tests and two encodes, the f32 initcheck control
-# (cuBLASLt's f32 kernels write without TMA), forced 7.5 in f16 (bf16 there: refused), gemma4 f16
+# (cuBLASLt's f32 kernels write without TMA), forced 7.5 in f16 (bf16 there: refused), gemma4 f16; the graph
+# tests (each family eager, captured and replayed, bf16 and f16)
 san() {
     local name=$1
     shift
@@ -57,6 +58,7 @@ if [ "${SANITIZE:-1}" = 1 ]; then
     san s2 TIERS=native FAMILIES="glm5_next step3p7" PRECISIONS=f32 TOOLS=initcheck LIMIT=30
     san s3 TIERS=7.5 TESTS=gpu_tests_f16 FAMILIES="glm5_next step3p7 gemma4" PRECISIONS="f16 bf16" TOOLS="memcheck racecheck" LIMIT=30
     san s4 TIERS=native FAMILIES=gemma4 PRECISIONS=f16 TOOLS="memcheck initcheck synccheck" LIMIT=30
+    san s5 TIERS=native FAMILIES="" GRAPH_TESTS="gemma_graph glm_graph step_graph" TOOLS="memcheck racecheck" LIMIT=45
 fi
 # (4) bf16 then f16 on the same PyTorch results (eager: the accuracy columns need no compile)
 left=$(( ${TOTAL:-560} - $(el) ))
@@ -75,7 +77,7 @@ fi
 echo "=== tiers"
 sed -n '/=== summary/,$p' "$OUT/tiers.log"
 grep -E "panicked|FAILED" "$OUT/tiers.log" | head -8
-for s in s1 s2 s3 s4; do
+for s in s1 s2 s3 s4 s5; do
     [ -f "$OUT/$s.log" ] || continue
     echo "=== sanitizers $s"
     grep -E "^\|" "$OUT/$s.log" | grep -v -e "^|---" -e "^| tier"

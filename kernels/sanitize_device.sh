@@ -9,14 +9,16 @@
 # Environment: TIERS (default "native"), FAMILIES (default "glm5_next step3p7 gemma4"; "" for none),
 # PRECISIONS (`vtower --precision`; default "auto", the tier's own; e.g. "bf16 f32 f16"; bf16 on
 # 7.5 is reported as refused, not run), TOOLS (default "racecheck initcheck"), TESTS (libtest filters
-# of gpu_core_tests, e.g. "gpu_tests_attn gpu_tests_f16"; default none), LIMIT (seconds per run,
+# of gpu_core_tests, e.g. "gpu_tests_attn gpu_tests_f16"; default none), GRAPH_TESTS (libtest
+# filters of the facade's `vision_towers_graphs`: eager, captured and replayed passes of each family
+# in bf16 and f16, e.g. "gemma_graph glm_graph step_graph"; default none), LIMIT (seconds per run,
 # default 60; a run past it is reported as not finished).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-/tmp/sanitize-out}"
 mkdir -p "$OUT"
 cd "$ROOT"
-for f in .device/facade/vtower .device/gpu_core_tests; do
+for f in .device/facade/vtower .device/facade/vision_towers_graphs .device/gpu_core_tests; do
     [ -f "$f.xz" ] && xz -d -f "$f.xz"
     [ -f "$f" ] && chmod +x "$f"
 done
@@ -74,6 +76,12 @@ for tier in ${TIERS:-native}; do
     for t in ${TESTS:-}; do
         for tool in ${TOOLS:-racecheck initcheck}; do
             sanitize "$tier" "gpu_core_tests $t" "test's" "$tool" .device/gpu_core_tests --ignored --test-threads=1 "$t"
+        done
+    done
+    # the graph tests: each family's forward eager, captured and replayed from a CUDA graph
+    for t in ${GRAPH_TESTS:-}; do
+        for tool in ${TOOLS:-racecheck initcheck}; do
+            sanitize "$tier" "graphs $t" "bf16+f16" "$tool" .device/facade/vision_towers_graphs --ignored --test-threads=1 "$t"
         done
     done
     for fam in ${FAMILIES-glm5_next step3p7 gemma4}; do

@@ -61,7 +61,7 @@ pub struct PassRunner<W> {
     // Declared (so dropped) in the order the towers held them: workspace, graphs, uploader.
     /// The buffers of a pass, kept between calls and grown on demand.
     ws: Option<W>,
-    /// CUDA graphs of the bf16 forward, per batch layout.
+    /// CUDA graphs of the 16-bit (bf16, f16) forward, per batch layout.
     graphs: Graphs,
     /// Asynchronous uploads of staged batches (created on the first [`PassRunner::stage`]).
     uploader: Option<Uploader>,
@@ -89,7 +89,7 @@ impl<W> PassRunner<W> {
         Uploader::stage_into(&mut self.uploader, dev, precision, host)
     }
 
-    /// Turns CUDA graphs of the bf16 forward on (the default) or off (every forward eager).
+    /// Turns CUDA graphs of the 16-bit forward on (the default) or off (every forward eager).
     pub fn set_graphs(&mut self, on: bool) {
         self.graphs.set_enabled(on);
     }

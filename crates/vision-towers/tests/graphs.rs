@@ -26,18 +26,22 @@ fn device() -> Arc<gpu_core::Device> {
     Arc::new(gpu_core::Device::new(0).expect("this test needs a CUDA device"))
 }
 
-/// A bf16 upload's tower, or `None` where the device's tier has no bf16 tensor cores (7.5): there
-/// the upload must be refused (graphs run in bf16 only), which this checks and says.
-fn bf16_or_refused<T, E: std::fmt::Display>(upload: Result<T, E>) -> Option<T> {
+/// The precisions graphs are captured in: the 16-bit product paths (f32 never captures:
+/// `f32_mode_never_captures`).
+const GRAPH_PRECISIONS: [Precision; 2] = [Precision::Bf16, Precision::F16];
+
+/// An upload's tower in `p`, or `None` where the device's tier lacks `p` (bf16 on 7.5): there the
+/// upload must be refused, which this checks and says.
+fn uploaded_or_refused<T, E: std::fmt::Display>(p: Precision, upload: Result<T, E>) -> Option<T> {
     let dev = device();
-    match upload {
-        Ok(t) if dev.supports_bf16() => Some(t),
-        Ok(_) => panic!("tier {}: a bf16 upload must be refused", dev.tier()),
-        Err(e) if !dev.supports_bf16() => {
-            println!("tier {}: bf16 refused as it must be ({e})", dev.tier());
+    match (upload, dev.precision_refusal(p)) {
+        (Ok(t), None) => Some(t),
+        (Ok(_), Some(why)) => panic!("tier {}: a {p} upload must be refused ({why})", dev.tier()),
+        (Err(e), Some(_)) => {
+            println!("tier {}: {p} refused as it must be ({e})", dev.tier());
             None
         }
-        Err(e) => panic!("upload: {e}"),
+        (Err(e), None) => panic!("{p} upload: {e}"),
     }
 }
 
@@ -205,25 +209,27 @@ graph_tower!(
 fn gemma_graph_replays_equal_eager_rows_bitwise() {
     let ck = checkpoint("gemma4");
     let tower = GemmaTower::from_checkpoint(&ck).expect("fixture tower");
-    let Some(cuda) = bf16_or_refused(tower.to_cuda(device(), Precision::Bf16)) else {
-        return;
-    };
-    let prepared = prepared("gemma4", &["coffee_144x96.jpg", "logo_rgba_112x84.png"]);
-    let flipped = prepared
-        .iter()
-        .map(|p| {
-            let g = p.gemma4().expect("gemma4 inputs");
-            g.patches.iter().map(|v| 1.0 - v).collect()
-        })
-        .collect();
-    check_graphs(
-        "gemma4",
-        &mut Gemma {
-            cuda,
-            prepared,
-            flipped,
-        },
-    );
+    for precision in GRAPH_PRECISIONS {
+        let Some(cuda) = uploaded_or_refused(precision, tower.to_cuda(device(), precision)) else {
+            continue;
+        };
+        let prepared = prepared("gemma4", &["coffee_144x96.jpg", "logo_rgba_112x84.png"]);
+        let flipped = prepared
+            .iter()
+            .map(|p| {
+                let g = p.gemma4().expect("gemma4 inputs");
+                g.patches.iter().map(|v| 1.0 - v).collect()
+            })
+            .collect();
+        check_graphs(
+            &format!("gemma4 {precision}"),
+            &mut Gemma {
+                cuda,
+                prepared,
+                flipped,
+            },
+        );
+    }
 }
 
 struct Glm {
@@ -259,11 +265,14 @@ graph_tower!(
 #[test]
 #[ignore = "needs a CUDA device"]
 fn glm_graph_replays_equal_eager_rows_bitwise() {
-    for model in ["glm5_next", "glm_ocr"] {
+    for (model, precision) in ["glm5_next", "glm_ocr"]
+        .into_iter()
+        .flat_map(|m| GRAPH_PRECISIONS.map(|p| (m, p)))
+    {
         let ck = checkpoint(model);
         let tower = GlmTower::from_checkpoint(&ck).expect("fixture tower");
-        let Some(cuda) = bf16_or_refused(tower.to_cuda(device(), Precision::Bf16)) else {
-            return;
+        let Some(cuda) = uploaded_or_refused(precision, tower.to_cuda(device(), precision)) else {
+            continue;
         };
         let prepared = prepared(model, &["coffee_144x96.jpg", "tiny_20x15.png"]);
         let flipped = prepared
@@ -278,7 +287,7 @@ fn glm_graph_replays_equal_eager_rows_bitwise() {
             })
             .collect();
         check_graphs(
-            model,
+            &format!("{model} {precision}"),
             &mut Glm {
                 cuda,
                 prepared,
@@ -345,17 +354,20 @@ graph_tower!(
 #[test]
 #[ignore = "needs a CUDA device"]
 fn step_graph_replays_equal_eager_rows_bitwise() {
-    for model in ["step3p7", "step3p7_hf"] {
+    for (model, precision) in ["step3p7", "step3p7_hf"]
+        .into_iter()
+        .flat_map(|m| GRAPH_PRECISIONS.map(|p| (m, p)))
+    {
         let ck = checkpoint(model);
         let tower = StepTower::from_checkpoint(&ck).expect("fixture tower");
-        let Some(cuda) = bf16_or_refused(tower.to_cuda(device(), Precision::Bf16)) else {
-            return;
+        let Some(cuda) = uploaded_or_refused(precision, tower.to_cuda(device(), precision)) else {
+            continue;
         };
         let sizes = [112 * 112, 112 * 112, 112 * 112, 168 * 168, 140 * 126];
         let views = (0..10)
             .map(|i| pixels(3 * sizes[i % 5], 40 + i as u64))
             .collect();
-        check_graphs(model, &mut Step { cuda, views });
+        check_graphs(&format!("{model} {precision}"), &mut Step { cuda, views });
     }
 }
 
