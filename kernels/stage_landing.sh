@@ -12,17 +12,13 @@ cd "$ROOT"
 RAW=${RAW:-/tmp/landing-raw}
 command -v nasm > /dev/null || echo "warning: no nasm: the wheel's libjpeg-turbo has no SIMD (the build refuses it)" >&2
 cargo xtask gpu-test --prepare
-# the wheel that ships: maturin and zig pinned as `cargo xtask test` pins them (xtask/src/wheel.rs)
-VENV=target/py-venv
-[ -x "$VENV/bin/maturin" ] || { python3 -m venv "$VENV" && "$VENV/bin/pip" install -q maturin==1.16.0 ziglang==0.14.1 cargo-zigbuild==0.24.0; }
-rm -rf target/landing-wheel
-(cd bindings/python && PATH="$ROOT/$VENV/bin:$PATH" VT_REQUIRE_JPEG_SIMD=1 maturin build --release --locked --zig \
-    --compatibility manylinux_2_28 -o "$ROOT/target/landing-wheel")
+# the wheel that ships, built as `cargo xtask test` builds it (pinned maturin and zig, manylinux audit)
+cargo xtask wheel
 rm -rf "$RAW" && mkdir -p "$RAW"
 mv .device/gpu_core_tests .device/xtask .device/facade .device/capi "$RAW/"
 strip "$RAW"/gpu_core_tests "$RAW"/xtask "$RAW"/facade/* "$RAW"/capi/* 2> /dev/null || true
 mkdir -p "$RAW/wheelx"
-(cd "$RAW/wheelx" && python3 -m zipfile -e "$ROOT"/target/landing-wheel/vision_towers-*.whl .)
+(cd "$RAW/wheelx" && python3 -m zipfile -e "$ROOT"/target/wheels-ship/vision_towers-*.whl .)
 # one xz stream with a dictionary the size of the tar: the binaries embed the same kernels
 (cd "$RAW" && tar -cf - gpu_core_tests xtask facade capi wheelx | xz -T1 --lzma2=preset=9,dict=256MiB > "$ROOT/.device/all.tar.xz")
 mkdir -p .device/pyw .whl

@@ -42,6 +42,7 @@ commands:
              include/, pkg-config, CMake config) [--check: unpack it elsewhere, build the C
              example with pkg-config and the C++ one with CMake against it, compare their rows
              with upstream's]
+  wheel      the manylinux wheel the Python step tests, alone (target/wheels-ship/; its path last)
   package    every library crate as the .crate cargo publish would upload (target/package/):
              sizes and file counts, fails over crates.io's 10 MiB or when gpu-core's lacks a
              kernel file it needs, then builds the crates from those .crate files alone
@@ -90,6 +91,7 @@ fn main() -> Result<()> {
         "fixtures" => fixtures::run(rest),
         "fuzz" => fuzz::run(rest),
         "package" => package::run(rest),
+        "wheel" => wheel::run(rest),
         "parity" => parity::run(rest),
         "rows-digest" => rows_digest::run(rest),
         "ptx" => gpu::ptx(rest),

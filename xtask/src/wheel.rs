@@ -86,6 +86,16 @@ fn pip_install(venv: &Path, what: &[&str], label: &str) -> Result<()> {
     )
 }
 
+/// Entry point of `cargo xtask wheel`: [`build_wheel`] alone (the wheel the Python step tests,
+/// for a machine that carries it elsewhere), its path printed last.
+pub fn run(args: &[String]) -> Result<()> {
+    if let Some(a) = args.first() {
+        bail!("wheel takes no arguments (got `{a}`)");
+    }
+    println!("{}", build_wheel()?.display());
+    Ok(())
+}
+
 /// Builds the manylinux wheel into `target/wheels-ship/` (emptied first) and returns its path.
 pub fn build_wheel() -> Result<PathBuf> {
     let root = workspace_root();
