@@ -11,8 +11,11 @@
 # The tree's fixtures travel with it (keep fixtures/adversarial and fixtures/prep: pytest reads them).
 # Environment (all optional): TIERS (default "native 8.0 7.5"), FACADE_TIERS ("native 7.5"),
 # PY_TIERS ("native 7.5"), SANITIZE (1; 0 skips step 3), SAN_STOP (no sanitizer run starts after
-# this many seconds, default 420), CASES (bench cases, default "glm5_72_b1,gemma4_b1"), TOTAL (the
-# bench runs only when at least 150 s of this many are left, default 560).
+# this many seconds, default 420), SAN_RUNS (which of the sanitizer runs below, default
+# "s1 s2 s3 s4 s5"), CASES (bench cases, default "glm5_72_b1,gemma4_b1"), TOTAL (the bench runs only
+# when at least 150 s of this many are left, default 560), STEPS (the steps and their order, default
+# "tiers pytest san bench"), BENCH_S (at most this many seconds for the bf16 bench, which also runs
+# the PyTorch side; default 600). Every log lands in $OUT/logs.tar.xz too (one file comes back).
 set -u
 OUT=${OUT:-/tmp/landing-out}
 mkdir -p "$OUT"
@@ -23,10 +26,13 @@ chmod +x .device/gpu_core_tests .device/xtask .device/facade/* .device/capi/* 2>
 export VT_FIXTURES=$PWD/fixtures NVCC=/nonexistent-nvcc PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 rows=()
+step_tiers() {
 # (1) Rust GPU suites per tier
 TIERS="${TIERS:-native 8.0 7.5}" FACADE_TIERS="${FACADE_TIERS:-native 7.5}" OUT="$OUT/tiers" \
     timeout 200 bash kernels/tiers_device.sh > "$OUT/tiers.log" 2>&1
 echo "tiers rc=$? at $(el) s"
+}
+step_pytest() {
 # (2) the wheel, zipped again from its unpacked files, installed apart; pytest per tier
 python3 -c "import pytest" 2> /dev/null \
     || python3 -m pip install -q --no-index --find-links .device/pyw --target /tmp/pyt pytest > /dev/null 2>&1
@@ -43,6 +49,7 @@ for tier in ${PY_TIERS:-native 7.5}; do
     rows+=("| pytest --gpu | $tier | rc $? | $(tail -1 "$OUT/pytest_$tier.log") | $(( $(date +%s) - t1 )) s |")
 done
 unset GPU_CORE_FORCE_TIER
+}
 # (3) sanitizers: the tier's own f16 on the kernel tests and two encodes, the f32 initcheck control
 # (cuBLASLt's f32 kernels write without TMA), forced 7.5 in f16 (bf16 there: refused), gemma4 f16; the graph
 # tests (each family eager, captured and replayed, bf16 and f16)
@@ -53,31 +60,49 @@ san() {
     env OUT="$OUT/$name" "$@" bash kernels/sanitize_device.sh > "$OUT/$name.log" 2>&1
     echo "$name rc=$? at $(el) s"
 }
-if [ "${SANITIZE:-1}" = 1 ]; then
-    san s1 TIERS=native TESTS="gpu_tests_attn gpu_tests_f16" FAMILIES="glm5_next step3p7" PRECISIONS=f16 TOOLS="racecheck initcheck memcheck" LIMIT=35
-    san s2 TIERS=native FAMILIES="glm5_next step3p7" PRECISIONS=f32 TOOLS=initcheck LIMIT=30
-    san s3 TIERS=7.5 TESTS=gpu_tests_f16 FAMILIES="glm5_next step3p7 gemma4" PRECISIONS="f16 bf16" TOOLS="memcheck racecheck" LIMIT=30
-    san s4 TIERS=native FAMILIES=gemma4 PRECISIONS=f16 TOOLS="memcheck initcheck synccheck" LIMIT=30
-    san s5 TIERS=native FAMILIES="" GRAPH_TESTS="gemma_graph glm_graph step_graph" TOOLS="memcheck racecheck" LIMIT=45
-fi
+step_san() {
+[ "${SANITIZE:-1}" = 1 ] || return 0
+for r in ${SAN_RUNS:-s1 s2 s3 s4 s5}; do
+    case $r in
+    s1) san s1 TIERS=native TESTS="gpu_tests_attn gpu_tests_f16" FAMILIES="glm5_next step3p7" PRECISIONS=f16 TOOLS="racecheck initcheck memcheck" LIMIT=35 ;;
+    s2) san s2 TIERS=native FAMILIES="glm5_next step3p7" PRECISIONS=f32 TOOLS=initcheck LIMIT=30 ;;
+    s3) san s3 TIERS=7.5 TESTS=gpu_tests_f16 FAMILIES="glm5_next step3p7 gemma4" PRECISIONS="f16 bf16" TOOLS="memcheck racecheck" LIMIT=30 ;;
+    s4) san s4 TIERS=native FAMILIES=gemma4 PRECISIONS=f16 TOOLS="memcheck initcheck synccheck" LIMIT=30 ;;
+    s5) san s5 TIERS=native FAMILIES="" GRAPH_TESTS="gemma_graph glm_graph step_graph" TOOLS="memcheck racecheck" LIMIT=45 ;;
+    # initcheck with every buffer starting as NaN (GPU_CORE_POISON_ALLOC): what it still reports is
+    # a read nothing wrote; without the fill, the same test as the control (the two-step gated
+    # activation reads a cuBLASLt product); then the encodes, checked finite and within bounds
+    p1) san p1 TIERS=native TESTS=act_linear_paths_match_host FAMILIES="" TOOLS=initcheck LIMIT=30 ;;
+    p2) san p2 GPU_CORE_POISON_ALLOC=1 TIERS=native TESTS="act_linear_paths_match_host poison_alloc" FAMILIES="" TOOLS=initcheck LIMIT=30 ;;
+    p3) san p3 GPU_CORE_POISON_ALLOC=1 TIERS=native FAMILIES="" FACADE_TESTS="vision_towers_cuda:cuda_encode_of_every" TOOLS=initcheck LIMIT=100 ;;
+    p4) san p4 GPU_CORE_POISON_ALLOC=1 TIERS="native" FAMILIES="glm5_next step3p7 gemma4" PRECISIONS=f16 TOOLS=initcheck LIMIT=40 ;;
+    p5) san p5 GPU_CORE_POISON_ALLOC=1 TIERS="7.5" FAMILIES="" FACADE_TESTS="vision_towers_cuda:cuda_encode_of_every" TOOLS=initcheck LIMIT=100 ;;
+    *) echo "unknown sanitizer run $r" ;;
+    esac
+done
+}
+step_bench() {
 # (4) bf16 then f16 on the same PyTorch results (eager: the accuracy columns need no compile)
 left=$(( ${TOTAL:-560} - $(el) ))
 if [ "$left" -gt 150 ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/transformers-5.23.0-*.whl
     C=${CASES:-glm5_72_b1,gemma4_b1}
-    PYTHONPATH=/tmp/site timeout $(( left - 50 )) .device/xtask bench --torch-out /tmp/vt-landing-bench --rerun-torch \
+    bl=$(( left - 50 < ${BENCH_S:-600} ? left - 50 : ${BENCH_S:-600} ))
+    PYTHONPATH=/tmp/site timeout "$bl" .device/xtask bench --torch-out /tmp/vt-landing-bench --rerun-torch \
         --no-compile --iters 10 --cases "$C" --report "$OUT/bench_bf16.md" > "$OUT/bench_bf16.log" 2>&1
     echo "bench bf16 rc=$? at $(el) s"
-    PYTHONPATH=/tmp/site timeout 45 .device/xtask bench --torch-out /tmp/vt-landing-bench --no-compile --iters 10 \
+    PYTHONPATH=/tmp/site timeout $(( ${TOTAL:-560} - $(el) > 30 ? ${TOTAL:-560} - $(el) : 30 )) .device/xtask bench --torch-out /tmp/vt-landing-bench --no-compile --iters 10 \
         --cases "$C" --precision f16 --report "$OUT/bench_f16.md" > "$OUT/bench_f16.log" 2>&1
     echo "bench f16 rc=$? at $(el) s"
 else
     echo "bench skipped: $left s left of ${TOTAL:-560}"
 fi
+}
+for step in ${STEPS:-tiers pytest san bench}; do "step_$step"; done
 echo "=== tiers"
 sed -n '/=== summary/,$p' "$OUT/tiers.log"
 grep -E "panicked|FAILED" "$OUT/tiers.log" | head -8
-for s in s1 s2 s3 s4 s5; do
+for s in s1 s2 s3 s4 s5 p1 p2 p3 p4 p5; do
     [ -f "$OUT/$s.log" ] || continue
     echo "=== sanitizers $s"
     grep -E "^\|" "$OUT/$s.log" | grep -v -e "^|---" -e "^| tier"
@@ -89,3 +114,5 @@ echo "=== pytest (total $(el) s)"
 echo "| suite | tier | exit | result | time |"
 echo "|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
+# every log in one file (the machine returns a limited number of files)
+(cd "$OUT" && find . -type f ! -name logs.tar.xz -print0 | tar --null -T - -cJf logs.tar.xz) 2> /dev/null || true

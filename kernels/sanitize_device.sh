@@ -11,14 +11,17 @@
 # 7.5 is reported as refused, not run), TOOLS (default "racecheck initcheck"), TESTS (libtest filters
 # of gpu_core_tests, e.g. "gpu_tests_attn gpu_tests_f16"; default none), GRAPH_TESTS (libtest
 # filters of the facade's `vision_towers_graphs`: eager, captured and replayed passes of each family
-# in bf16 and f16, e.g. "gemma_graph glm_graph step_graph"; default none), LIMIT (seconds per run,
-# default 60; a run past it is reported as not finished).
+# in bf16 and f16, e.g. "gemma_graph glm_graph step_graph"; default none), FACADE_TESTS (other
+# staged facade tests, "binary:filter" each, e.g. "vision_towers_cuda:cuda_encode_of_every"), LIMIT (seconds per run,
+# default 60; a run past it is reported as not finished), GPU_CORE_POISON_ALLOC (1: every device
+# buffer starts as 0xff bytes, NaN; initcheck then counts only reads of memory no command wrote, and
+# a read of such memory shows as NaN in the rows; rows are labelled "+poison").
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-/tmp/sanitize-out}"
 mkdir -p "$OUT"
 cd "$ROOT"
-for f in .device/facade/vtower .device/facade/vision_towers_graphs .device/gpu_core_tests; do
+for f in .device/facade/vtower .device/facade/vision_towers_graphs .device/facade/vision_towers_cuda .device/gpu_core_tests; do
     [ -f "$f.xz" ] && xz -d -f "$f.xz"
     [ -f "$f" ] && chmod +x "$f"
 done
@@ -32,6 +35,8 @@ found_ours=0
 # one sanitizer run: tier, target label, precision, tool, then the command; appends a table row
 sanitize() {
     local tier="$1" label="$2" prec="$3" tool="$4"; shift 4
+    # buffers start as NaN under GPU_CORE_POISON_ALLOC=1 (gpu-core's POISON_ALLOC_ENV): say so
+    [ "${GPU_CORE_POISON_ALLOC:-}" = 1 ] && prec="$prec+poison"
     local base="${tool}_${label// /_}_${prec}_${tier}" extra=() t0 rc summary top ours
     [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
     t0=$(date +%s)
@@ -82,6 +87,12 @@ for tier in ${TIERS:-native}; do
     for t in ${GRAPH_TESTS:-}; do
         for tool in ${TOOLS:-racecheck initcheck}; do
             sanitize "$tier" "graphs $t" "bf16+f16" "$tool" .device/facade/vision_towers_graphs --ignored --test-threads=1 "$t"
+        done
+    done
+    # any other staged facade test: "binary:filter" (e.g. vision_towers_cuda:cuda_encode_of_every)
+    for bt in ${FACADE_TESTS:-}; do
+        for tool in ${TOOLS:-racecheck initcheck}; do
+            sanitize "$tier" "${bt%%:*} ${bt#*:}" "auto+f32" "$tool" ".device/facade/${bt%%:*}" --ignored --test-threads=1 "${bt#*:}"
         done
     done
     for fam in ${FAMILIES-glm5_next step3p7 gemma4}; do

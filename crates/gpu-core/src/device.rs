@@ -3,7 +3,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{
     sys::{cudaError_enum, CUfunction_attribute},
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
+    LaunchConfig,
 };
 use half::{bf16, f16};
 
@@ -73,6 +74,9 @@ pub struct DeviceOptions {
     /// `None` reads `GPU_CORE_FORCE_TIER` ([`crate::tier::FORCE_TIER_ENV`]); unset or empty there,
     /// the card's own tier.
     pub force_tier: Option<(u32, u32)>,
+    /// Start every buffer [`Device::alloc`] hands out as 0xff bytes (NaN), a diagnostic for the
+    /// sanitizer runs ([`POISON_ALLOC_ENV`]). `false` reads `GPU_CORE_POISON_ALLOC`.
+    pub poison_alloc: bool,
 }
 
 impl DeviceOptions {
@@ -113,6 +117,22 @@ pub struct Device {
     pub(crate) sms: usize,
     /// Per-operation events while a profile is recorded ([`Device::profile_begin`]).
     pub(crate) prof: crate::profile::Recorder,
+    /// Fill every new buffer with 0xff bytes ([`POISON_ALLOC_ENV`]).
+    poison_alloc: bool,
+}
+
+/// The environment variable that makes every buffer [`Device::alloc`] hands out start as 0xff
+/// bytes (NaN in f32, bf16 and f16; -1 in i32) instead of unspecified contents, as glibc's
+/// `MALLOC_PERTURB_` does for `malloc`. A diagnostic for the sanitizer runs
+/// (`kernels/sanitize_device.sh`): a kernel that reads an element nothing wrote then puts NaN in
+/// the rows, which the tests refuse, and compute-sanitizer's initcheck counts the fill as a write,
+/// so what it still reports is a read of memory no command on the stream wrote. Set to `1` to turn
+/// it on; read once when a [`Device`] opens. Costs one memset per allocation.
+pub const POISON_ALLOC_ENV: &str = "GPU_CORE_POISON_ALLOC";
+
+/// Whether [`POISON_ALLOC_ENV`]'s value turns the fill on: `1` only.
+fn poison_alloc_from(value: Option<&std::ffi::OsStr>) -> bool {
+    value.is_some_and(|v| v == "1")
 }
 
 impl std::fmt::Debug for Device {
@@ -376,6 +396,8 @@ impl Device {
             sms,
             lt,
             prof: crate::profile::Recorder::default(),
+            poison_alloc: options.poison_alloc
+                || poison_alloc_from(std::env::var_os(POISON_ALLOC_ENV).as_deref()),
         })
     }
 
@@ -443,16 +465,29 @@ impl Device {
         Ok(self.stream.synchronize()?)
     }
 
-    /// Allocates `len` elements with unspecified contents. A failed allocation is
-    /// [`GpuError::OutOfMemory`], never an abort.
+    /// Allocates `len` elements with unspecified contents (0xff bytes under
+    /// [`POISON_ALLOC_ENV`]). A failed allocation is [`GpuError::OutOfMemory`], never an abort.
     pub fn alloc<T: Elem>(&self, len: usize) -> Result<DeviceBuffer<T>> {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .ok_or(GpuError::OutOfMemory { bytes: usize::MAX })?;
         // SAFETY: T is plain old data (f32, bf16, f16, i32): every bit pattern is a valid value, so reading
         // the uninitialised contents back is not undefined behaviour, only unspecified data.
-        let slice = unsafe { self.stream.alloc::<T>(len.max(1)) }
+        let mut slice = unsafe { self.stream.alloc::<T>(len.max(1)) }
             .map_err(|e| GpuError::from_alloc(e, bytes))?;
+        if self.poison_alloc {
+            let num_bytes = slice.num_bytes();
+            let (ptr, _record) = slice.device_ptr_mut(&self.stream);
+            // SAFETY: `ptr` holds `num_bytes` bytes of a live allocation, ordered on this stream.
+            unsafe {
+                cudarc::driver::result::memset_d8_async(
+                    ptr,
+                    0xff,
+                    num_bytes,
+                    self.stream.cu_stream(),
+                )
+            }?;
+        }
         Ok(DeviceBuffer { slice })
     }
 
@@ -611,5 +646,21 @@ pub(crate) fn grid_stride(total: usize) -> LaunchConfig {
         grid_dim: (blocks as u32, 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `GPU_CORE_POISON_ALLOC` turns the fill on with `1` only: unset, empty, `0` or any other
+    /// word leaves buffers as the allocator hands them out.
+    #[test]
+    fn poison_alloc_is_on_for_1_only() {
+        use std::ffi::OsStr;
+        assert!(poison_alloc_from(Some(OsStr::new("1"))));
+        for off in [None, Some(""), Some("0"), Some("yes"), Some(" 1")] {
+            assert!(!poison_alloc_from(off.map(OsStr::new)), "{off:?}");
+        }
     }
 }

@@ -214,6 +214,36 @@ fn gemm_rejects_bad_shapes() {
     );
 }
 
+/// `DeviceOptions::poison_alloc` (`GPU_CORE_POISON_ALLOC=1`): every new buffer is 0xff bytes, NaN
+/// in each float type and -1 in i32, whatever the allocator hands back (here a freed buffer's
+/// block that held finite values).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn poison_alloc_fills_every_new_buffer_with_nan() {
+    use crate::DeviceOptions;
+    let d = Device::with_options(
+        0,
+        &DeviceOptions {
+            poison_alloc: true,
+            ..DeviceOptions::default()
+        },
+    )
+    .unwrap();
+    drop(d.upload(&vec![1.5f32; 4099]).unwrap());
+    let f = d.alloc::<f32>(4099).unwrap();
+    assert!(d
+        .download(&f)
+        .unwrap()
+        .iter()
+        .all(|v| v.to_bits() == u32::MAX));
+    let b = d.alloc::<half::bf16>(77).unwrap();
+    assert!(d.download(&b).unwrap().iter().all(|v| v.is_nan()));
+    let h = d.alloc::<half::f16>(77).unwrap();
+    assert!(d.download(&h).unwrap().iter().all(|v| v.is_nan()));
+    let i = d.alloc::<i32>(33).unwrap();
+    assert!(d.download(&i).unwrap().iter().all(|v| *v == -1));
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn oversized_alloc_is_out_of_memory() {

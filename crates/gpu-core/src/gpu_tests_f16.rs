@@ -618,6 +618,7 @@ fn f16_flash_attn_matches_host() {
 fn f16_flash_attn_on_the_turing_tier_matches_host() {
     let opts = DeviceOptions {
         force_tier: Some((7, 5)),
+        ..DeviceOptions::default()
     };
     let d = Device::with_options(0, &opts).expect("a CUDA device of compute capability 7.5+");
     assert_eq!(

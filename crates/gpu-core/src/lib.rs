@@ -61,6 +61,7 @@ pub use act_linear::{fuses, ActLinear};
 pub use batch::{Batch, HostBatch, PassRows, PassWorkspace};
 pub use device::{
     device_count, is_available, Device, DeviceBuffer, DeviceOptions, Elem, FAKE_DEVICE_ENV,
+    POISON_ALLOC_ENV,
 };
 pub use error::{CudaError, GpuError, Result};
 pub use gemm::lt_lib::{cublaslt, LtLibrary, LtSource, CUBLASLT_SONAME};

@@ -60,7 +60,29 @@ fn image_bytes() -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// A model opened through the C ABI on CUDA device 0 (precision 0 = bf16, 1 = f32).
+/// The 16-bit rows a model opened with no precision gives on this device, as the C ABI names them:
+/// (`vt_dtype`, the dtype, `vt_precision` as text). bf16 from 8.0, f16 on a tier without bf16
+/// tensor cores (7.5, native or forced: `GPU_CORE_FORCE_TIER`).
+fn default_half() -> (u32, RowsDtype, &'static str) {
+    let dev = gpu_core::Device::new(0).expect("this test needs a CUDA device");
+    match dev.default_precision() {
+        Precision::F16 => (2, RowsDtype::F16, "3"),
+        _ => (1, RowsDtype::Bf16, "2"),
+    }
+}
+
+/// The rows dtypes a model is asked for: f32, and the model's own 16-bit dtype (bf16 for an f32
+/// model: refused, checked by the callers).
+fn dtypes_of(m: &Model) -> [(u32, RowsDtype); 2] {
+    let half = match m.precision() {
+        Precision::F16 => (2, RowsDtype::F16),
+        _ => (1, RowsDtype::Bf16),
+    };
+    [(0, RowsDtype::F32), half]
+}
+
+/// A model opened through the C ABI on CUDA device 0 (precision 0 = the device's default: bf16,
+/// f16 on 7.5; 1 = f32).
 struct Handle(*mut vt_model);
 
 impl Handle {
@@ -157,7 +179,7 @@ fn device_rows_through_the_c_abi_are_the_rust_device_paths_bytes() {
     for model in MODELS {
         let h = Handle::open(model, 0);
         let m = h.model();
-        for (dtype, rows_dtype) in [(0u32, RowsDtype::F32), (1, RowsDtype::Bf16)] {
+        for (dtype, rows_dtype) in dtypes_of(m) {
             let want = m.encode_device(&sources, rows_dtype).unwrap();
             let want_bytes = want.rows.to_host_bytes().unwrap();
             let n = want.rows.rows() * m.width();
@@ -422,12 +444,12 @@ fn video_device_rows_through_the_c_abi_are_the_rust_device_paths_bytes() {
                 v
             };
             let n = want_plan.rows as usize * m.width();
-            for (dtype, rows_dtype) in [(0u32, RowsDtype::F32), (1, RowsDtype::Bf16)] {
+            for (dtype, rows_dtype) in dtypes_of(m) {
                 let size = rows_dtype.size();
                 let buf = caller.buffer(n * size);
                 let mut needed = usize::MAX;
                 let mut plan = std::ptr::null_mut();
-                if rows_dtype == RowsDtype::Bf16 && m.precision() == Precision::F32 {
+                if rows_dtype != RowsDtype::F32 && m.precision() == Precision::F32 {
                     // SAFETY: `buf` holds n elements of the model's device; the stream is live.
                     let s = unsafe {
                         vt_model_encode_video_device(
@@ -443,7 +465,7 @@ fn video_device_rows_through_the_c_abi_are_the_rust_device_paths_bytes() {
                         )
                     };
                     assert_eq!(s, vt_status::VT_ERR_UNSUPPORTED, "{what}: {}", last_error());
-                    assert!(last_error().contains("bf16 model"), "{}", last_error());
+                    assert!(last_error().contains("bf16 tower"), "{}", last_error());
                     assert!(needed == usize::MAX && plan.is_null(), "{what}: out-params");
                     assert!(
                         caller.read(&buf, n * size).iter().all(|b| *b == 0xff),
@@ -687,6 +709,9 @@ fn the_c_program_writes_device_rows_into_a_cumemalloc_buffer_on_its_stream() {
     let sources: Vec<ImageSource<'_>> = bytes.iter().map(|b| ImageSource::Bytes(b)).collect();
     let mut script = String::new();
     let mut expected = Vec::new();
+    // the handle opened with no precision gives the device's 16-bit rows (bf16; f16 on 7.5)
+    let (half, half_dtype, half_precision) = default_half();
+    let half_code = half.to_string();
     for (k, model) in MODELS.iter().enumerate() {
         // The sizes, from the Rust API on the CPU (plans do not depend on the device).
         let cpu = Model::open(
@@ -734,14 +759,14 @@ fn the_c_program_writes_device_rows_into_a_cumemalloc_buffer_on_its_stream() {
         script.push_str(&join(vec![
             "encode_device".into(),
             "0".into(),
-            "1".into(),
+            half_code.clone(),
             n.to_string(),
             bf16_out.display().to_string(),
         ]));
         script.push_str(&join(vec![
             "encode_device".into(),
             "0".into(),
-            "1".into(),
+            half_code.clone(),
             (n - 1).to_string(),
             "/dev/null".into(),
         ]));
@@ -794,8 +819,8 @@ fn the_c_program_writes_device_rows_into_a_cumemalloc_buffer_on_its_stream() {
         assert_eq!(open.status(), "VT_OK", "{model}: {:?}", open.0);
         assert_eq!(
             (open.field(5), open.field(6)),
-            ("0", "2"),
-            "{model}: cuda:0 bf16"
+            ("0", half_precision),
+            "{model}: cuda:0 in the device's 16-bit precision"
         );
         let enc = next();
         assert_eq!(enc.status(), "VT_OK", "{model}: {:?}", enc.0);
@@ -831,16 +856,18 @@ fn the_c_program_writes_device_rows_into_a_cumemalloc_buffer_on_its_stream() {
             dev.iter().all(|v| v.is_finite()),
             "{model}: NaN in the rows"
         );
-        let bf: Vec<f32> = std::fs::read(bf16_out)
-            .unwrap()
-            .chunks_exact(2)
-            .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
-            .collect();
+        let bf = values(&std::fs::read(bf16_out).unwrap(), half_dtype);
         assert_eq!(bf.len(), dev.len(), "{model}");
+        // one rounding step of the 16-bit dtype (f16: with its subnormals' absolute step, 2⁻²⁴)
+        let (step, floor) = match half_dtype {
+            RowsDtype::F16 => (1.0 / 1024.0, 6e-8),
+            _ => (1.0 / 256.0, f32::MIN_POSITIVE),
+        };
         for (k, (x, f)) in bf.iter().zip(&dev).enumerate() {
             assert!(
-                (x - f).abs() <= f.abs() * (1.0 / 256.0) + f32::MIN_POSITIVE,
-                "{model}: bf16 element {k} = {x}, f32 {f}"
+                (x - f).abs() <= f.abs() * step + floor,
+                "{model}: {} element {k} = {x}, f32 {f}",
+                half_dtype.name()
             );
         }
         // Across processes: the host reference within the bf16 bound (reported).
@@ -863,8 +890,9 @@ fn the_c_program_writes_device_rows_into_a_cumemalloc_buffer_on_its_stream() {
             "{model}: rel-L2 {rel:.3e} against the host path"
         );
         println!(
-            "CAPI-C-DEVICE {model}: f32 device rows bitwise vt_model_encode's, bf16 within one \
-             step, rel-L2 {rel:.3e} against the CPU reference"
+            "CAPI-C-DEVICE {model}: f32 device rows bitwise vt_model_encode's, {} within one \
+             step, rel-L2 {rel:.3e} against the CPU reference",
+            half_dtype.name()
         );
     }
     let _open = lines.next().expect("open line");

@@ -30,12 +30,18 @@ pub(crate) fn open_device(
     ordinal: usize,
     force_tier: Option<(u32, u32)>,
 ) -> Result<Arc<CudaDevice>, NotOpened> {
-    CudaDevice::with_options(ordinal, &gpu_core::DeviceOptions { force_tier })
-        .map(Arc::new)
-        .map_err(|e| NotOpened {
-            device_present: !matches!(e, GpuError::NoDevice(_)),
-            reason: no_device_reason(&e),
-        })
+    CudaDevice::with_options(
+        ordinal,
+        &gpu_core::DeviceOptions {
+            force_tier,
+            ..gpu_core::DeviceOptions::default()
+        },
+    )
+    .map(Arc::new)
+    .map_err(|e| NotOpened {
+        device_present: !matches!(e, GpuError::NoDevice(_)),
+        reason: no_device_reason(&e),
+    })
 }
 
 fn no_device_reason(e: &GpuError) -> String {
