@@ -115,7 +115,7 @@ for s in s1 s2 s3 s4 s5 p1 p2 p3 p4 p5; do
     grep FAILED "$OUT/$s.log"
 done
 echo "=== bench"
-for p in bf16 f16; do [ -f "$OUT/bench_$p.md" ] && grep -E "^\|" "$OUT/bench_$p.md" | head -24; done
+for p in bf16 f16; do [ -f "$OUT/bench_$p.md" ] && grep -E "^\|" "$OUT/bench_$p.md" | head -40; done
 echo "=== pytest (total $(el) s)"
 echo "| suite | tier | exit | result | time |"
 echo "|---|---|---|---|---|"
