@@ -104,7 +104,16 @@ else
     echo "bench skipped: $left s left of ${TOTAL:-560}"
 fi
 }
-for step in ${STEPS:-tiers pytest san bench}; do "step_$step"; done
+# every log in one file after each step (the machine returns a limited number of files, and a call
+# cut at its time limit still returns the last one)
+pack() {
+    (cd "$OUT" && find . -type f ! -name 'logs.tar.xz*' -print0 | tar --null -T - -cJf logs.tar.xz.new \
+        && mv logs.tar.xz.new logs.tar.xz) 2> /dev/null || true
+}
+for step in ${STEPS:-tiers pytest san bench}; do
+    "step_$step"
+    pack
+done
 echo "=== tiers"
 sed -n '/=== summary/,$p' "$OUT/tiers.log"
 grep -E "panicked|FAILED" "$OUT/tiers.log" | head -8
@@ -120,5 +129,4 @@ echo "=== pytest (total $(el) s)"
 echo "| suite | tier | exit | result | time |"
 echo "|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
-# every log in one file (the machine returns a limited number of files)
-(cd "$OUT" && find . -type f ! -name logs.tar.xz -print0 | tar --null -T - -cJf logs.tar.xz) 2> /dev/null || true
+pack
