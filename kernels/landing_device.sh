@@ -16,7 +16,7 @@
 # when at least 150 s of this many are left, default 560), STEPS (the steps and their order, default
 # "tiers pytest san bench"), BENCH_S (at most this many seconds for the bf16 bench, which also runs
 # the PyTorch side; default 600), BENCH_BF16 (0: only the f16 bench, which then runs the PyTorch
-# side itself). Every log lands in $OUT/logs.tar.xz too (one file comes back).
+# side itself), BENCH_ITERS (timed runs per case, default 10). Every log lands in $OUT/logs.tar.xz too (one file comes back).
 set -u
 OUT=${OUT:-/tmp/landing-out}
 mkdir -p "$OUT"
@@ -92,12 +92,12 @@ if [ "$left" -gt 150 ]; then
     rerun=(--rerun-torch)
     if [ "${BENCH_BF16:-1}" = 1 ]; then
         PYTHONPATH=/tmp/site timeout "$bl" .device/xtask bench --torch-out /tmp/vt-landing-bench --rerun-torch \
-            --no-compile --iters 10 --cases "$C" --report "$OUT/bench_bf16.md" > "$OUT/bench_bf16.log" 2>&1
+            --no-compile --iters "${BENCH_ITERS:-10}" --cases "$C" --report "$OUT/bench_bf16.md" > "$OUT/bench_bf16.log" 2>&1
         echo "bench bf16 rc=$? at $(el) s"
         rerun=()
         bl=$(( ${TOTAL:-560} - $(el) > 30 ? ${TOTAL:-560} - $(el) : 30 ))
     fi
-    PYTHONPATH=/tmp/site timeout "$bl" .device/xtask bench --torch-out /tmp/vt-landing-bench "${rerun[@]}" --no-compile --iters 10 \
+    PYTHONPATH=/tmp/site timeout "$bl" .device/xtask bench --torch-out /tmp/vt-landing-bench "${rerun[@]}" --no-compile --iters "${BENCH_ITERS:-10}" \
         --cases "$C" --precision f16 --report "$OUT/bench_f16.md" > "$OUT/bench_f16.log" 2>&1
     echo "bench f16 rc=$? at $(el) s"
 else
