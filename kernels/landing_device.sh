@@ -30,28 +30,28 @@ export VT_FIXTURES=$PWD/fixtures NVCC=/nonexistent-nvcc PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 rows=()
 step_tiers() {
-# (1) Rust GPU suites per tier
-TIERS="${TIERS:-native 8.0 7.5}" FACADE_TIERS="${FACADE_TIERS:-native 7.5}" OUT="$OUT/tiers" \
-    timeout 200 bash kernels/tiers_device.sh > "$OUT/tiers.log" 2>&1
-echo "tiers rc=$? at $(el) s"
+    # (1) Rust GPU suites per tier
+    TIERS="${TIERS:-native 8.0 7.5}" FACADE_TIERS="${FACADE_TIERS:-native 7.5}" OUT="$OUT/tiers" \
+        timeout 200 bash kernels/tiers_device.sh > "$OUT/tiers.log" 2>&1
+    echo "tiers rc=$? at $(el) s"
 }
 step_pytest() {
-# (2) the wheel, zipped again from its unpacked files, installed apart; pytest per tier
-python3 -c "import pytest" 2> /dev/null \
-    || python3 -m pip install -q --no-index --find-links .device/pyw --target /tmp/pyt pytest > /dev/null 2>&1
-DI=$(cd .device/wheelx && ls -d *.dist-info | head -1)
-VER=${DI%.dist-info}
-VER=${VER#vision_towers-}
-WHEEL=/tmp/vision_towers-$VER-cp39-abi3-manylinux_2_28_x86_64.whl
-(cd .device/wheelx && python3 -m zipfile -c "$WHEEL" *)
-python3 -m pip install -q --no-index --no-deps --target /tmp/vtw "$WHEEL" > "$OUT/pip.log" 2>&1 || echo "wheel install failed"
-for tier in ${PY_TIERS:-native 7.5}; do
-    if [ "$tier" = native ]; then unset GPU_CORE_FORCE_TIER; else export GPU_CORE_FORCE_TIER="$tier"; fi
-    t1=$(date +%s)
-    PYTHONPATH=/tmp/vtw:/tmp/pyt timeout 90 python3 -m pytest -q --gpu -p no:cacheprovider bindings/python/tests > "$OUT/pytest_$tier.log" 2>&1
-    rows+=("| pytest --gpu | $tier | rc $? | $(tail -1 "$OUT/pytest_$tier.log") | $(( $(date +%s) - t1 )) s |")
-done
-unset GPU_CORE_FORCE_TIER
+    # (2) the wheel, zipped again from its unpacked files, installed apart; pytest per tier
+    python3 -c "import pytest" 2> /dev/null \
+        || python3 -m pip install -q --no-index --find-links .device/pyw --target /tmp/pyt pytest > /dev/null 2>&1
+    DI=$(cd .device/wheelx && ls -d *.dist-info | head -1)
+    VER=${DI%.dist-info}
+    VER=${VER#vision_towers-}
+    WHEEL=/tmp/vision_towers-$VER-cp39-abi3-manylinux_2_28_x86_64.whl
+    (cd .device/wheelx && python3 -m zipfile -c "$WHEEL" *)
+    python3 -m pip install -q --no-index --no-deps --target /tmp/vtw "$WHEEL" > "$OUT/pip.log" 2>&1 || echo "wheel install failed"
+    for tier in ${PY_TIERS:-native 7.5}; do
+        if [ "$tier" = native ]; then unset GPU_CORE_FORCE_TIER; else export GPU_CORE_FORCE_TIER="$tier"; fi
+        t1=$(date +%s)
+        PYTHONPATH=/tmp/vtw:/tmp/pyt timeout 90 python3 -m pytest -q --gpu -p no:cacheprovider bindings/python/tests > "$OUT/pytest_$tier.log" 2>&1
+        rows+=("| pytest --gpu | $tier | rc $? | $(tail -1 "$OUT/pytest_$tier.log") | $(( $(date +%s) - t1 )) s |")
+    done
+    unset GPU_CORE_FORCE_TIER
 }
 # (3) sanitizers: the tier's own f16 on the kernel tests and two encodes, the f32 initcheck control
 # (cuBLASLt's f32 kernels write without TMA), forced 7.5 in f16 (bf16 there: refused), gemma4 f16; the graph
@@ -64,56 +64,56 @@ san() {
     echo "$name rc=$? at $(el) s"
 }
 step_san() {
-[ "${SANITIZE:-1}" = 1 ] || return 0
-for r in ${SAN_RUNS:-s1 s2 s3 s4 s5}; do
-    case $r in
-    s1) san s1 TIERS=native TESTS="gpu_tests_attn gpu_tests_f16" FAMILIES="glm5_next step3p7" PRECISIONS=f16 TOOLS="racecheck initcheck memcheck" LIMIT=35 ;;
-    s2) san s2 TIERS=native FAMILIES="glm5_next step3p7" PRECISIONS=f32 TOOLS=initcheck LIMIT=30 ;;
-    s3) san s3 TIERS=7.5 TESTS=gpu_tests_f16 FAMILIES="glm5_next step3p7 gemma4" PRECISIONS="f16 bf16" TOOLS="memcheck racecheck" LIMIT=30 ;;
-    s4) san s4 TIERS=native FAMILIES=gemma4 PRECISIONS=f16 TOOLS="memcheck initcheck synccheck" LIMIT=30 ;;
-    s5) san s5 TIERS=native FAMILIES="" GRAPH_TESTS="gemma_graph glm_graph step_graph" TOOLS="memcheck racecheck" LIMIT=45 ;;
-    # initcheck with every buffer starting as NaN (GPU_CORE_POISON_ALLOC): what it still reports is
-    # a read nothing wrote; without the fill, the same test as the control (the two-step gated
-    # activation reads a cuBLASLt product); then the encodes, checked finite and within bounds
-    p1) san p1 TIERS=native TESTS=act_linear_paths_match_host FAMILIES="" TOOLS=initcheck LIMIT=30 ;;
-    p2) san p2 GPU_CORE_POISON_ALLOC=1 TIERS=native TESTS="act_linear_paths_match_host poison_alloc" FAMILIES="" TOOLS=initcheck LIMIT=30 ;;
-    p3) san p3 GPU_CORE_POISON_ALLOC=1 TIERS=native FAMILIES="" FACADE_TESTS="vision_towers_cuda:cuda_encode_of_every" TOOLS=initcheck LIMIT=100 ;;
-    p4) san p4 GPU_CORE_POISON_ALLOC=1 TIERS="native" FAMILIES="glm5_next step3p7 gemma4" PRECISIONS=f16 TOOLS=initcheck LIMIT=40 ;;
-    p5) san p5 GPU_CORE_POISON_ALLOC=1 TIERS="7.5" FAMILIES="" FACADE_TESTS="vision_towers_cuda:cuda_encode_of_every" TOOLS=initcheck LIMIT=100 ;;
-    *) echo "unknown sanitizer run $r" ;;
-    esac
-done
+    [ "${SANITIZE:-1}" = 1 ] || return 0
+    for r in ${SAN_RUNS:-s1 s2 s3 s4 s5}; do
+        case $r in
+        s1) san s1 TIERS=native TESTS="gpu_tests_attn gpu_tests_f16" FAMILIES="glm5_next step3p7" PRECISIONS=f16 TOOLS="racecheck initcheck memcheck" LIMIT=35 ;;
+        s2) san s2 TIERS=native FAMILIES="glm5_next step3p7" PRECISIONS=f32 TOOLS=initcheck LIMIT=30 ;;
+        s3) san s3 TIERS=7.5 TESTS=gpu_tests_f16 FAMILIES="glm5_next step3p7 gemma4" PRECISIONS="f16 bf16" TOOLS="memcheck racecheck" LIMIT=30 ;;
+        s4) san s4 TIERS=native FAMILIES=gemma4 PRECISIONS=f16 TOOLS="memcheck initcheck synccheck" LIMIT=30 ;;
+        s5) san s5 TIERS=native FAMILIES="" GRAPH_TESTS="gemma_graph glm_graph step_graph" TOOLS="memcheck racecheck" LIMIT=45 ;;
+        # initcheck with every buffer starting as NaN (GPU_CORE_POISON_ALLOC): what it still reports is
+        # a read nothing wrote; without the fill, the same test as the control (the two-step gated
+        # activation reads a cuBLASLt product); then the encodes, checked finite and within bounds
+        p1) san p1 TIERS=native TESTS=act_linear_paths_match_host FAMILIES="" TOOLS=initcheck LIMIT=30 ;;
+        p2) san p2 GPU_CORE_POISON_ALLOC=1 TIERS=native TESTS="act_linear_paths_match_host poison_alloc" FAMILIES="" TOOLS=initcheck LIMIT=30 ;;
+        p3) san p3 GPU_CORE_POISON_ALLOC=1 TIERS=native FAMILIES="" FACADE_TESTS="vision_towers_cuda:cuda_encode_of_every" TOOLS=initcheck LIMIT=100 ;;
+        p4) san p4 GPU_CORE_POISON_ALLOC=1 TIERS="native" FAMILIES="glm5_next step3p7 gemma4" PRECISIONS=f16 TOOLS=initcheck LIMIT=40 ;;
+        p5) san p5 GPU_CORE_POISON_ALLOC=1 TIERS="7.5" FAMILIES="" FACADE_TESTS="vision_towers_cuda:cuda_encode_of_every" TOOLS=initcheck LIMIT=100 ;;
+        *) echo "unknown sanitizer run $r" ;;
+        esac
+    done
 }
 step_bench() {
-# (4) bf16 then f16 on the same PyTorch results (eager: the accuracy columns need no compile)
-left=$(( ${TOTAL:-560} - $(el) ))
-if [ "$left" -gt 150 ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/transformers-5.23.0-*.whl
-    C=${CASES:-glm5_72_b1,gemma4_b1}
-    bl=$(( left - 50 < ${BENCH_S:-600} ? left - 50 : ${BENCH_S:-600} ))
-    rerun=(--rerun-torch)
-    if [ "${BENCH_BF16:-1}" = 1 ]; then
-        PYTHONPATH=/tmp/site timeout "$bl" .device/xtask bench --torch-out /tmp/vt-landing-bench --rerun-torch \
-            --no-compile --iters "${BENCH_ITERS:-10}" --cases "$C" --report "$OUT/bench_bf16.md" > "$OUT/bench_bf16.log" 2>&1
-        echo "bench bf16 rc=$? at $(el) s"
-        rerun=()
-        bl=$(( ${TOTAL:-560} - $(el) > 30 ? ${TOTAL:-560} - $(el) : 30 ))
+    # (4) bf16 then f16 on the same PyTorch results (eager: the accuracy columns need no compile)
+    left=$(( ${TOTAL:-560} - $(el) ))
+    if [ "$left" -gt 150 ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/transformers-5.23.0-*.whl
+        C=${CASES:-glm5_72_b1,gemma4_b1}
+        bl=$(( left - 50 < ${BENCH_S:-600} ? left - 50 : ${BENCH_S:-600} ))
+        rerun=(--rerun-torch)
+        if [ "${BENCH_BF16:-1}" = 1 ]; then
+            PYTHONPATH=/tmp/site timeout "$bl" .device/xtask bench --torch-out /tmp/vt-landing-bench --rerun-torch \
+                --no-compile --iters "${BENCH_ITERS:-10}" --cases "$C" --report "$OUT/bench_bf16.md" > "$OUT/bench_bf16.log" 2>&1
+            echo "bench bf16 rc=$? at $(el) s"
+            rerun=()
+            bl=$(( ${TOTAL:-560} - $(el) > 30 ? ${TOTAL:-560} - $(el) : 30 ))
+        fi
+        PYTHONPATH=/tmp/site timeout "$bl" .device/xtask bench --torch-out /tmp/vt-landing-bench "${rerun[@]}" --no-compile --iters "${BENCH_ITERS:-10}" \
+            --cases "$C" --precision f16 --report "$OUT/bench_f16.md" > "$OUT/bench_f16.log" 2>&1
+        echo "bench f16 rc=$? at $(el) s"
+        # the same f16 bench with a tier forced (BENCH_F16_TIER, e.g. 7.5: Turing's f16 kernels on this
+        # card; its times are not that card's, and the PyTorch side here is the default SDPA, not FA2)
+        for t in ${BENCH_F16_TIER:-}; do
+            [ $(( ${TOTAL:-560} - $(el) )) -gt 40 ] || { echo "bench f16 tier $t skipped at $(el) s"; continue; }
+            GPU_CORE_FORCE_TIER=$t PYTHONPATH=/tmp/site timeout $(( ${TOTAL:-560} - $(el) )) .device/xtask bench \
+                --torch-out /tmp/vt-landing-bench --no-compile --iters "${BENCH_ITERS:-10}" --cases "$C" --precision f16 \
+                --report "$OUT/bench_f16_$t.md" > "$OUT/bench_f16_$t.log" 2>&1
+            echo "bench f16 forced $t rc=$? at $(el) s"
+        done
+    else
+        echo "bench skipped: $left s left of ${TOTAL:-560}"
     fi
-    PYTHONPATH=/tmp/site timeout "$bl" .device/xtask bench --torch-out /tmp/vt-landing-bench "${rerun[@]}" --no-compile --iters "${BENCH_ITERS:-10}" \
-        --cases "$C" --precision f16 --report "$OUT/bench_f16.md" > "$OUT/bench_f16.log" 2>&1
-    echo "bench f16 rc=$? at $(el) s"
-    # the same f16 bench with a tier forced (BENCH_F16_TIER, e.g. 7.5: Turing's f16 kernels on this
-    # card; its times are not that card's, and the PyTorch side here is the default SDPA, not FA2)
-    for t in ${BENCH_F16_TIER:-}; do
-        [ $(( ${TOTAL:-560} - $(el) )) -gt 40 ] || { echo "bench f16 tier $t skipped at $(el) s"; continue; }
-        GPU_CORE_FORCE_TIER=$t PYTHONPATH=/tmp/site timeout $(( ${TOTAL:-560} - $(el) )) .device/xtask bench \
-            --torch-out /tmp/vt-landing-bench --no-compile --iters "${BENCH_ITERS:-10}" --cases "$C" --precision f16 \
-            --report "$OUT/bench_f16_$t.md" > "$OUT/bench_f16_$t.log" 2>&1
-        echo "bench f16 forced $t rc=$? at $(el) s"
-    done
-else
-    echo "bench skipped: $left s left of ${TOTAL:-560}"
-fi
 }
 # every log in one file after each step (the machine returns a limited number of files, and a call
 # cut at its time limit still returns the last one)

@@ -24,11 +24,12 @@ run_tier() {  # tier label, then the command's log name and command
     if [ "$tier" = native ]; then unset GPU_CORE_FORCE_TIER; else export GPU_CORE_FORCE_TIER="$tier"; fi
     "$@" > "$log" 2>&1
     local rc=$?
-    local passed failed
+    local counted passed failed
     # counted up to the suite's own summary (the facade and C-ABI run.sh print their result lines
     # again under "=== ... summary ===")
-    passed=$(sed '/^=== .* summary ===$/q' "$log" | grep -o "test result: [a-zA-Z]*\. [0-9]* passed" | awk '{s += $4} END {print s + 0}')
-    failed=$(sed '/^=== .* summary ===$/q' "$log" | grep -o "[0-9]* failed;" | awk '{s += $1} END {print s + 0}')
+    counted=$(sed '/^=== .* summary ===$/q' "$log")
+    passed=$(grep -o "test result: [a-zA-Z]*\. [0-9]* passed" <<< "$counted" | awk '{s += $4} END {print s + 0}')
+    failed=$(grep -o "[0-9]* failed;" <<< "$counted" | awk '{s += $1} END {print s + 0}')
     local parity
     parity=$(grep -E "^[0-9]+ pass, [0-9]+ fail" "$log" | tail -1)
     summary+=("| $tier | $name | rc $rc | ${parity:-$passed passed, $failed failed} | $(( $(date +%s) - t0 )) s |")

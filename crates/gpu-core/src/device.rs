@@ -91,6 +91,12 @@ impl DeviceOptions {
             _ => Ok(None),
         }
     }
+
+    /// Whether new buffers start as 0xff bytes: the option, else the environment variable's
+    /// ([`POISON_ALLOC_ENV`], `1` only).
+    fn poisons(&self) -> bool {
+        self.poison_alloc || poison_alloc_from(std::env::var_os(POISON_ALLOC_ENV).as_deref())
+    }
 }
 
 /// One CUDA device with a stream, the PTX kernels loaded and a cuBLASLt handle.
@@ -396,8 +402,7 @@ impl Device {
             sms,
             lt,
             prof: crate::profile::Recorder::default(),
-            poison_alloc: options.poison_alloc
-                || poison_alloc_from(std::env::var_os(POISON_ALLOC_ENV).as_deref()),
+            poison_alloc: options.poisons(),
         })
     }
 
