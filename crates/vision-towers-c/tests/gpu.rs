@@ -60,25 +60,28 @@ fn image_bytes() -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// The 16-bit rows of a tower in `p`, as the C ABI names their dtype (`vt_dtype`): f16 for an f16
+/// tower, else bf16 (an f32 tower's 16-bit rows: refused, checked by the callers).
+fn half_of(p: Precision) -> (u32, RowsDtype) {
+    match p {
+        Precision::F16 => (2, RowsDtype::F16),
+        _ => (1, RowsDtype::Bf16),
+    }
+}
+
 /// The 16-bit rows a model opened with no precision gives on this device, as the C ABI names them:
 /// (`vt_dtype`, the dtype, `vt_precision` as text). bf16 from 8.0, f16 on a tier without bf16
 /// tensor cores (7.5, native or forced: `GPU_CORE_FORCE_TIER`).
 fn default_half() -> (u32, RowsDtype, &'static str) {
     let dev = gpu_core::Device::new(0).expect("this test needs a CUDA device");
-    match dev.default_precision() {
-        Precision::F16 => (2, RowsDtype::F16, "3"),
-        _ => (1, RowsDtype::Bf16, "2"),
-    }
+    let (code, dtype) = half_of(dev.default_precision());
+    let precision = if dtype == RowsDtype::F16 { "3" } else { "2" };
+    (code, dtype, precision)
 }
 
-/// The rows dtypes a model is asked for: f32, and the model's own 16-bit dtype (bf16 for an f32
-/// model: refused, checked by the callers).
+/// The rows dtypes a model is asked for: f32, and the model's own 16-bit dtype ([`half_of`]).
 fn dtypes_of(m: &Model) -> [(u32, RowsDtype); 2] {
-    let half = match m.precision() {
-        Precision::F16 => (2, RowsDtype::F16),
-        _ => (1, RowsDtype::Bf16),
-    };
-    [(0, RowsDtype::F32), half]
+    [(0, RowsDtype::F32), half_of(m.precision())]
 }
 
 /// A model opened through the C ABI on CUDA device 0 (precision 0 = the device's default: bf16,
