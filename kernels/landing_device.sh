@@ -80,6 +80,10 @@ step_san() {
         p3) san p3 GPU_CORE_POISON_ALLOC=1 TIERS=native FAMILIES="" FACADE_TESTS="vision_towers_cuda:cuda_encode_of_every" TOOLS=initcheck LIMIT=100 ;;
         p4) san p4 GPU_CORE_POISON_ALLOC=1 TIERS="native" FAMILIES="glm5_next step3p7 gemma4" PRECISIONS=f16 TOOLS=initcheck LIMIT=40 ;;
         p5) san p5 GPU_CORE_POISON_ALLOC=1 TIERS="7.5" FAMILIES="" FACADE_TESTS="vision_towers_cuda:cuda_encode_of_every" TOOLS=initcheck LIMIT=100 ;;
+        # racecheck and synccheck over our kernels alone (SKIP_LIBRARY: NVIDIA's GEMM kernels excluded by
+        # name, so the runs finish), the f16 encodes on the card's tier (s6) and on forced 7.5 (s7)
+        s6) san s6 SKIP_LIBRARY=1 TIERS=native FAMILIES="glm5_next step3p7 gemma4" PRECISIONS=f16 TOOLS="racecheck synccheck" LIMIT=45 ;;
+        s7) san s7 SKIP_LIBRARY=1 TIERS=7.5 FAMILIES="glm5_next step3p7 gemma4" PRECISIONS=f16 TOOLS=racecheck LIMIT=45 ;;
         *) echo "unknown sanitizer run $r" ;;
         esac
     done
@@ -128,7 +132,7 @@ done
 echo "=== tiers"
 sed -n '/=== summary/,$p' "$OUT/tiers.log"
 grep -E "panicked|FAILED" "$OUT/tiers.log" | head -8
-for s in s1 s2 s3 s4 s5 p1 p2 p3 p4 p5; do
+for s in s1 s2 s3 s4 s5 s6 s7 p1 p2 p3 p4 p5; do
     [ -f "$OUT/$s.log" ] || continue
     echo "=== sanitizers $s"
     grep -E "^\|" "$OUT/$s.log" | grep -v -e "^|---" -e "^| tier"

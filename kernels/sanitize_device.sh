@@ -39,6 +39,8 @@ sanitize() {
     local tier="$1" label="$2" prec="$3" tool="$4"; shift 4
     # buffers start as NaN under GPU_CORE_POISON_ALLOC=1 (gpu-core's POISON_ALLOC_ENV): say so
     [ "${GPU_CORE_POISON_ALLOC:-}" = 1 ] && prec="$prec+poison"
+    # NVIDIA's kernels left out (SKIP_LIBRARY=1, below): say so
+    [ "${SKIP_LIBRARY:-0}" = 1 ] && prec="$prec+nolib"
     local base="${tool}_${label// /_}_${prec}_${tier}" extra=() t0 rc summary top ours
     [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
     # NVIDIA's library kernels (the names the attribution below calls "library") left
