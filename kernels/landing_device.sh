@@ -80,10 +80,11 @@ step_san() {
         p3) san p3 GPU_CORE_POISON_ALLOC=1 TIERS=native FAMILIES="" FACADE_TESTS="vision_towers_cuda:cuda_encode_of_every" TOOLS=initcheck LIMIT=100 ;;
         p4) san p4 GPU_CORE_POISON_ALLOC=1 TIERS="native" FAMILIES="glm5_next step3p7 gemma4" PRECISIONS=f16 TOOLS=initcheck LIMIT=40 ;;
         p5) san p5 GPU_CORE_POISON_ALLOC=1 TIERS="7.5" FAMILIES="" FACADE_TESTS="vision_towers_cuda:cuda_encode_of_every" TOOLS=initcheck LIMIT=100 ;;
-        # racecheck and synccheck over our kernels alone (SKIP_LIBRARY: NVIDIA's GEMM kernels excluded by
-        # name, so the runs finish), the f16 encodes on the card's tier (s6) and on forced 7.5 (s7)
-        s6) san s6 SKIP_LIBRARY=1 TIERS=native FAMILIES="glm5_next step3p7 gemma4" PRECISIONS=f16 TOOLS="racecheck synccheck" LIMIT=45 ;;
-        s7) san s7 SKIP_LIBRARY=1 TIERS=7.5 FAMILIES="glm5_next step3p7 gemma4" PRECISIONS=f16 TOOLS=racecheck LIMIT=45 ;;
+        # synccheck over our kernels alone (SKIP_LIBRARY: NVIDIA's GEMM kernels excluded by name) on the
+        # f16 encodes (s6); racecheck cannot take the exclusion (the tool fails inside, docs/RELIABILITY.md
+        # session 24), so s7 is racecheck on one f16 encode with everything instrumented and a long limit
+        s6) san s6 SKIP_LIBRARY=1 TIERS=native FAMILIES="glm5_next step3p7 gemma4" PRECISIONS=f16 TOOLS=synccheck LIMIT=45 ;;
+        s7) san s7 TIERS=native FAMILIES=glm5_next PRECISIONS=f16 TOOLS=racecheck LIMIT=240 ;;
         *) echo "unknown sanitizer run $r" ;;
         esac
     done

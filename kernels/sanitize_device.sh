@@ -17,7 +17,9 @@
 # buffer starts as 0xff bytes, NaN; initcheck then counts only reads of memory no command wrote, and
 # a read of such memory shows as NaN in the rows; rows are labelled "+poison"), SKIP_LIBRARY (1: NVIDIA's
 # library kernels — cuBLASLt's nvjet, cutlass, … — run uninstrumented, so a run checks our kernels
-# only and finishes sooner; their rows then say 0 library reports by construction).
+# only and finishes sooner; their rows then say 0 library reports by construction, and are labelled
+# "+nolib"; memcheck, initcheck and synccheck only: racecheck with the exclusion fails inside the tool,
+# "failed to handle a hardware exception", CUDA 13.0, docs/RELIABILITY.md session 24).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-/tmp/sanitize-out}"
