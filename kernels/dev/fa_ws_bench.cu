@@ -19,14 +19,7 @@
 #define FLASH_WS_NO_ENTRIES
 #include "../../crates/gpu-core/kernels/flash_attn_sm90a.cu"
 
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);      \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
+#include "fa_harness.cuh"
 
 // The configurations under test: (HD, HDP, C, BN, ST, PP); the first of each head dim are gpu-core's.
 #define CFGS(X)                \
@@ -61,57 +54,6 @@ static std::vector<Cfg> all_cfgs() {
     return v;
 }
 
-// f32 reference for the listed token rows: one block per (row, head); scores of the row's segment in smem.
-__global__ void ref_attn(const bf16* qkv, float* out, const int* cu, int segs, const int* rows, int heads, int hd,
-                         long long ld, float scale) {
-    extern __shared__ float sc[];
-    __shared__ float red[32];
-    int sidx = blockIdx.x, h = blockIdx.y;
-    int t = rows[sidx];
-    int s = 0;
-    while (s + 1 < segs && cu[s + 1] <= t) s++;
-    int st = cu[s], len = cu[s + 1] - st;
-    const bf16* qr = qkv + (long long)t * ld + h * hd;
-    for (int j = threadIdx.x; j < len; j += blockDim.x) {
-        const bf16* kr = qkv + (long long)(st + j) * ld + heads * hd + h * hd;
-        float a = 0.f;
-        for (int d = 0; d < hd; d++) a += __bfloat162float(qr[d]) * __bfloat162float(kr[d]);
-        sc[j] = a * scale;
-    }
-    __syncthreads();
-    float mx = -INFINITY;
-    for (int j = threadIdx.x; j < len; j += blockDim.x) mx = fmaxf(mx, sc[j]);
-    for (int o2 = 16; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
-    __syncthreads();
-    mx = -INFINITY;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, red[w]);
-    __syncthreads();
-    float sum = 0.f;
-    for (int j = threadIdx.x; j < len; j += blockDim.x) {
-        sc[j] = expf(sc[j] - mx);
-        sum += sc[j];
-    }
-    sum = warp_sum(sum);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = sum;
-    __syncthreads();
-    sum = 0.f;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) sum += red[w];
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float a = 0.f;
-        for (int j = 0; j < len; j++)
-            a += sc[j] * __bfloat162float(qkv[(long long)(st + j) * ld + 2 * heads * hd + h * hd + d]);
-        out[((long long)sidx * heads + h) * hd + d] = a / sum;
-    }
-}
-
-__global__ void gather_rows(const bf16* o, float* out, const int* rows, int nrows, int width, long long o_ld) {
-    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i >= (long long)nrows * width) return;
-    int r = i / width, c = i % width;
-    out[i] = __bfloat162float(o[(long long)rows[r] * o_ld + c]);
-}
-
 // 3-D tensor map {head_dim, heads, tokens} over one operand of the fused [tokens, ld] buffer.
 static TmaDesc make_map(const bf16* base, int hd, int heads, int tokens, long long ld, int box_rows) {
     CUtensorMap m;
@@ -129,86 +71,6 @@ static TmaDesc make_map(const bf16* base, int hd, int heads, int tokens, long lo
     TmaDesc d;
     memcpy(&d, &m, sizeof d);
     return d;
-}
-
-static float median(std::vector<float> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
-struct Problem {
-    int hd, tokens, width;
-    long long ld;
-    std::vector<int> cu, rows;
-    bf16 *dqkv, *dout;
-    int *dcu, *drows;
-    float *dref, *dgot;
-    std::vector<float> ref;
-};
-
-static Problem make_problem(int hd, const std::vector<int>& lens, bool all_rows, unsigned long long seed, int heads) {
-    Problem p;
-    p.hd = hd;
-    p.cu.push_back(0);
-    for (int l : lens) p.cu.push_back(p.cu.back() + l);
-    p.tokens = p.cu.back();
-    p.ld = 3LL * heads * hd;
-    p.width = heads * hd;
-    std::vector<bf16> hq((size_t)p.tokens * p.ld);
-    unsigned long long st = seed;
-    for (auto& x : hq) {
-        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
-        float u = ((st >> 40) & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f;
-        x = __float2bfloat16(u * 2.0f);
-    }
-    if (all_rows)
-        for (int t = 0; t < p.tokens; t++) p.rows.push_back(t);
-    else {
-        for (int t = 0; t < p.tokens; t += 13) p.rows.push_back(t);
-        p.rows.push_back(p.tokens - 1);
-    }
-    const int nr = p.rows.size();
-    CK(cudaMalloc(&p.dqkv, hq.size() * 2));
-    CK(cudaMalloc(&p.dout, (size_t)p.tokens * p.width * 2));
-    CK(cudaMalloc(&p.dcu, p.cu.size() * 4));
-    CK(cudaMalloc(&p.drows, nr * 4));
-    CK(cudaMalloc(&p.dref, (size_t)nr * p.width * 4));
-    CK(cudaMalloc(&p.dgot, (size_t)nr * p.width * 4));
-    CK(cudaMemcpy(p.dqkv, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(p.dcu, p.cu.data(), p.cu.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(p.drows, p.rows.data(), nr * 4, cudaMemcpyHostToDevice));
-    int maxlen = *std::max_element(lens.begin(), lens.end());
-    const float scale = 1.0f / sqrtf((float)hd);
-    CK(cudaFuncSetAttribute(ref_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, maxlen * 4));
-    ref_attn<<<dim3(nr, heads), 128, maxlen * 4>>>(p.dqkv, p.dref, p.dcu, (int)lens.size(), p.drows, heads, hd, p.ld, scale);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
-    p.ref.resize((size_t)nr * p.width);
-    CK(cudaMemcpy(p.ref.data(), p.dref, p.ref.size() * 4, cudaMemcpyDeviceToHost));
-    return p;
-}
-static void free_problem(Problem& p) {
-    CK(cudaFree(p.dqkv));
-    CK(cudaFree(p.dout));
-    CK(cudaFree(p.dcu));
-    CK(cudaFree(p.drows));
-    CK(cudaFree(p.dref));
-    CK(cudaFree(p.dgot));
-}
-static double check(Problem& p) {
-    const int nr = p.rows.size();
-    gather_rows<<<(nr * p.width + 255) / 256, 256>>>(p.dout, p.dgot, p.drows, nr, p.width, p.width);
-    CK(cudaGetLastError());
-    std::vector<float> got((size_t)nr * p.width);
-    CK(cudaMemcpy(got.data(), p.dgot, got.size() * 4, cudaMemcpyDeviceToHost));
-    double num = 0, den = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        if (!std::isfinite(got[i])) return INFINITY;
-        double d = got[i] - p.ref[i];
-        num += d * d;
-        den += (double)p.ref[i] * p.ref[i];
-    }
-    return std::sqrt(num / den);
 }
 
 int main() {

@@ -2,7 +2,7 @@
 // accumulation and online softmax; no n x n matrix is ever stored.
 // Entry points (m = 16-row m-tiles per warp; 4 warps per block):
 //   flash_attn_hd{64,72,96}_m{1,2}_{bf16,f16}: mma.sync m16n8k16 (bf16 or f16 inputs), ldmatrix, cp.async
-//     double buffering (sm_80+);
+//     double buffering (sm_80+); 64-key tiles, but 128 at head dim 64 with m = 2 (the table at the entries);
 //   flash_attn_sm75_hd{64,72,96}_m1_f16: the Turing kernel (sm_75+): f16 mma.sync m16n8k8 (each k16 step
 //     is two of them, same fragments), ldmatrix, plain 16-byte global loads prefetched into registers one
 //     key tile ahead, one K/V buffer, within Turing's 64 KB of shared memory per block;
@@ -81,12 +81,15 @@ __device__ __forceinline__ __nv_bfloat162 pair2(bf16*, float lo, float hi) { ret
 __device__ __forceinline__ __half2 pair2(f16*, float lo, float hi) { return __floats2half2_rn(lo, hi); }
 
 // Block: NW warps, each owning MT m-tiles of 16 query rows (BR = 16*NW*MT rows per block); key tiles of BC.
+// QS: Q's A fragments are read again from shared memory for every key tile (FlashAttention-2's layout for
+// 128-row blocks) instead of being held in registers across the key loop, which frees HDP/16·MT·4 registers
+// per thread (48 at head_dim 96 with MT = 2, where the register-resident kernel spills).
 // Shared memory: Q [BR][LDS], K [KB][BC][LDS], V [KB][BC][LDS] with LDS = HDP + 8 (row pitch an odd number
 // of 16-byte units, so ldmatrix's 8 row addresses hit distinct bank groups); KB = 2 (cp.async double
 // buffering) or, PLAIN, 1 (the next tile waits in registers).
 // Grid: (ceil(max_seqlen / BR), heads, segments). Element (token t, head h, dim d) of Q is at
 // q[t*q_ld + h*HD + d] (same for K, V, O); cu_seqlens[s]..cu_seqlens[s+1] are segment s's tokens.
-template <typename T, int HD, int HDP, int NW, int MT, int BC, bool PLAIN>
+template <typename T, int HD, int HDP, int NW, int MT, int BC, bool PLAIN, bool QS = false>
 __device__ __forceinline__ void flash_attn_body(const T* __restrict__ q, const T* __restrict__ k,
                                                 const T* __restrict__ v, T* __restrict__ o, long long q_ld,
                                                 long long k_ld, long long v_ld, long long o_ld,
@@ -173,7 +176,7 @@ __device__ __forceinline__ void flash_attn_body(const T* __restrict__ q, const T
         cp_async_commit();
     }
 
-    uint32_t qf[MT][HDP / 16][4];
+    uint32_t qf[QS ? 1 : MT][QS ? 1 : HDP / 16][4];  // QS: read per key tile below
     float acc[MT][HDP / 8][4];
     float mrow[MT][2], lrow[MT][2];
 #pragma unroll
@@ -197,12 +200,13 @@ __device__ __forceinline__ void flash_attn_body(const T* __restrict__ q, const T
             if (t + 1 < ntiles) load_kv(t + 1, (t + 1) & 1);
             cp_async_commit();
         }
-        if (t == 0) {
+        if (!QS && t == 0) {
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int kk = 0; kk < HDP / 16; kk++)
-                    ldsm_x4(qf[mt][kk], sQ + (warp * MT * 16 + mt * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
+                    ldsm_x4(qf[QS ? 0 : mt][QS ? 0 : kk],
+                            sQ + (warp * MT * 16 + mt * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
         }
         const T* Kb = sK + (KB == 2 ? (t & 1) : 0) * BC * LDS;
         const T* Vb = sV + (KB == 2 ? (t & 1) : 0) * BC * LDS;
@@ -214,14 +218,21 @@ __device__ __forceinline__ void flash_attn_body(const T* __restrict__ q, const T
             for (int j = 0; j < BC / 8; j++) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < HDP / 16; kk++) {
+            uint32_t qa[QS ? MT : 1][4];
+            if constexpr (QS) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+                    ldsm_x4(qa[mt], sQ + (warp * MT * 16 + mt * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
+            }
 #pragma unroll
             for (int nn = 0; nn < BC / 16; nn++) {
                 uint32_t b[4];
                 ldsm_x4(b, Kb + (nn * 16 + (lane >> 4) * 8 + (lane & 7)) * LDS + kk * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    mma_k16<PLAIN>((T*)nullptr, s[mt][2 * nn], qf[mt][kk], b[0], b[1]);
-                    mma_k16<PLAIN>((T*)nullptr, s[mt][2 * nn + 1], qf[mt][kk], b[2], b[3]);
+                    const uint32_t(&a)[4] = QS ? qa[QS ? mt : 0] : qf[QS ? 0 : mt][QS ? 0 : kk];
+                    mma_k16<PLAIN>((T*)nullptr, s[mt][2 * nn], a, b[0], b[1]);
+                    mma_k16<PLAIN>((T*)nullptr, s[mt][2 * nn + 1], a, b[2], b[3]);
                 }
             }
         }
@@ -313,7 +324,7 @@ __device__ __forceinline__ void flash_attn_body(const T* __restrict__ q, const T
 // The mma.sync m16n8k16 kernels need sm_80 (bf16 / f16 m16n8k16 mma, cp.async): the compute_75 build (the
 // Turing tier) keeps their entry points so every tier's module has the same names, with a trapping body, and
 // gpu-core never launches them there. The PLAIN kernels need sm_75 alone.
-template <typename T, int HD, int HDP, int NW, int MT, int BC, bool PLAIN>
+template <typename T, int HD, int HDP, int NW, int MT, int BC, bool PLAIN, bool QS = false>
 __device__ __forceinline__ void flash_attn_impl(const T* __restrict__ q, const T* __restrict__ k,
                                                 const T* __restrict__ v, T* __restrict__ o, long long q_ld,
                                                 long long k_ld, long long v_ld, long long o_ld,
@@ -322,24 +333,31 @@ __device__ __forceinline__ void flash_attn_impl(const T* __restrict__ q, const T
     if constexpr (!PLAIN) __trap();
     else
 #endif
-        flash_attn_body<T, HD, HDP, NW, MT, BC, PLAIN>(q, k, v, o, q_ld, k_ld, v_ld, o_ld, cu_seqlens, scale_log2);
+        flash_attn_body<T, HD, HDP, NW, MT, BC, PLAIN, QS>(q, k, v, o, q_ld, k_ld, v_ld, o_ld, cu_seqlens, scale_log2);
 }
 
-#define FLASH_ENTRY_T(T, SUFFIX, HD, HDP, MT)                                                                \
+#define FLASH_ENTRY_T(T, SUFFIX, HD, HDP, MT, BC, QS)                                                        \
     extern "C" __global__ void __launch_bounds__(128) flash_attn_hd##HD##_m##MT##_##SUFFIX(                  \
         const T* q, const T* k, const T* v, T* o, long long q_ld, long long k_ld, long long v_ld,             \
         long long o_ld, const int* cu_seqlens, float scale_log2) {                                          \
-        flash_attn_impl<T, HD, HDP, 4, MT, 64, false>(q, k, v, o, q_ld, k_ld, v_ld, o_ld, cu_seqlens,         \
-                                                      scale_log2);                                          \
+        flash_attn_impl<T, HD, HDP, 4, MT, BC, false, QS>(q, k, v, o, q_ld, k_ld, v_ld, o_ld, cu_seqlens,     \
+                                                          scale_log2);                                      \
     }
-#define FLASH_ENTRY(HD, HDP, MT) FLASH_ENTRY_T(bf16, bf16, HD, HDP, MT) FLASH_ENTRY_T(f16, f16, HD, HDP, MT)
+#define FLASH_ENTRY(HD, HDP, MT, BC, QS) \
+    FLASH_ENTRY_T(bf16, bf16, HD, HDP, MT, BC, QS) FLASH_ENTRY_T(f16, f16, HD, HDP, MT, BC, QS)
 
-FLASH_ENTRY(64, 64, 1)
-FLASH_ENTRY(64, 64, 2)
-FLASH_ENTRY(72, 80, 1)
-FLASH_ENTRY(72, 80, 2)
-FLASH_ENTRY(96, 96, 1)
-FLASH_ENTRY(96, 96, 2)
+// (head dim, padded, m-tiles per warp, key tile, Q from shared memory). The 128-row kernels' key tile and
+// Q placement per head dim are the fastest of kernels/dev/fa_mma_bench.cu's block shapes on the tower
+// shapes (H100, compute_80 PTX, 2026-12-07; docs/PERF.md v0.20): FlashAttention-2's 128 × 128 tile at head
+// dim 64 (+8–15 % over 128 × 64 with Q in registers), Q from shared memory at head dim 96 (+7–9 %: the
+// register-resident Q spilled), head dim 72 unchanged (either change was slower there). gpu-core's launcher
+// (ops/flash_attn.rs, `mma_shape`) holds the same table.
+FLASH_ENTRY(64, 64, 1, 64, false)
+FLASH_ENTRY(64, 64, 2, 128, true)
+FLASH_ENTRY(72, 80, 1, 64, false)
+FLASH_ENTRY(72, 80, 2, 64, false)
+FLASH_ENTRY(96, 96, 1, 64, false)
+FLASH_ENTRY(96, 96, 2, 64, true)
 
 // The Turing kernel: f16, k8 mma steps, plain loads, one K/V buffer of SM75_BC keys.
 #define SM75_BC 32

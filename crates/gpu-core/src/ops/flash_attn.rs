@@ -17,10 +17,34 @@ pub const MAX_F32_ATTN_HEAD_DIM: usize = 128;
 /// `flash_attn_f32`'s query rows per block (`ATT_BQ`) and shared K+V rows (`2·ATT_BK`).
 const F32_ATTN_ROWS: usize = 32;
 const F32_ATTN_KEYS: usize = 64;
-/// Key rows of the mma.sync kernels' K and V tiles in shared memory: m16n8k16, 64-key tiles double
-/// buffered (K and V, 2 × 2 × 64); Turing's, 32-key tiles (`SM75_BC`) in one buffer (2 × 32).
-const MMA_KV_ROWS: usize = 4 * 64;
+/// Key rows of Turing's K and V tiles in shared memory: 32-key tiles (`SM75_BC`) in one buffer (2 × 32).
 const SM75_KV_ROWS: usize = 2 * 32;
+
+/// The m16n8k16 kernels' block shape, as `FLASH_ENTRY(HD, HDP, MT, BC, QS)` instantiates them in
+/// kernels/flash_attn.cu: (query rows per block, key rows of the K and V tiles in shared memory, double
+/// buffered: 2 × 2 × key tile). [`FlashVariant::M1`]: 64 rows, 64-key tiles. [`FlashVariant::M2`]: 128
+/// rows; FlashAttention-2's 128-key tile at head dim 64, 64-key tiles at 72 and 96 (the fastest of
+/// `kernels/dev/fa_mma_bench.cu`'s block shapes per head dim, docs/PERF.md v0.20).
+fn mma_shape(head_dim: usize, variant: FlashVariant) -> (usize, usize) {
+    match (variant, head_dim) {
+        (FlashVariant::M1, _) => (64, 4 * 64),
+        (_, 64) => (128, 4 * 128),
+        _ => (128, 4 * 64),
+    }
+}
+
+/// The default m16n8k16 variant where no warp-specialised kernel runs (the 8.0 tier's bf16, f16 from 8.0
+/// on): 128-row blocks at head dims 64 and 96 at every tower shape (measured down to 352 blocks: step3p7's
+/// 2 704 tokens at batch 1, 20 % faster than 64-row blocks there); at head dim 72, 64-row blocks until the
+/// 128-row grid fills the SMs several times over (`many`: ≥ ~1000 blocks; gemma4 at batch 1 is 3 % faster
+/// in 64-row blocks, at batch 8 14 % slower).
+fn mma_default(head_dim: usize, many: bool) -> FlashVariant {
+    if head_dim == 72 && !many {
+        FlashVariant::M1
+    } else {
+        FlashVariant::M2
+    }
+}
 
 /// Flash-attention variant (bf16, f16). `M*`: mma.sync m16n8k16 kernels (any sm_80+ device), 16-row
 /// m-tiles per warp, 4 warps per block. `Ws*`: the sm_90a warp-specialised kernels (bf16, compute
@@ -109,9 +133,9 @@ fn f16_kernel(
     variant: FlashVariant,
     tier: F16Attention,
 ) -> Result<(Kernel, usize, usize)> {
-    let m16 = |k1, k2| match variant {
-        FlashVariant::M1 => (k1, 64, MMA_KV_ROWS),
-        _ => (k2, 128, MMA_KV_ROWS),
+    let m16 = |k1, k2| {
+        let (rows, kv_rows) = mma_shape(head_dim, variant);
+        (if variant == FlashVariant::M1 { k1 } else { k2 }, rows, kv_rows)
     };
     match variant {
         FlashVariant::M1 | FlashVariant::M2 if tier == F16Attention::Sm75 => Err(GpuError::shape(
@@ -229,7 +253,7 @@ impl Device {
         // (kernel, 16-byte loads: ld/offset multiple of 8, bf16 variant rows per block)
         let mut ws_cfg: Option<WsConfig> = None;
         let segments = cu.len() - 1;
-        // mma.sync variants: 128-row blocks (M2) once the grid fills the SMs several times over
+        // mma.sync variants at head dim 72: 128-row blocks (M2) once the grid fills the SMs several times over
         let many = max_len.div_ceil(128) * a.heads * segments >= 1000;
         let (kernel, align, br, threads, smem) = match T::ATTN {
             AttnDtype::F32 => {
@@ -267,8 +291,7 @@ impl Device {
                 let variant = match a.variant {
                     Some(v) => v,
                     None if tier == F16Attention::Sm75 => FlashVariant::Sm75,
-                    None if many => FlashVariant::M2,
-                    None => FlashVariant::M1,
+                    None => mma_default(a.head_dim, many),
                 };
                 let (kernel, br, kv_rows) = f16_kernel(a.head_dim, variant, tier)?;
                 // Q [br] + K, V rows of hdp + 8 f16 (kernels/flash_attn.cu)
@@ -288,14 +311,12 @@ impl Device {
                 }
                 let ws = self.has_kernel(Kernel::FlashAttnWsHd64C3Bf16);
                 // Measured on the H200 (docs/notes/flash-attn-sm90a.md): the warp-specialised kernels are the
-                // fastest at every tower shape (336–537 TFLOP/s, 1.17–1.72× cuDNN); without sm_90a, 128-row
-                // mma.sync blocks (M2) win once the grid fills the 132 SMs several times over (≥ ~1000
-                // blocks), 64-row blocks (M1) below that.
+                // fastest at every tower shape (336–537 TFLOP/s, 1.17–1.72× cuDNN); without sm_90a, the
+                // mma.sync blocks `mma_default` picks.
                 let variant = match a.variant {
                     Some(v) => v,
                     None if ws => ws_default(a.head_dim, cu, a.heads, self.multiprocessors()?),
-                    None if many => FlashVariant::M2,
-                    None => FlashVariant::M1,
+                    None => mma_default(a.head_dim, many),
                 };
                 let hdp = a.head_dim.next_multiple_of(16);
                 let (kernel, br, threads, smem) = match variant {
@@ -309,9 +330,9 @@ impl Device {
                             (96, _) => Kernel::FlashAttnHd96M2Bf16,
                             (hd, _) => return Err(no_bf16_attention(hd)),
                         };
-                        let br = if variant == FlashVariant::M1 { 64 } else { 128 };
-                        // Q [br] + K, V [2 × 64] rows of hdp + 8 bf16 (kernels/flash_attn.cu)
-                        (kernel, br, 128, (br + MMA_KV_ROWS) * (hdp + 8) * 2)
+                        let (br, kv_rows) = mma_shape(a.head_dim, variant);
+                        // Q [br] + K, V [2 × key tile] rows of hdp + 8 bf16 (kernels/flash_attn.cu)
+                        (kernel, br, 128, (br + kv_rows) * (hdp + 8) * 2)
                     }
                     FlashVariant::Ws2 | FlashVariant::Ws3 => {
                         let c = WsConfig::new(a.head_dim, variant)
@@ -474,6 +495,27 @@ mod tests {
         // head dims 72 and 96: 192-row blocks at every tower shape
         assert_eq!(ws_default(72, &cu(&[2394]), 16, 132), FlashVariant::Ws3);
         assert_eq!(ws_default(96, &cu(&[1296; 6]), 16, 132), FlashVariant::Ws3);
+    }
+
+    /// The m16n8k16 block shapes and defaults of kernels/flash_attn.cu's entry table: 128 × 128 tiles at
+    /// head dim 64 within the 99 KB of 8.6 / 8.9 / 12.x; 128-row blocks at 64 and 96 at every shape, at 72
+    /// only when the grid is large.
+    #[test]
+    fn mma_block_shapes_and_defaults() {
+        assert_eq!(mma_shape(64, FlashVariant::M2), (128, 512));
+        assert_eq!(mma_shape(96, FlashVariant::M2), (128, 256));
+        assert_eq!(mma_shape(72, FlashVariant::M1), (64, 256));
+        for hd in [64, 72, 96] {
+            for v in [FlashVariant::M1, FlashVariant::M2] {
+                let (rows, kv) = mma_shape(hd, v);
+                let bytes = (rows + kv) * (hd.next_multiple_of(16) + 8) * 2;
+                assert!(bytes <= 99 * 1024, "hd {hd} {v:?}: {bytes}");
+            }
+        }
+        assert_eq!(mma_default(64, false), FlashVariant::M2);
+        assert_eq!(mma_default(96, false), FlashVariant::M2);
+        assert_eq!(mma_default(72, false), FlashVariant::M1);
+        assert_eq!(mma_default(72, true), FlashVariant::M2);
     }
 
     /// The f16 kernels per tier: Turing's everywhere, the m16n8k16 ones from 8.0 only, no warp-specialised

@@ -1,0 +1,155 @@
+// Development harness (not part of gpu-core) for the portable tiers' attention (issue 39: the 8.0 tier's
+// goal of 1.1× torch.compile with FlashAttention-2): the mma.sync body of crates/gpu-core/kernels/flash_attn.cu
+// instantiated over block shapes — warps per block (NW), 16-row m-tiles per warp (MT), key tile (BC), and Q's
+// fragments held in registers or read from shared memory per key tile (QS) — checked against an f32
+// reference (every row of ragged segment sets, sampled rows of the tower shapes) and timed on the tower
+// shapes. Build for the 8.0 tier as the forced tier runs it on a Hopper card (compute_80 PTX through the
+// driver's JIT; the sm_80 SASS only gives ptxas's register report):
+//   nvcc -gencode=arch=compute_80,code=[sm_80,compute_80] -O3 -std=c++17 -Xptxas -v kernels/dev/fa_mma_bench.cu -o /tmp/famma
+// Output: one line per (shape, configuration) with rel-L2 and TFLOP/s = 4·n²·hd·heads·b / t; over 1e-2 or not
+// finite prints FAIL. kernels/dev/sdpa_anchor.py times PyTorch's FlashAttention-2 on the same shapes.
+#include <functional>
+#include <string>
+
+#include "../../crates/gpu-core/kernels/flash_attn.cu"
+#include "fa_harness.cuh"
+
+template <int HD, int HDP, int NW, int MT, int BC, bool QS>
+__global__ void __launch_bounds__(NW * 32) fa_var(const bf16* q, const bf16* k, const bf16* v, bf16* o, long long q_ld,
+                                                  long long k_ld, long long v_ld, long long o_ld,
+                                                  const int* cu_seqlens, float scale_log2) {
+    flash_attn_body<bf16, HD, HDP, NW, MT, BC, false, QS>(q, k, v, o, q_ld, k_ld, v_ld, o_ld, cu_seqlens, scale_log2);
+}
+typedef void (*Kern)(const bf16*, const bf16*, const bf16*, bf16*, long long, long long, long long, long long, const int*,
+                     float);
+
+// (HD, HDP, NW, MT, BC, QS); per head dim the first two are gpu-core's M1 and M2.
+#define CFGS_HD(X, HD, HDP)        \
+    X(HD, HDP, 4, 1, 64, false)    \
+    X(HD, HDP, 4, 2, 64, false)    \
+    X(HD, HDP, 4, 2, 64, true)     \
+    X(HD, HDP, 4, 2, 128, true)    \
+    X(HD, HDP, 4, 2, 128, false)   \
+    X(HD, HDP, 8, 1, 64, false)    \
+    X(HD, HDP, 8, 1, 128, false)   \
+    X(HD, HDP, 8, 2, 64, true)
+#define CFGS(X) CFGS_HD(X, 64, 64) CFGS_HD(X, 72, 80) CFGS_HD(X, 96, 96)
+
+struct Cfg {
+    int hd, nw, mt, bc, smem;
+    Kern k;
+    std::string name;
+    int rows() const { return 16 * nw * mt; }
+};
+static std::vector<Cfg> all_cfgs() {
+    std::vector<Cfg> v;
+#define LIST(HD, HDP, NW, MT, BC, QS)                                                                                \
+    v.push_back(Cfg{HD, NW, MT, BC, (16 * NW * MT + 4 * BC) * (HDP + 8) * 2, fa_var<HD, HDP, NW, MT, BC, QS>,       \
+                    std::string("w") + #NW + " m" + #MT + " k" + #BC + (QS ? " qs" : "")});
+    CFGS(LIST)
+    return v;
+}
+
+int main() {
+    const int heads = 16;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device %s, %d SMs, smem/block optin %zu\n", prop.name, prop.multiProcessorCount, prop.sharedMemPerBlockOptin);
+    std::vector<Cfg> cfgs = all_cfgs();
+    for (auto& c : cfgs) {
+        CK(cudaFuncSetAttribute(c.k, cudaFuncAttributeMaxDynamicSharedMemorySize, c.smem));
+        cudaFuncAttributes a;
+        CK(cudaFuncGetAttributes(&a, c.k));
+        int per_sm = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, c.k, c.nw * 32, c.smem));
+        printf("hd %d %-12s | %3d regs | %6d B smem | %d blocks/SM | local %zu B\n", c.hd, c.name.c_str(), a.numRegs,
+               c.smem, per_sm, a.localSizeBytes);
+    }
+    auto launch = [&](const Cfg& c, Problem& p, cudaStream_t s) {
+        int maxlen = 0;
+        for (size_t i = 0; i + 1 < p.cu.size(); i++) maxlen = std::max(maxlen, p.cu[i + 1] - p.cu[i]);
+        dim3 grid((maxlen + c.rows() - 1) / c.rows(), heads, (int)p.cu.size() - 1);
+        const float scale_log2 = 1.4426950408889634f / sqrtf((float)p.hd);
+        c.k<<<grid, c.nw * 32, c.smem, s>>>(p.dqkv, p.dqkv + heads * p.hd, p.dqkv + 2 * heads * p.hd, p.dout, p.ld, p.ld,
+                                            p.ld, p.width, p.dcu, scale_log2);
+    };
+    int fails = 0;
+    // 1. Every row of ragged segment sets (tiles partly past the segment end, one-key segments, segments
+    //    shorter than a key tile and than a query block).
+    {
+        std::vector<std::vector<int>> sets = {{1, 37, 64, 65, 127, 128, 129, 191, 192, 193, 250, 500, 1000}, {3, 1300, 7}};
+        for (int hd : {64, 72, 96}) {
+            for (size_t si = 0; si < sets.size(); si++) {
+                Problem p = make_problem(hd, sets[si], true, 0x1234567ULL + hd * 7 + si, heads);
+                for (auto& c : cfgs) {
+                    if (c.hd != hd) continue;
+                    CK(cudaMemset(p.dout, 0xFF, (size_t)p.tokens * p.width * 2));  // poison (NaN)
+                    launch(c, p, 0);
+                    CK(cudaGetLastError());
+                    CK(cudaDeviceSynchronize());
+                    double rel = check(p);
+                    bool ok = rel < 1e-2;
+                    if (!ok) fails++;
+                    printf("ragged set %zu hd %d | %-12s | rel %.3e %s\n", si, hd, c.name.c_str(), rel, ok ? "ok" : "FAIL");
+                }
+                free_problem(p);
+            }
+        }
+    }
+    // 2. The tower shapes (kernels/dev/sdpa_anchor.py's): sampled rows checked, then timed.
+    struct Shape {
+        int hd, n, b;
+    };
+    Shape shapes[] = {{72, 2394, 1}, {72, 2394, 8}, {64, 5184, 1}, {64, 12288, 1},
+                      {64, 5184, 8}, {96, 2704, 1}, {96, 2704, 8}, {96, 1296, 6}};
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<std::string> table;
+    for (const Shape& sh : shapes) {
+        Problem p = make_problem(sh.hd, std::vector<int>(sh.b, sh.n), false, 0x9E3779B97F4A7C15ULL ^ (sh.hd * 131 + sh.n), heads);
+        const double flops = 4.0 * sh.n * (double)sh.n * sh.hd * heads * sh.b;
+        std::string best;
+        float best_ms = 1e30f;
+        for (auto& c : cfgs) {
+            if (c.hd != sh.hd) continue;
+            auto run = [&]() { launch(c, p, 0); };
+            CK(cudaMemset(p.dout, 0xFF, (size_t)p.tokens * p.width * 2));
+            run();
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+            const double rel = check(p);
+            for (int i = 0; i < 3; i++) run();
+            CK(cudaDeviceSynchronize());
+            std::vector<float> ts;
+            for (int i = 0; i < 15; i++) {
+                CK(cudaEventRecord(e0));
+                run();
+                CK(cudaEventRecord(e1));
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                ts.push_back(ms);
+            }
+            const float ms = median(ts);
+            const bool ok = rel < 1e-2;
+            if (!ok) fails++;
+            char buf[256];
+            snprintf(buf, sizeof buf, "hd %2d n %5d b%d | %-12s | rel %.2e%s | %8.3f ms | %6.1f TFLOP/s", sh.hd, sh.n, sh.b,
+                     c.name.c_str(), rel, ok ? "" : " FAIL", ms, flops / ms / 1e9);
+            table.push_back(buf);
+            printf("%s\n", buf);
+            fflush(stdout);
+            if (ok && ms < best_ms) best_ms = ms, best = c.name;
+        }
+        char buf[160];
+        snprintf(buf, sizeof buf, "hd %2d n %5d b%d | best: %s (%.1f TFLOP/s)", sh.hd, sh.n, sh.b, best.c_str(),
+                 flops / best_ms / 1e9);
+        table.push_back(buf);
+        free_problem(p);
+    }
+    printf("=== flash attention: mma.sync block shapes (16 heads, bf16) ===\n");
+    for (auto& r : table) printf("%s\n", r.c_str());
+    printf("failures: %d\n", fails);
+    return fails ? 1 : 0;
+}
