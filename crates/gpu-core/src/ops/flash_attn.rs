@@ -135,7 +135,11 @@ fn f16_kernel(
 ) -> Result<(Kernel, usize, usize)> {
     let m16 = |k1, k2| {
         let (rows, kv_rows) = mma_shape(head_dim, variant);
-        (if variant == FlashVariant::M1 { k1 } else { k2 }, rows, kv_rows)
+        (
+            if variant == FlashVariant::M1 { k1 } else { k2 },
+            rows,
+            kv_rows,
+        )
     };
     match variant {
         FlashVariant::M1 | FlashVariant::M2 if tier == F16Attention::Sm75 => Err(GpuError::shape(
