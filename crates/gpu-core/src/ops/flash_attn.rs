@@ -522,6 +522,38 @@ mod tests {
         assert_eq!(mma_default(72, true), FlashVariant::M2);
     }
 
+    /// `mma_shape` is the launcher's copy of kernels/flash_attn.cu's `FLASH_ENTRY(HD, HDP, MT, BC, QS)` table:
+    /// the shared memory a launch asks for follows from it, so the two must agree line by line.
+    #[test]
+    fn mma_shape_is_the_entry_table_of_flash_attn_cu() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/flash_attn.cu");
+        let src = std::fs::read_to_string(&path).unwrap();
+        let entries: Vec<Vec<usize>> = src
+            .lines()
+            .filter_map(|l| l.strip_prefix("FLASH_ENTRY("))
+            .map(|l| {
+                l.trim_end_matches(')')
+                    .split(',')
+                    .map(|f| match f.trim() {
+                        "true" => 1,
+                        "false" => 0,
+                        n => n.parse().unwrap(),
+                    })
+                    .collect()
+            })
+            .collect();
+        assert_eq!(entries.len(), 6, "{entries:?}");
+        for e in &entries {
+            let (hd, mt, key_tile) = (e[0], e[2], e[3]);
+            let v = if mt == 1 {
+                FlashVariant::M1
+            } else {
+                FlashVariant::M2
+            };
+            assert_eq!(mma_shape(hd, v), (64 * mt, 4 * key_tile), "entry {e:?}");
+        }
+    }
+
     /// The f16 kernels per tier: Turing's everywhere, the m16n8k16 ones from 8.0 only, no warp-specialised
     /// f16; Turing's shared memory (Q 64 rows + one 32-key K and V tile, pitch hdp + 8) within the
     /// 64 KB of tier 7.5, the m16n8k16 ones within the 99 KB of 8.6 / 8.9 / 12.x.
