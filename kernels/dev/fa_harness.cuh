@@ -1,5 +1,5 @@
 // Shared by the attention development harnesses (fa_ws_bench.cu, fa_mma_bench.cu; not part of gpu-core):
-// the error check, an f32 reference over listed token rows of a fused [tokens, 3·heads·hd] bf16 q|k|v
+// an f32 reference over listed token rows of a fused [tokens, 3·heads·hd] bf16 q|k|v
 // buffer (one block per (row, head)), random problems over segment lengths, and the rel-L2 check.
 #pragma once
 #include <algorithm>
@@ -9,15 +9,7 @@
 #include <vector>
 
 #include "../../crates/gpu-core/kernels/common.cuh"
-
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);      \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
+#include "dev_common.cuh"
 
 // f32 reference for the listed token rows: one block per (row, head); scores of the row's segment in smem.
 __global__ void ref_attn(const bf16* qkv, float* out, const int* cu, int segs, const int* rows, int heads, int hd,
@@ -68,11 +60,6 @@ __global__ void gather_rows(const bf16* o, float* out, const int* rows, int nrow
     if (i >= (long long)nrows * width) return;
     int r = i / width, c = i % width;
     out[i] = __bfloat162float(o[(long long)rows[r] * o_ld + c]);
-}
-
-static float median(std::vector<float> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
 }
 
 struct Problem {
@@ -148,4 +135,21 @@ static double check(Problem& p) {
         den += (double)p.ref[i] * p.ref[i];
     }
     return std::sqrt(num / den);
+}
+
+// One checked launch: the output poisoned to NaN first, `launch` run and waited for, the rows' rel-L2 against
+// the reference returned (infinite when any is not finite).
+static double run_checked(Problem& p, const std::function<void()>& launch) {
+    CK(cudaMemset(p.dout, 0xFF, (size_t)p.tokens * p.width * 2));
+    launch();
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    return check(p);
+}
+
+// The attention timing both harnesses report: 3 warm-up launches, then the median of 15.
+static float time_attention(const std::function<void()>& launch) {
+    for (int i = 0; i < 3; i++) launch();
+    CK(cudaDeviceSynchronize());
+    return event_median_ms(launch, 15);
 }

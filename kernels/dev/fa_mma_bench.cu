@@ -83,11 +83,7 @@ int main() {
                 Problem p = make_problem(hd, sets[si], true, 0x1234567ULL + hd * 7 + si, heads);
                 for (auto& c : cfgs) {
                     if (c.hd != hd) continue;
-                    CK(cudaMemset(p.dout, 0xFF, (size_t)p.tokens * p.width * 2));  // poison (NaN)
-                    launch(c, p, 0);
-                    CK(cudaGetLastError());
-                    CK(cudaDeviceSynchronize());
-                    double rel = check(p);
+                    double rel = run_checked(p, [&]() { launch(c, p, 0); });
                     bool ok = rel < 1e-2;
                     if (!ok) fails++;
                     printf("ragged set %zu hd %d | %-12s | rel %.3e %s\n", si, hd, c.name.c_str(), rel, ok ? "ok" : "FAIL");
@@ -102,9 +98,6 @@ int main() {
     };
     Shape shapes[] = {{72, 2394, 1}, {72, 2394, 8}, {64, 5184, 1}, {64, 12288, 1},
                       {64, 5184, 8}, {96, 2704, 1}, {96, 2704, 8}, {96, 1296, 6}};
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     std::vector<std::string> table;
     for (const Shape& sh : shapes) {
         Problem p = make_problem(sh.hd, std::vector<int>(sh.b, sh.n), false, 0x9E3779B97F4A7C15ULL ^ (sh.hd * 131 + sh.n), heads);
@@ -114,24 +107,8 @@ int main() {
         for (auto& c : cfgs) {
             if (c.hd != sh.hd) continue;
             auto run = [&]() { launch(c, p, 0); };
-            CK(cudaMemset(p.dout, 0xFF, (size_t)p.tokens * p.width * 2));
-            run();
-            CK(cudaGetLastError());
-            CK(cudaDeviceSynchronize());
-            const double rel = check(p);
-            for (int i = 0; i < 3; i++) run();
-            CK(cudaDeviceSynchronize());
-            std::vector<float> ts;
-            for (int i = 0; i < 15; i++) {
-                CK(cudaEventRecord(e0));
-                run();
-                CK(cudaEventRecord(e1));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                ts.push_back(ms);
-            }
-            const float ms = median(ts);
+            const double rel = run_checked(p, run);
+            const float ms = time_attention(run);
             const bool ok = rel < 1e-2;
             if (!ok) fails++;
             char buf[256];

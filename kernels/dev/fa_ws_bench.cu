@@ -105,11 +105,7 @@ int main() {
                 Problem p = make_problem(hd, sets[si], true, 0x1234567ULL + hd * 7 + si, heads);
                 for (auto& c : cfgs) {
                     if (c.hd != hd) continue;
-                    CK(cudaMemset(p.dout, 0xFF, (size_t)p.tokens * p.width * 2));  // poison (NaN)
-                    launch_ws(c, p, 0);
-                    CK(cudaGetLastError());
-                    CK(cudaDeviceSynchronize());
-                    double rel = check(p);
+                    double rel = run_checked(p, [&]() { launch_ws(c, p, 0); });
                     bool ok = rel < 1e-2;
                     if (!ok) fails++;
                     printf("ragged set %zu hd %d | %-16s | rel %.3e %s\n", si, hd, c.name.c_str(), rel, ok ? "ok" : "FAIL");
@@ -124,28 +120,10 @@ int main() {
     };
     Shape shapes[] = {{72, 2394, 1}, {72, 2394, 8}, {64, 5184, 1}, {64, 12288, 1},
                       {64, 5184, 8}, {96, 2704, 1}, {96, 2704, 8}, {96, 1296, 6}};
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     std::vector<std::string> table;
     for (const Shape& sh : shapes) {
         Problem p = make_problem(sh.hd, std::vector<int>(sh.b, sh.n), false, 0x9E3779B97F4A7C15ULL ^ (sh.hd * 131 + sh.n), heads);
         const double flops = 4.0 * sh.n * (double)sh.n * sh.hd * heads * sh.b;
-        auto timeit = [&](const std::function<void()>& launch) -> float {
-            for (int i = 0; i < 3; i++) launch();
-            CK(cudaDeviceSynchronize());
-            std::vector<float> ts;
-            for (int i = 0; i < 15; i++) {
-                CK(cudaEventRecord(e0));
-                launch();
-                CK(cudaEventRecord(e1));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                ts.push_back(ms);
-            }
-            return median(ts);
-        };
         auto row = [&](const char* name, double rel, float ms) {
             char buf[256];
             snprintf(buf, sizeof buf, "hd %2d n %5d b%d | %-16s | rel %.2e%s | %8.3f ms | %6.1f TFLOP/s", sh.hd, sh.n, sh.b, name,
@@ -165,22 +143,14 @@ int main() {
                 k<<<grid, 256, smem>>>(p.dqkv, p.dqkv + heads * sh.hd, p.dqkv + 2 * heads * sh.hd, p.dout, p.ld, p.ld, p.ld,
                                        p.width, p.dcu, scale_log2);
             };
-            CK(cudaMemset(p.dout, 0xFF, (size_t)p.tokens * p.width * 2));
-            launch();
-            CK(cudaGetLastError());
-            CK(cudaDeviceSynchronize());
-            double rel = check(p);
-            row("sw w2 (v0.2)", rel, timeit(launch));
+            double rel = run_checked(p, launch);
+            row("sw w2 (v0.2)", rel, time_attention(launch));
         }
         for (auto& c : cfgs) {
             if (c.hd != sh.hd) continue;
             auto launch = [&]() { launch_ws(c, p, 0); };
-            CK(cudaMemset(p.dout, 0xFF, (size_t)p.tokens * p.width * 2));
-            launch();
-            CK(cudaGetLastError());
-            CK(cudaDeviceSynchronize());
-            double rel = check(p);
-            row(c.name.c_str(), rel, timeit(launch));
+            double rel = run_checked(p, launch);
+            row(c.name.c_str(), rel, time_attention(launch));
         }
         free_problem(p);
     }

@@ -25,14 +25,7 @@
 #include "gemm_pp_sm90a.cuh"
 #include "../../crates/gpu-core/kernels/act.cu"
 
-#define CK(x)                                                                          \
-    do {                                                                               \
-        cudaError_t e_ = (x);                                                          \
-        if (e_ != cudaSuccess) {                                                       \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
+#include "dev_common.cuh"
 #define LK(x)                                                                   \
     do {                                                                        \
         cublasStatus_t s_ = (x);                                                \
@@ -235,9 +228,6 @@ int main(int argc, char** argv) {
     Lt lt;
     LK(cublasLtCreate(&lt.h));
     CK(cudaMalloc(&lt.ws, lt.ws_bytes));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     g_sustain_s = getenv("GWS_SUSTAIN") ? atof(getenv("GWS_SUSTAIN")) : 0.0;
     if (g_sustain_s > 0.0) printf("sustained timings: %.1f s of each kernel back to back first\n", g_sustain_s);
     auto timer = [&](std::function<void()> f, int iters) {
@@ -252,18 +242,7 @@ int main(int argc, char** argv) {
                 }
             }
         }
-        std::vector<float> ts;
-        for (int i = 0; i < iters; i++) {
-            CK(cudaEventRecord(e0));
-            f();
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            ts.push_back(ms);
-        }
-        std::sort(ts.begin(), ts.end());
-        return ts[ts.size() / 2];
+        return event_median_ms(f, iters);
     };
     const int iters = argc > 1 ? atoi(argv[1]) : 20;
 

@@ -14,7 +14,7 @@
 #include <cuda_runtime.h>
 #include <vector>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
+#include "dev_common.cuh"
 #define LK(x) do { cublasStatus_t s_ = (x); if (s_ != CUBLAS_STATUS_SUCCESS) { printf("%s:%d cublasLt %d\n", __FILE__, __LINE__, (int)s_); exit(1); } } while (0)
 
 struct Shape { const char* name; int m, n, k; bool f32out, addc; };
@@ -32,26 +32,12 @@ struct Ctx {
 };
 
 static float time_algo(Ctx& c, const cublasLtMatmulAlgo_t& algo, int reps) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     for (int i = 0; i < 2; ++i)
         if (cublasLtMatmul(lt, c.desc, &c.alpha, c.W, c.a, c.X, c.b, &c.beta, c.Y, c.c, c.Y, c.c, &algo, ws, WS, st) != CUBLAS_STATUS_SUCCESS)
             return 1e9f;
-    std::vector<float> t;
-    for (int r = 0; r < reps; ++r) {
-        CK(cudaEventRecord(e0, st));
-        cublasLtMatmul(lt, c.desc, &c.alpha, c.W, c.a, c.X, c.b, &c.beta, c.Y, c.c, c.Y, c.c, &algo, ws, WS, st);
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        t.push_back(ms);
-    }
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+    return event_median_ms(
+        [&]() { cublasLtMatmul(lt, c.desc, &c.alpha, c.W, c.a, c.X, c.b, &c.beta, c.Y, c.c, c.Y, c.c, &algo, ws, WS, st); },
+        reps, st);
 }
 
 static bool check(Ctx& c, const cublasLtMatmulAlgo_t& algo) {
