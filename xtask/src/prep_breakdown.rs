@@ -14,6 +14,10 @@
 //! - decode: `Preprocessor::decode` (as `prepare` decodes: a large baseline JPEG in row bands);
 //! - decode, 1 band: the same file with `PrepSettings::parallel` off (one decompressor, the
 //!   decode before the bands), so a run shows what the bands gain on its cores;
+//! - 1 band, 6 at once: that whole decode on 6 threads at the same time (the slowest of the six),
+//!   the number of bands a 1080p decode is cut into: against "1 band", what running that many
+//!   decompressors together costs each of them on this host (shared memory bandwidth, shared
+//!   cores, a lower all-core clock), which the banded decode's critical path pays too;
 //! - resize: `Preprocessor::resized_views` (the vendor resize to the views);
 //! - norm+patch: `Preprocessor::prepare_rgb` (outputs handed back) less the resize;
 //! - prepare: the whole `Preprocessor::prepare` (outputs handed back, as `Model::encode` does);
@@ -35,6 +39,10 @@ use tower_gemma::{GemmaConfig, GemmaCuda};
 use tower_glm5::{GlmConfig, GlmCuda};
 use tower_step::{StepConfig, StepCuda};
 use vision_towers::vision_prep::{ImageSource, ModelConfigs, PrepSettings, Preprocessor};
+
+/// Whole decodes run at once for the contention column: the bands `vision-prep` cuts a 1080p
+/// baseline JPEG into on any pool of 6 threads or more (its 4-iMCU-row minimum drops the rest).
+const CONCURRENT_DECODES: usize = 6;
 
 /// The families measured, as their fixture model directories are named.
 const FAMILIES: [&str; 3] = ["gemma4", "glm5_next", "step3p7"];
@@ -141,6 +149,7 @@ struct Row {
     admission: f64,
     decode: f64,
     decode_whole: f64,
+    decode_together: f64,
     resize: f64,
     norm_patch: f64,
     prepare: f64,
@@ -220,6 +229,18 @@ fn measure(
         std::hint::black_box(pres.serial.decode(src())?);
         Ok(())
     })?;
+    let decode_together = min_ms(iters, || {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..CONCURRENT_DECODES)
+                .map(|_| s.spawn(|| pres.serial.decode(src()).map(drop)))
+                .collect();
+            for h in handles {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("a decode thread panicked"))??;
+            }
+            Ok(())
+        })
+    })?;
     let rgb = pre.decode(src())?;
     if pres.serial.decode(src())?.data != rgb.data {
         bail!("{family} {image}: the banded decode differs from the whole decode");
@@ -251,6 +272,7 @@ fn measure(
         admission,
         decode,
         decode_whole,
+        decode_together,
         resize,
         norm_patch: (from_rgb - resize).max(0.0),
         prepare,
@@ -312,6 +334,7 @@ pub fn run(args: &[String]) -> Result<()> {
                     "family": row.family, "image": row.image, "threads": threads,
                     "rows": row.rows, "admission_ms": row.admission, "decode_ms": row.decode,
                     "decode_one_band_ms": row.decode_whole,
+                    "decode_one_band_6_at_once_ms": row.decode_together,
                     "resize_ms": row.resize, "norm_patch_ms": row.norm_patch,
                     "prepare_ms": row.prepare, "to_tower_ms": row.to_tower,
                 })
@@ -328,18 +351,19 @@ pub fn run(args: &[String]) -> Result<()> {
         "\nprep breakdown, {threads} rayon thread(s), fastest of {} runs, ms; libjpeg-turbo {simd}",
         a.iters
     );
-    println!("| family | image | rows | admission | decode | decode, 1 band | resize | norm+patch | prepare (all) | to tower (bf16) |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| family | image | rows | admission | decode | decode, 1 band | 1 band, {CONCURRENT_DECODES} at once | resize | norm+patch | prepare (all) | to tower (bf16) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         let tt = r.to_tower.map_or("—".to_string(), |v| format!("{v:.2}"));
         println!(
-            "| {} | {} | {} | {:.3} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {tt} |",
+            "| {} | {} | {} | {:.3} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {tt} |",
             r.family,
             r.image,
             r.rows,
             r.admission,
             r.decode,
             r.decode_whole,
+            r.decode_together,
             r.resize,
             r.norm_patch,
             r.prepare
