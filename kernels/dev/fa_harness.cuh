@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "../../crates/gpu-core/kernels/common.cuh"
@@ -152,4 +154,52 @@ static float time_attention(const std::function<void()>& launch) {
     for (int i = 0; i < 3; i++) launch();
     CK(cudaDeviceSynchronize());
     return event_median_ms(launch, 15);
+}
+
+// Every row of each segment set in `sets` (tiles partly past the segment end, one-key segments, segments
+// shorter than a key tile and than a query block), at head dims 64, 72 and 96, for each configuration of that
+// head dim (`cfgs`: `.hd`, `.name`) run by `launch(cfg, problem)`: one line each, the failures returned.
+template <class Cfg, class Launch>
+static int check_ragged(const std::vector<std::vector<int>>& sets, const std::vector<Cfg>& cfgs, int heads,
+                        int name_width, Launch launch) {
+    int fails = 0;
+    for (int hd : {64, 72, 96}) {
+        for (size_t si = 0; si < sets.size(); si++) {
+            Problem p = make_problem(hd, sets[si], true, 0x1234567ULL + hd * 7 + si, heads);
+            for (auto& c : cfgs) {
+                if (c.hd != hd) continue;
+                double rel = run_checked(p, [&]() { launch(c, p); });
+                bool ok = rel < 1e-2;
+                if (!ok) fails++;
+                printf("ragged set %zu hd %d | %-*s | rel %.3e %s\n", si, hd, name_width, c.name.c_str(), rel,
+                       ok ? "ok" : "FAIL");
+            }
+            free_problem(p);
+        }
+    }
+    return fails;
+}
+
+// The tower shapes (kernels/dev/sdpa_anchor.py's): head dim, tokens per image, images.
+struct TowerShape {
+    int hd, n, b;
+};
+static const TowerShape TOWER_SHAPES[] = {{72, 2394, 1}, {72, 2394, 8}, {64, 5184, 1}, {64, 12288, 1},
+                                          {64, 5184, 8}, {96, 2704, 1}, {96, 2704, 8}, {96, 1296, 6}};
+
+// A tower shape's problem: `b` segments of `n` tokens, sampled rows checked.
+static Problem tower_problem(const TowerShape& sh, int heads) {
+    return make_problem(sh.hd, std::vector<int>(sh.b, sh.n), false, 0x9E3779B97F4A7C15ULL ^ (sh.hd * 131 + sh.n),
+                        heads);
+}
+
+// 4·n²·hd·heads·b, the FLOPs the TFLOP/s columns count.
+static double tower_flops(const TowerShape& sh, int heads) { return 4.0 * sh.n * (double)sh.n * sh.hd * heads * sh.b; }
+
+// One checked, timed row of a tower shape's table (" FAIL" past the 1e-2 bound).
+static std::string tower_row(const TowerShape& sh, int heads, int name_width, const char* name, double rel, float ms) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "hd %2d n %5d b%d | %-*s | rel %.2e%s | %8.3f ms | %6.1f TFLOP/s", sh.hd, sh.n, sh.b,
+             name_width, name, rel, rel < 1e-2 ? "" : " FAIL", ms, tower_flops(sh, heads) / ms / 1e9);
+    return buf;
 }

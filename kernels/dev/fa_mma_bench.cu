@@ -74,34 +74,13 @@ int main() {
                                             p.ld, p.width, p.dcu, scale_log2);
     };
     int fails = 0;
-    // 1. Every row of ragged segment sets (tiles partly past the segment end, one-key segments, segments
-    //    shorter than a key tile and than a query block).
-    {
-        std::vector<std::vector<int>> sets = {{1, 37, 64, 65, 127, 128, 129, 191, 192, 193, 250, 500, 1000}, {3, 1300, 7}};
-        for (int hd : {64, 72, 96}) {
-            for (size_t si = 0; si < sets.size(); si++) {
-                Problem p = make_problem(hd, sets[si], true, 0x1234567ULL + hd * 7 + si, heads);
-                for (auto& c : cfgs) {
-                    if (c.hd != hd) continue;
-                    double rel = run_checked(p, [&]() { launch(c, p, 0); });
-                    bool ok = rel < 1e-2;
-                    if (!ok) fails++;
-                    printf("ragged set %zu hd %d | %-12s | rel %.3e %s\n", si, hd, c.name.c_str(), rel, ok ? "ok" : "FAIL");
-                }
-                free_problem(p);
-            }
-        }
-    }
-    // 2. The tower shapes (kernels/dev/sdpa_anchor.py's): sampled rows checked, then timed.
-    struct Shape {
-        int hd, n, b;
-    };
-    Shape shapes[] = {{72, 2394, 1}, {72, 2394, 8}, {64, 5184, 1}, {64, 12288, 1},
-                      {64, 5184, 8}, {96, 2704, 1}, {96, 2704, 8}, {96, 1296, 6}};
+    // 1. Every row of ragged segment sets.
+    fails += check_ragged({{1, 37, 64, 65, 127, 128, 129, 191, 192, 193, 250, 500, 1000}, {3, 1300, 7}}, cfgs, heads, 12,
+                          [&](const Cfg& c, Problem& p) { launch(c, p, 0); });
+    // 2. The tower shapes: sampled rows checked, then timed.
     std::vector<std::string> table;
-    for (const Shape& sh : shapes) {
-        Problem p = make_problem(sh.hd, std::vector<int>(sh.b, sh.n), false, 0x9E3779B97F4A7C15ULL ^ (sh.hd * 131 + sh.n), heads);
-        const double flops = 4.0 * sh.n * (double)sh.n * sh.hd * heads * sh.b;
+    for (const TowerShape& sh : TOWER_SHAPES) {
+        Problem p = tower_problem(sh, heads);
         std::string best;
         float best_ms = 1e30f;
         for (auto& c : cfgs) {
@@ -111,17 +90,14 @@ int main() {
             const float ms = time_attention(run);
             const bool ok = rel < 1e-2;
             if (!ok) fails++;
-            char buf[256];
-            snprintf(buf, sizeof buf, "hd %2d n %5d b%d | %-12s | rel %.2e%s | %8.3f ms | %6.1f TFLOP/s", sh.hd, sh.n, sh.b,
-                     c.name.c_str(), rel, ok ? "" : " FAIL", ms, flops / ms / 1e9);
-            table.push_back(buf);
-            printf("%s\n", buf);
+            table.push_back(tower_row(sh, heads, 12, c.name.c_str(), rel, ms));
+            printf("%s\n", table.back().c_str());
             fflush(stdout);
             if (ok && ms < best_ms) best_ms = ms, best = c.name;
         }
         char buf[160];
         snprintf(buf, sizeof buf, "hd %2d n %5d b%d | best: %s (%.1f TFLOP/s)", sh.hd, sh.n, sh.b, best.c_str(),
-                 flops / best_ms / 1e9);
+                 tower_flops(sh, heads) / best_ms / 1e9);
         table.push_back(buf);
         free_problem(p);
     }

@@ -95,42 +95,17 @@ int main() {
         c.k<<<grid, 128 * (c.c + 1), c.smem, s>>>(mq, mk, mv, p.dout, p.width, p.dcu, scale_log2);
     };
     int fails = 0;
-    // 1. Correctness on ragged segment sets, every row (tiles partly past the segment end, one-key segments,
-    //    segments shorter than a key tile and than a query block).
-    {
-        std::vector<std::vector<int>> sets = {{1, 37, 64, 65, 127, 128, 129, 191, 192, 193, 250, 500, 1000},
-                                              {2394}, {3, 1300, 7}};
-        for (int hd : {64, 72, 96}) {
-            for (size_t si = 0; si < sets.size(); si++) {
-                Problem p = make_problem(hd, sets[si], true, 0x1234567ULL + hd * 7 + si, heads);
-                for (auto& c : cfgs) {
-                    if (c.hd != hd) continue;
-                    double rel = run_checked(p, [&]() { launch_ws(c, p, 0); });
-                    bool ok = rel < 1e-2;
-                    if (!ok) fails++;
-                    printf("ragged set %zu hd %d | %-16s | rel %.3e %s\n", si, hd, c.name.c_str(), rel, ok ? "ok" : "FAIL");
-                }
-                free_problem(p);
-            }
-        }
-    }
+    // 1. Correctness on ragged segment sets, every row.
+    fails += check_ragged({{1, 37, 64, 65, 127, 128, 129, 191, 192, 193, 250, 500, 1000}, {2394}, {3, 1300, 7}}, cfgs,
+                          heads, 16, [&](const Cfg& c, Problem& p) { launch_ws(c, p, 0); });
     // 2. The tower shapes: sampled rows checked, then timed.
-    struct Shape {
-        int hd, n, b;
-    };
-    Shape shapes[] = {{72, 2394, 1}, {72, 2394, 8}, {64, 5184, 1}, {64, 12288, 1},
-                      {64, 5184, 8}, {96, 2704, 1}, {96, 2704, 8}, {96, 1296, 6}};
     std::vector<std::string> table;
-    for (const Shape& sh : shapes) {
-        Problem p = make_problem(sh.hd, std::vector<int>(sh.b, sh.n), false, 0x9E3779B97F4A7C15ULL ^ (sh.hd * 131 + sh.n), heads);
-        const double flops = 4.0 * sh.n * (double)sh.n * sh.hd * heads * sh.b;
+    for (const TowerShape& sh : TOWER_SHAPES) {
+        Problem p = tower_problem(sh, heads);
         auto row = [&](const char* name, double rel, float ms) {
-            char buf[256];
-            snprintf(buf, sizeof buf, "hd %2d n %5d b%d | %-16s | rel %.2e%s | %8.3f ms | %6.1f TFLOP/s", sh.hd, sh.n, sh.b, name,
-                     rel, rel < 1e-2 ? "" : " FAIL", ms, flops / ms / 1e9);
             if (!(rel < 1e-2)) fails++;
-            table.push_back(buf);
-            printf("%s\n", buf);
+            table.push_back(tower_row(sh, heads, 16, name, rel, ms));
+            printf("%s\n", table.back().c_str());
             fflush(stdout);
         };
         {  // previous wgmma kernel (sw, 2 warpgroups)
