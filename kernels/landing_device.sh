@@ -90,6 +90,14 @@ step_san() {
         # and forced 8.0; then the graph tests (eager, captured, replayed) under memcheck and racecheck
         s8) san s8 TIERS="native 8.0" TESTS=gpu_ FAMILIES="" TOOLS=racecheck LIMIT=200 ;;
         s9) san s9 TIERS=native FAMILIES="" GRAPH_TESTS="glm_graph step_graph gemma_graph" TOOLS="memcheck racecheck" LIMIT=60 ;;
+        # racecheck where the tool ran the 128 GB host out of memory (sessions 25–26: gemma4's 16-bit
+        # encodes, step3p7's and gemma4's graph tests), with one cuBLASLt algorithm per GEMM shape
+        # instead of up to 16 timed candidates: far fewer NVIDIA kernels for the tool to instrument
+        # (two runs of at most 400 s: one each per call)
+        s10) san s10 GPU_CORE_GEMM_TUNING=heuristic TIERS=native FAMILIES=gemma4 PRECISIONS=f16 \
+            GRAPH_TESTS=step_graph TOOLS=racecheck LIMIT=200 ;;
+        s11) san s11 GPU_CORE_GEMM_TUNING=heuristic TIERS=native FAMILIES=gemma4 PRECISIONS=bf16 \
+            GRAPH_TESTS=gemma_graph TOOLS=racecheck LIMIT=200 ;;
         *) echo "unknown sanitizer run $r" ;;
         esac
     done
@@ -138,7 +146,7 @@ done
 echo "=== tiers"
 sed -n '/=== summary/,$p' "$OUT/tiers.log"
 grep -E "panicked|FAILED" "$OUT/tiers.log" | head -8
-for s in s1 s2 s3 s4 s5 s6 s7 s8 s9 p1 p2 p3 p4 p5; do
+for s in s1 s2 s3 s4 s5 s6 s7 s8 s9 s10 s11 p1 p2 p3 p4 p5; do
     [ -f "$OUT/$s.log" ] || continue
     echo "=== sanitizers $s"
     grep -E "^\|" "$OUT/$s.log" | grep -v -e "^|---" -e "^| tier"

@@ -18,7 +18,9 @@
 # a read of such memory shows as NaN in the rows; rows are labelled "+poison"), SKIP_LIBRARY (1: NVIDIA's
 # library kernels — cuBLASLt's nvjet, cutlass, … — run uninstrumented, so a run checks our kernels
 # only and finishes sooner; their rows then say 0 library reports by construction, and are labelled
-# "+nolib"; memcheck, initcheck and synccheck only: racecheck with the exclusion fails inside the tool,
+# "+nolib"; GPU_CORE_GEMM_TUNING (gpu-core's: `heuristic` runs one cuBLASLt algorithm per GEMM shape
+# instead of timing up to 16, so the tool instruments up to 16 times fewer NVIDIA kernels; rows are
+# labelled "+heuristic"); memcheck, initcheck and synccheck only: racecheck with the exclusion fails inside the tool,
 # "failed to handle a hardware exception", CUDA 13.0, docs/RELIABILITY.md session 24; so does the
 # inclusion, `--kernel-name`, session 25). racecheck of gemma4's encodes (bf16, f16) does not complete:
 # instrumenting cuBLASLt's nvjet GEMM kernels on its shapes takes the process to the machine's 128 GB of
@@ -46,6 +48,9 @@ sanitize() {
     [ "${GPU_CORE_POISON_ALLOC:-}" = 1 ] && prec="$prec+poison"
     # NVIDIA's kernels left out (SKIP_LIBRARY=1, below): say so
     [ "${SKIP_LIBRARY:-0}" = 1 ] && prec="$prec+nolib"
+    # cuBLASLt's first heuristic answer per GEMM shape instead of up to 16 timed candidates
+    # (gpu-core's GEMM_TUNING_ENV): one NVIDIA kernel per shape for the tool to instrument
+    [ "${GPU_CORE_GEMM_TUNING:-}" = heuristic ] && prec="$prec+heuristic"
     local base="${tool}_${label// /_}_${prec}_${tier}" extra=() t0 rc summary top ours
     [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
     # NVIDIA's library kernels (the names the attribution below calls "library") left

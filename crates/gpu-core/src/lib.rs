@@ -67,6 +67,7 @@ pub use error::{CudaError, GpuError, Result};
 pub use gemm::lt_lib::{cublaslt, LtLibrary, LtSource, CUBLASLT_SONAME};
 pub use gemm::{
     Epilogue, GemmBias, GemmInputs, GemmOutput, GemmShape, GemmTuned, GemmTuning, GEMM_CANDIDATES,
+    GEMM_TUNING_ENV,
 };
 pub use graph::{
     Capture, Graph, GraphCache, GraphKey, GraphStats, GraphStatus, Graphs, Ran, Replay,

@@ -59,6 +59,28 @@ pub enum GemmTuning {
     Measured,
 }
 
+/// The environment variable that sets [`GemmTuning`] when a [`Device`](crate::Device) opens, read
+/// once there: `heuristic` ([`GemmTuning::Heuristic`]: cuBLASLt's first answer for every shape, so
+/// every process runs the same algorithms and its device rows repeat bitwise from run to run, and
+/// each shape runs one GEMM kernel, not up to [`GEMM_CANDIDATES`]: what compute-sanitizer has to
+/// instrument, `kernels/sanitize_device.sh`) or `measured` ([`GemmTuning::Measured`], the default).
+/// Unset or empty: the default. Any other value fails the device's opening, never ignored.
+pub const GEMM_TUNING_ENV: &str = "GPU_CORE_GEMM_TUNING";
+
+/// The tuning [`GEMM_TUNING_ENV`]'s value names (unset or empty: the default), or the value, as
+/// text, when it names none.
+pub(crate) fn gemm_tuning_from(value: Option<&std::ffi::OsStr>) -> Result<GemmTuning, String> {
+    let Some(value) = value else {
+        return Ok(GemmTuning::default());
+    };
+    match value.to_str().map(str::trim) {
+        Some("") => Ok(GemmTuning::default()),
+        Some("heuristic") => Ok(GemmTuning::Heuristic),
+        Some("measured") => Ok(GemmTuning::Measured),
+        _ => Err(value.to_string_lossy().into_owned()),
+    }
+}
+
 /// How many algorithms cuBLASLt's heuristic is asked for when a shape is tuned.
 pub const GEMM_CANDIDATES: usize = 16;
 
@@ -81,4 +103,37 @@ pub struct GemmTuned {
     pub chosen_ms: f32,
     /// Index of the kept candidate in the heuristic's order (0 = its first answer).
     pub chosen: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn the_tuning_variable_names_the_two_modes_and_refuses_anything_else() {
+        assert_eq!(gemm_tuning_from(None), Ok(GemmTuning::Measured));
+        assert_eq!(
+            gemm_tuning_from(Some(OsStr::new(""))),
+            Ok(GemmTuning::Measured)
+        );
+        assert_eq!(
+            gemm_tuning_from(Some(OsStr::new(" "))),
+            Ok(GemmTuning::Measured)
+        );
+        assert_eq!(
+            gemm_tuning_from(Some(OsStr::new("heuristic"))),
+            Ok(GemmTuning::Heuristic)
+        );
+        assert_eq!(
+            gemm_tuning_from(Some(OsStr::new("measured"))),
+            Ok(GemmTuning::Measured)
+        );
+        for bad in ["Heuristic", "1", "fast", "heuristic,measured"] {
+            assert_eq!(
+                gemm_tuning_from(Some(OsStr::new(bad))),
+                Err(bad.to_string())
+            );
+        }
+    }
 }
