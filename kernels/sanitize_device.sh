@@ -18,11 +18,11 @@
 # a read of such memory shows as NaN in the rows; rows are labelled "+poison"), SKIP_LIBRARY (1: NVIDIA's
 # library kernels — cuBLASLt's nvjet, cutlass, … — run uninstrumented, so a run checks our kernels
 # only and finishes sooner; their rows then say 0 library reports by construction, and are labelled
-# "+nolib"; GPU_CORE_GEMM_TUNING (gpu-core's: `heuristic` runs one cuBLASLt algorithm per GEMM shape
-# instead of timing up to 16, so the tool instruments up to 16 times fewer NVIDIA kernels; rows are
-# labelled "+heuristic"); memcheck, initcheck and synccheck only: racecheck with the exclusion fails inside the tool,
+# "+nolib"; memcheck, initcheck and synccheck only: racecheck with the exclusion fails inside the tool,
 # "failed to handle a hardware exception", CUDA 13.0, docs/RELIABILITY.md session 24; so does the
-# inclusion, `--kernel-name`, session 25). racecheck of gemma4's encodes (bf16, f16) does not complete:
+# inclusion, `--kernel-name`, session 25), GPU_CORE_GEMM_TUNING (gpu-core's: `heuristic` runs one
+# cuBLASLt algorithm per GEMM shape instead of timing up to 16, so the tool instruments up to 16 times
+# fewer NVIDIA kernels; rows are labelled "+heuristic"). racecheck of gemma4's encodes (bf16, f16) does not complete:
 # instrumenting cuBLASLt's nvjet GEMM kernels on its shapes takes the process to the machine's 128 GB of
 # host memory and the OOM killer ends it (its row then says "killed"; docs/RELIABILITY.md session 25).
 set -uo pipefail

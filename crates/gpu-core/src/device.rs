@@ -285,17 +285,6 @@ impl Device {
             )));
         }
         probe(ordinal)?;
-        // before a context is made (a machine without CUDA stays `NoDevice`); a value that names no
-        // tuning is an error, never ignored
-        let tuning = crate::gemm::gemm_tuning_from(
-            std::env::var_os(crate::gemm::GEMM_TUNING_ENV).as_deref(),
-        )
-        .map_err(|v| {
-            GpuError::Unusable(format!(
-                "{}={v:?}: expected `heuristic` or `measured` (or unset)",
-                crate::gemm::GEMM_TUNING_ENV
-            ))
-        })?;
         let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal)).map_err(|_| {
             GpuError::Unusable(format!(
                 "the CUDA driver panicked while creating a context on device {ordinal}"
@@ -402,7 +391,7 @@ impl Device {
             funcs.push(Some(f));
         }
         let lt = crate::gemm::lt_cache::Lt::new(&stream)?;
-        let device = Device {
+        Ok(Device {
             ctx,
             stream,
             release,
@@ -414,9 +403,7 @@ impl Device {
             lt,
             prof: crate::profile::Recorder::default(),
             poison_alloc: options.poisons(),
-        };
-        device.set_gemm_tuning(tuning);
-        Ok(device)
+        })
     }
 
     /// Where each loaded module's code came from (modules this device cannot load are absent):

@@ -12,7 +12,9 @@ use cudarc::cublaslt::sys;
 use super::lt_lib as lt;
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use super::shape::{Epilogue, GemmShape, GemmTuned, GemmTuning, GEMM_CANDIDATES};
+use super::shape::{
+    gemm_tuning_from, Epilogue, GemmShape, GemmTuned, GemmTuning, GEMM_CANDIDATES, GEMM_TUNING_ENV,
+};
 use crate::error::{GpuError, Result};
 
 /// An operand's element type.
@@ -114,7 +116,15 @@ impl Drop for Lt {
 pub(super) const WORKSPACE_BYTES: usize = 32 << 20;
 
 impl Lt {
+    /// A handle, its workspace and an empty plan cache tuned as [`GEMM_TUNING_ENV`] asks (a value
+    /// that names no tuning is an error, never ignored).
     pub(crate) fn new(stream: &Arc<CudaStream>) -> Result<Self> {
+        let tuning =
+            gemm_tuning_from(std::env::var_os(GEMM_TUNING_ENV).as_deref()).map_err(|v| {
+                GpuError::Unusable(format!(
+                    "{GEMM_TUNING_ENV}={v:?}: expected `heuristic` or `measured` (or unset)"
+                ))
+            })?;
         let handle = lt::create_handle()?;
         // SAFETY: u8 workspace, contents irrelevant.
         let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }
@@ -123,7 +133,10 @@ impl Lt {
             handle,
             workspace,
             stream: stream.clone(),
-            plans: Mutex::new(Plans::default()),
+            plans: Mutex::new(Plans {
+                tuning,
+                ..Plans::default()
+            }),
         })
     }
 }

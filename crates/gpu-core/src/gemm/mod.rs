@@ -20,7 +20,6 @@ mod shape;
 use lt_lib as lt;
 
 use lt_cache::{set_desc, Dtype, Plan, PlanKey, WORKSPACE_BYTES};
-pub(crate) use shape::gemm_tuning_from;
 pub use shape::{Epilogue, GemmShape, GemmTuned, GemmTuning, GEMM_CANDIDATES, GEMM_TUNING_ENV};
 
 /// GEMM inputs: `x` and `W` share a dtype.

@@ -112,23 +112,19 @@ mod tests {
 
     #[test]
     fn the_tuning_variable_names_the_two_modes_and_refuses_anything_else() {
-        assert_eq!(gemm_tuning_from(None), Ok(GemmTuning::Measured));
-        assert_eq!(
-            gemm_tuning_from(Some(OsStr::new(""))),
-            Ok(GemmTuning::Measured)
-        );
-        assert_eq!(
-            gemm_tuning_from(Some(OsStr::new(" "))),
-            Ok(GemmTuning::Measured)
-        );
-        assert_eq!(
-            gemm_tuning_from(Some(OsStr::new("heuristic"))),
-            Ok(GemmTuning::Heuristic)
-        );
-        assert_eq!(
-            gemm_tuning_from(Some(OsStr::new("measured"))),
-            Ok(GemmTuning::Measured)
-        );
+        for (value, want) in [
+            (None, GemmTuning::Measured),
+            (Some(""), GemmTuning::Measured),
+            (Some(" "), GemmTuning::Measured),
+            (Some("heuristic"), GemmTuning::Heuristic),
+            (Some("measured"), GemmTuning::Measured),
+        ] {
+            assert_eq!(
+                gemm_tuning_from(value.map(OsStr::new)),
+                Ok(want),
+                "{value:?}"
+            );
+        }
         for bad in ["Heuristic", "1", "fast", "heuristic,measured"] {
             assert_eq!(
                 gemm_tuning_from(Some(OsStr::new(bad))),
