@@ -1,4 +1,5 @@
-// Activations, gated and plain, on GEMM outputs (f32, bf16 or f16, in = out dtype); math in f32.
+// Activations, gated and plain, on GEMM outputs (f32, bf16 or f16, in = out dtype); math in f32, exact for
+// f32 data, quick_gelu and SiLU through the SFU for bf16 / f16 data (act_math.cuh, act_apply_for).
 // Entry points: gated_act_{f32,bf16,f16}, act_{f32,bf16,f16}, cast_f32_{bf16,f16}. Mode numbers match
 // gpu_core::Activation.
 #include "common.cuh"
@@ -11,9 +12,9 @@
 #define ACT_THREADS 256
 #define ACT_UNROLL 2
 
-template <int MODE>
+template <typename T, int MODE>
 __device__ __forceinline__ float act_fixed(float x) {
-    return act_apply(MODE, x);  // MODE is a constant: the switch folds away
+    return act_apply_for<T>(MODE, x);  // MODE is a constant: the switch folds away
 }
 
 // out[r, c] = clamp(act(clamp(min(g, glim), g_lo, g_hi)) * clamp(u, u_lo, u_hi), o_lo, o_hi)
@@ -50,7 +51,7 @@ __device__ __forceinline__ void gated_act_vec(T* __restrict__ out, const T* __re
             for (int e = 0; e < N; ++e) {
                 const float a = clampf(min_keep_nan(g[k][e], glim), g_lo, g_hi);
                 const float b = clampf(u[k][e], u_lo, u_hi);
-                o[e] = clampf(act_fixed<MODE>(a) * b, o_lo, o_hi);
+                o[e] = clampf(act_fixed<T, MODE>(a) * b, o_lo, o_hi);
             }
             store_vec16(out + ro[k] * ldo + co[k], o);
         }
@@ -69,7 +70,7 @@ __device__ __forceinline__ void gated_act_scalar(T* __restrict__ out, const T* _
         long long c = i - r * cols;
         float g = clampf(min_keep_nan(load_in(gate + r * ldg + c), glim), g_lo, g_hi);
         float u = clampf(load_in(up + r * ldu + c), u_lo, u_hi);
-        store_out(out + r * ldo + c, clampf(act_apply(mode, g) * u, o_lo, o_hi));
+        store_out(out + r * ldo + c, clampf(act_apply_for<T>(mode, g) * u, o_lo, o_hi));
     }
 }
 
@@ -124,7 +125,7 @@ __device__ __forceinline__ void act_vec(T* out, const T* x, long long rows, int 
         if (first + k * ACT_THREADS < total) {
             float o[N];
 #pragma unroll
-            for (int e = 0; e < N; ++e) o[e] = clampf(act_fixed<MODE>(clampf(v[k][e], i_lo, i_hi)), o_lo, o_hi);
+            for (int e = 0; e < N; ++e) o[e] = clampf(act_fixed<T, MODE>(clampf(v[k][e], i_lo, i_hi)), o_lo, o_hi);
             store_vec16(out + ro[k] * ldo + co[k], o);
         }
     }
@@ -140,7 +141,7 @@ __device__ __forceinline__ void act_scalar(T* out, const T* x, long long rows, i
         long long r = i / cols;
         long long c = i - r * cols;
         float v = clampf(load_in(x + r * ldx + c), i_lo, i_hi);
-        store_out(out + r * ldo + c, clampf(act_apply(mode, v), o_lo, o_hi));
+        store_out(out + r * ldo + c, clampf(act_apply_for<T>(mode, v), o_lo, o_hi));
     }
 }
 
