@@ -1,7 +1,8 @@
 // Row norms and residual updates. The residual stream and all statistics are f32.
 // Entry points: rms_norm_{f32,bf16,f16}, layer_norm_{f32,bf16,f16} (suffix = output dtype),
-// residual_add_f32, residual_rms_add_f32 (next pre-norm in bf16) and residual_rms_add_f32_f16 (in f16).
-// See kernels/README.md.
+// residual_add_f32, residual_rms_add_f32 (next pre-norm in bf16) and residual_rms_add_f32_f16 (in f16);
+// each row kernel also as `<name>_w9` and `<name>_w12` (one warp per row, the vector path, 9 or 12 chunks per
+// lane: the registers a row needs and no more). See kernels/README.md.
 #include "common.cuh"
 
 // Row kernels (rms_norm, layer_norm, residual_rms_add): a row is owned by a group of `rw` warps
@@ -11,11 +12,21 @@
 // columns (i·T + t)·4 for i < NORM_NV, so one pass reads the row once, reductions are shuffles (+ one
 // shared-memory step when rw > 1), and the output is written once. Capacity: 32·rw·NORM_NV·4 columns
 // (1536 per warp; 12288 = MAX_NORM_WIDTH with rw = 8).
+// One-warp entries (`_w9`, `_w12`; the host picks them where rw = 1 and VEC holds): NV = 9 or 12 chunks per lane
+// (h <= 1152 or 1536), VEC fixed at compile time, no shared-memory step, idle rows leave at once. The registers
+// follow NV: gemma4's 1152-wide residual_rms_add drops from 182 to 104 per thread, 24 -> 19 us per launch at
+// batch 1 and 135 -> 107 us at batch 8 on an H100 (docs/PERF.md v0.24).
 // VEC (host-chosen): 16-byte loads of x / y and 16-byte (f32) or 8-byte (bf16, f16) stores; needs h, the
 // strides and the offsets multiple of 4 elements and aligned base pointers. Otherwise the same chunks
 // are read and written one element at a time (any width, stride and offset).
 #define NORM_NV 12
 #define NORM_THREADS 256
+// Block size of the one-warp entries: one row per block, so the registers alone bound the rows per SM.
+#define NORM_ONE_WARP_THREADS 32
+// residual_rms_add's 9-chunk entry in at most 104 registers (105-118 unbounded, no spill at 104): 19 rows per SM
+// of 65 536 registers. Measured on an H100 (docs/PERF.md v0.24), the fastest bound without spills at batch 1 and 8;
+// 96 (spilling) is 2 us faster at 2 394 rows and 7 us slower at 19 152.
+#define RESIDUAL_W9_MAX_REGS 104
 
 // Sum over the row group. All threads of the block call it (rw is uniform); red holds one float per
 // warp of the block (at most 8).
@@ -56,11 +67,11 @@ __device__ __forceinline__ void load_chunk4(const float* __restrict__ r, int j, 
 
 // Sum of squares (SQ) or plain sum of the thread's chunks; four interleaved accumulators keep the f32
 // rounding of a 1536-column row near that of a tree.
-template <bool SQ>
-__device__ __forceinline__ float chunk_sum(const float (&v)[NORM_NV][4]) {
+template <bool SQ, int NV>
+__device__ __forceinline__ float chunk_sum(const float (&v)[NV][4]) {
     float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int i = 0; i < NORM_NV; ++i)
+    for (int i = 0; i < NV; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) a[e] += SQ ? v[i][e] * v[i][e] : v[i][e];
     return (a[0] + a[1]) + (a[2] + a[3]);
@@ -107,20 +118,21 @@ __device__ __forceinline__ RowSlot row_slot(int rows, int rw) {
 }
 
 // y[r, :] = clamp(x[r, :] * rsqrt(mean(x^2) + eps) * (w ? w : 1), lo, hi)
-template <bool VEC, typename OutT>
+template <int NV, bool VEC, bool ONE, typename OutT>
 __device__ __forceinline__ void rms_norm_rows(const float* __restrict__ x, const float* __restrict__ w,
                                               OutT* __restrict__ y, int rows, int h, long long ldx, long long ldy,
                                               float eps, float lo, float hi, int rw, float* red) {
-    const RowSlot rs = row_slot(rows, rw);
+    const RowSlot rs = row_slot(rows, ONE ? 1 : rw);
+    if (ONE && !rs.valid) return;  // one warp per row: no barrier to join
     const int hv = rs.valid ? h : 0;  // an idle slot loads and stores nothing but joins the barriers
     const float* xr = x + (rs.valid ? rs.row * ldx : 0);
     OutT* yr = y + (rs.valid ? rs.row * ldy : 0);
-    float v[NORM_NV][4];
+    float v[NV][4];
 #pragma unroll
-    for (int i = 0; i < NORM_NV; ++i) load_chunk4<VEC, false>(xr, (i * rs.T + rs.t) * 4, hv, 0.0f, 0.0f, v[i]);
-    const float inv = rsqrtf(group_sum(chunk_sum<true>(v), red, rw) / (float)h + eps);
+    for (int i = 0; i < NV; ++i) load_chunk4<VEC, false>(xr, (i * rs.T + rs.t) * 4, hv, 0.0f, 0.0f, v[i]);
+    const float inv = rsqrtf(group_sum(chunk_sum<true>(v), red, ONE ? 1 : rw) / (float)h + eps);
 #pragma unroll
-    for (int i = 0; i < NORM_NV; ++i) {
+    for (int i = 0; i < NV; ++i) {
         const int j = (i * rs.T + rs.t) * 4;
         if (j < hv) {
             float wv[4], o[4];
@@ -141,36 +153,45 @@ __device__ __forceinline__ void rms_norm_rows(const float* __restrict__ x, const
         NAME(const float* __restrict__ x, const float* __restrict__ w, OutT* __restrict__ y, int rows, int h,   \
              long long ldx, long long ldy, float eps, float lo, float hi, int rw, int vec) {                    \
         __shared__ float red[NORM_THREADS / 32];                                                                \
-        if (vec) rms_norm_rows<true, OutT>(x, w, y, rows, h, ldx, ldy, eps, lo, hi, rw, red);                   \
-        else rms_norm_rows<false, OutT>(x, w, y, rows, h, ldx, ldy, eps, lo, hi, rw, red);                      \
+        if (vec) rms_norm_rows<NORM_NV, true, false, OutT>(x, w, y, rows, h, ldx, ldy, eps, lo, hi, rw, red);   \
+        else rms_norm_rows<NORM_NV, false, false, OutT>(x, w, y, rows, h, ldx, ldy, eps, lo, hi, rw, red);      \
+    }                                                                                                           \
+    RMS_NORM_ONE_WARP(OutT, NAME##_w9, 9)                                                                       \
+    RMS_NORM_ONE_WARP(OutT, NAME##_w12, 12)
+#define RMS_NORM_ONE_WARP(OutT, NAME, NV)                                                                       \
+    extern "C" __global__ void __launch_bounds__(NORM_ONE_WARP_THREADS)                                         \
+        NAME(const float* __restrict__ x, const float* __restrict__ w, OutT* __restrict__ y, int rows, int h,   \
+             long long ldx, long long ldy, float eps, float lo, float hi, int rw, int vec) {                    \
+        rms_norm_rows<NV, true, true, OutT>(x, w, y, rows, h, ldx, ldy, eps, lo, hi, 1, nullptr);               \
     }
 RMS_NORM_ENTRY(float, rms_norm_f32)
 RMS_NORM_ENTRY(bf16, rms_norm_bf16)
 RMS_NORM_ENTRY(f16, rms_norm_f16)
 
 // Two-pass LayerNorm from registers: mean, then mean of squared deviations (biased).
-template <bool VEC, typename OutT>
+template <int NV, bool VEC, bool ONE, typename OutT>
 __device__ __forceinline__ void layer_norm_rows(const float* __restrict__ x, const float* __restrict__ w,
                                                 const float* __restrict__ b, OutT* __restrict__ y, int rows, int h,
                                                 long long ldx, long long ldy, float eps, int rw, float* red) {
-    const RowSlot rs = row_slot(rows, rw);
+    const RowSlot rs = row_slot(rows, ONE ? 1 : rw);
+    if (ONE && !rs.valid) return;  // one warp per row: no barrier to join
     const int hv = rs.valid ? h : 0;
     const float* xr = x + (rs.valid ? rs.row * ldx : 0);
     OutT* yr = y + (rs.valid ? rs.row * ldy : 0);
-    float v[NORM_NV][4];
+    float v[NV][4];
 #pragma unroll
-    for (int i = 0; i < NORM_NV; ++i) load_chunk4<VEC, false>(xr, (i * rs.T + rs.t) * 4, hv, 0.0f, 0.0f, v[i]);
-    const float mean = group_sum(chunk_sum<false>(v), red, rw) / (float)h;
-    float d[NORM_NV][4];  // deviations; padding columns are not part of the row
+    for (int i = 0; i < NV; ++i) load_chunk4<VEC, false>(xr, (i * rs.T + rs.t) * 4, hv, 0.0f, 0.0f, v[i]);
+    const float mean = group_sum(chunk_sum<false>(v), red, ONE ? 1 : rw) / (float)h;
+    float d[NV][4];  // deviations; padding columns are not part of the row
 #pragma unroll
-    for (int i = 0; i < NORM_NV; ++i) {
+    for (int i = 0; i < NV; ++i) {
         const int j = (i * rs.T + rs.t) * 4;
 #pragma unroll
         for (int e = 0; e < 4; ++e) d[i][e] = j + e < hv ? v[i][e] - mean : 0.0f;
     }
-    const float inv = rsqrtf(group_sum(chunk_sum<true>(d), red, rw) / (float)h + eps);
+    const float inv = rsqrtf(group_sum(chunk_sum<true>(d), red, ONE ? 1 : rw) / (float)h + eps);
 #pragma unroll
-    for (int i = 0; i < NORM_NV; ++i) {
+    for (int i = 0; i < NV; ++i) {
         const int j = (i * rs.T + rs.t) * 4;
         if (j < hv) {
             float wv[4], bv[4], o[4];
@@ -193,8 +214,16 @@ __device__ __forceinline__ void layer_norm_rows(const float* __restrict__ x, con
         NAME(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,            \
              OutT* __restrict__ y, int rows, int h, long long ldx, long long ldy, float eps, int rw, int vec) { \
         __shared__ float red[NORM_THREADS / 32];                                                               \
-        if (vec) layer_norm_rows<true, OutT>(x, w, b, y, rows, h, ldx, ldy, eps, rw, red);                     \
-        else layer_norm_rows<false, OutT>(x, w, b, y, rows, h, ldx, ldy, eps, rw, red);                        \
+        if (vec) layer_norm_rows<NORM_NV, true, false, OutT>(x, w, b, y, rows, h, ldx, ldy, eps, rw, red);     \
+        else layer_norm_rows<NORM_NV, false, false, OutT>(x, w, b, y, rows, h, ldx, ldy, eps, rw, red);        \
+    }                                                                                                          \
+    LAYER_NORM_ONE_WARP(OutT, NAME##_w9, 9)                                                                    \
+    LAYER_NORM_ONE_WARP(OutT, NAME##_w12, 12)
+#define LAYER_NORM_ONE_WARP(OutT, NAME, NV)                                                                    \
+    extern "C" __global__ void __launch_bounds__(NORM_ONE_WARP_THREADS)                                        \
+        NAME(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,            \
+             OutT* __restrict__ y, int rows, int h, long long ldx, long long ldy, float eps, int rw, int vec) { \
+        layer_norm_rows<NV, true, true, OutT>(x, w, b, y, rows, h, ldx, ldy, eps, 1, nullptr);                 \
     }
 LAYER_NORM_ENTRY(float, layer_norm_f32)
 LAYER_NORM_ENTRY(bf16, layer_norm_bf16)
@@ -227,26 +256,27 @@ extern "C" __global__ void residual_add_f32(float* __restrict__ x, const float* 
 // Gemma sandwich: x[r] += rms(clamp(y[r]))·w_post; then, if next_out is non-null,
 // next_out[r] = rms(x[r])·next_w (the following pre-norm in NextT, bf16 or f16, feeding the next GEMM).
 // Row-group layout as above; x and next_out are dense [rows, h].
-template <bool VEC, typename NextT>
+template <int NV, bool VEC, bool ONE, typename NextT>
 __device__ __forceinline__ void residual_rms_add_rows(float* __restrict__ x, const float* __restrict__ y,
                                                       const float* __restrict__ w_post, int rows, int h,
                                                       long long ldy, float eps, float lo, float hi,
                                                       const float* __restrict__ next_w, NextT* __restrict__ next_out,
                                                       float next_eps, int rw, float* red) {
-    const RowSlot rs = row_slot(rows, rw);
+    const RowSlot rs = row_slot(rows, ONE ? 1 : rw);
+    if (ONE && !rs.valid) return;  // one warp per row: no barrier to join
     const int hv = rs.valid ? h : 0;
     const float* yr = y + (rs.valid ? rs.row * ldy : 0);
     float* xr = x + (rs.valid ? rs.row * h : 0);
-    float yv[NORM_NV][4], xv[NORM_NV][4];
+    float yv[NV][4], xv[NV][4];
 #pragma unroll
-    for (int i = 0; i < NORM_NV; ++i) {
+    for (int i = 0; i < NV; ++i) {
         const int j = (i * rs.T + rs.t) * 4;
         load_chunk4<VEC, true>(yr, j, hv, lo, hi, yv[i]);
         load_chunk4<VEC, false>(xr, j, hv, 0.0f, 0.0f, xv[i]);
     }
-    const float inv = rsqrtf(group_sum(chunk_sum<true>(yv), red, rw) / (float)h + eps);
+    const float inv = rsqrtf(group_sum(chunk_sum<true>(yv), red, ONE ? 1 : rw) / (float)h + eps);
 #pragma unroll
-    for (int i = 0; i < NORM_NV; ++i) {
+    for (int i = 0; i < NV; ++i) {
         const int j = (i * rs.T + rs.t) * 4;
         if (j < hv) {
             float wv[4];
@@ -261,10 +291,10 @@ __device__ __forceinline__ void residual_rms_add_rows(float* __restrict__ x, con
         }
     }
     if (next_out == nullptr) return;  // uniform across the block
-    const float inv2 = rsqrtf(group_sum(chunk_sum<true>(xv), red, rw) / (float)h + next_eps);
+    const float inv2 = rsqrtf(group_sum(chunk_sum<true>(xv), red, ONE ? 1 : rw) / (float)h + next_eps);
     NextT* o = next_out + (rs.valid ? rs.row * h : 0);
 #pragma unroll
-    for (int i = 0; i < NORM_NV; ++i) {
+    for (int i = 0; i < NV; ++i) {
         const int j = (i * rs.T + rs.t) * 4;
         if (j < hv) {
             float wv[4], ov[4];
@@ -287,11 +317,21 @@ __device__ __forceinline__ void residual_rms_add_rows(float* __restrict__ x, con
              NextT* __restrict__ next_out, float next_eps, int rw, int vec) {                                      \
         __shared__ float red[NORM_THREADS / 32];                                                                  \
         if (vec)                                                                                                  \
-            residual_rms_add_rows<true, NextT>(x, y, w_post, rows, h, ldy, eps, lo, hi, next_w, next_out,        \
-                                               next_eps, rw, red);                                                \
+            residual_rms_add_rows<NORM_NV, true, false, NextT>(x, y, w_post, rows, h, ldy, eps, lo, hi, next_w,  \
+                                                               next_out, next_eps, rw, red);                      \
         else                                                                                                      \
-            residual_rms_add_rows<false, NextT>(x, y, w_post, rows, h, ldy, eps, lo, hi, next_w, next_out,       \
-                                                next_eps, rw, red);                                               \
+            residual_rms_add_rows<NORM_NV, false, false, NextT>(x, y, w_post, rows, h, ldy, eps, lo, hi, next_w, \
+                                                                next_out, next_eps, rw, red);                     \
+    }                                                                                                             \
+    RESIDUAL_RMS_ADD_ONE_WARP(NextT, NAME##_w9, 9, __maxnreg__(RESIDUAL_W9_MAX_REGS))                             \
+    RESIDUAL_RMS_ADD_ONE_WARP(NextT, NAME##_w12, 12, __launch_bounds__(NORM_ONE_WARP_THREADS))
+#define RESIDUAL_RMS_ADD_ONE_WARP(NextT, NAME, NV, BOUNDS)                                                        \
+    extern "C" __global__ void BOUNDS                                                                             \
+        NAME(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w_post, int rows, int h, \
+             long long ldy, float eps, float lo, float hi, const float* __restrict__ next_w,                      \
+             NextT* __restrict__ next_out, float next_eps, int rw, int vec) {                                      \
+        residual_rms_add_rows<NV, true, true, NextT>(x, y, w_post, rows, h, ldy, eps, lo, hi, next_w, next_out,   \
+                                                     next_eps, 1, nullptr);                                       \
     }
 RESIDUAL_RMS_ADD_ENTRY(bf16, residual_rms_add_f32)
 RESIDUAL_RMS_ADD_ENTRY(f16, residual_rms_add_f32_f16)

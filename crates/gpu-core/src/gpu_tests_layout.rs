@@ -169,6 +169,171 @@ fn norm_layouts_match_host() {
 
 /// gated_act / act on the vector path and on the element-wise fallback: f32 dense (vector), bf16
 /// widths and offsets that are not multiples of 8 (fallback), one chunk per row, strided outputs.
+/// The one-warp entries (`*_w9`, `*_w12`: dense aligned rows up to 1536 wide) against the generic
+/// entries' element-wise path (the same rows at an odd offset and stride): the same arithmetic in the
+/// same order, so bitwise equal outputs, for rms_norm, layer_norm and residual_rms_add with its next
+/// pre-norm, in f32, bf16 and f16, at widths with full and partial last chunks on both entries
+/// (1152 and 1536 the towers' widths) and with more rows than one wave of the SMs holds.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn one_warp_norm_entries_equal_the_generic_bitwise() {
+    let d = dev();
+    let mut r = Rng::new(29);
+    for (rows, h) in [
+        (3usize, 72usize),
+        (41, 1100),
+        (2394, 1152),
+        (5, 1156),
+        (300, 1536),
+    ] {
+        let (ld, o) = (h + 1, 1);
+        let xs: Vec<f32> = r.vec(o + rows * ld, 3.0).iter().map(|v| v + 0.4).collect();
+        let x = gather(&xs, rows, h, ld, o);
+        let (w, b) = (r.vec(h, 1.5), r.vec(h, 0.5));
+        let (xs_d, x_d, wd, bd) = (
+            d.upload(&xs).unwrap(),
+            d.upload(&x).unwrap(),
+            d.upload(&w).unwrap(),
+            d.upload(&b).unwrap(),
+        );
+        let (dense, odd) = (Mat::dense(rows, h), Mat::strided(rows, h, ld, o));
+        let tag = format!("{rows}x{h}");
+        fn same(what: &str, a: &[f32], b: &[f32]) {
+            let bad = a
+                .iter()
+                .zip(b)
+                .filter(|(p, q)| p.to_bits() != q.to_bits())
+                .count();
+            assert_eq!(bad, 0, "{what}: {bad} of {} values differ", a.len());
+        }
+        // rms_norm and layer_norm into f32 and bf16 (f16 shares the bf16 entries' template)
+        let mut one = d.alloc::<f32>(rows * h).unwrap();
+        let mut gen = d.alloc::<f32>(o + rows * ld).unwrap();
+        let mut one_b = d.alloc::<bf16>(rows * h).unwrap();
+        let mut gen_b = d.alloc::<bf16>(o + rows * ld).unwrap();
+        // the strided outputs' gaps are never written: NaN, so that initcheck sees them initialised
+        d.fill(&mut gen, f32::NAN).unwrap();
+        d.fill(&mut gen_b, bf16::NAN).unwrap();
+        let clamp = Clamp::new(-2.0, 2.5);
+        d.rms_norm(&x_d, dense, Some(&wd), &mut one, dense, 1e-6, clamp)
+            .unwrap();
+        d.rms_norm(&xs_d, odd, Some(&wd), &mut gen, odd, 1e-6, clamp)
+            .unwrap();
+        let g = d.download(&gen).unwrap();
+        same(
+            &format!("rms_norm f32 {tag}"),
+            &d.download(&one).unwrap(),
+            &gather(&g, rows, h, ld, o),
+        );
+        d.rms_norm(&x_d, dense, None, &mut one_b, dense, 1e-5, Clamp::NONE)
+            .unwrap();
+        d.rms_norm(&xs_d, odd, None, &mut gen_b, odd, 1e-5, Clamp::NONE)
+            .unwrap();
+        let g = from_bf(&d.download(&gen_b).unwrap());
+        same(
+            &format!("rms_norm bf16 {tag}"),
+            &from_bf(&d.download(&one_b).unwrap()),
+            &gather(&g, rows, h, ld, o),
+        );
+        d.layer_norm(&x_d, dense, Some(&wd), Some(&bd), &mut one, dense, 1e-5)
+            .unwrap();
+        d.layer_norm(&xs_d, odd, Some(&wd), Some(&bd), &mut gen, odd, 1e-5)
+            .unwrap();
+        let g = d.download(&gen).unwrap();
+        same(
+            &format!("layer_norm f32 {tag}"),
+            &d.download(&one).unwrap(),
+            &gather(&g, rows, h, ld, o),
+        );
+        d.layer_norm(&x_d, dense, Some(&wd), None, &mut one_b, dense, 1e-5)
+            .unwrap();
+        d.layer_norm(&xs_d, odd, Some(&wd), None, &mut gen_b, odd, 1e-5)
+            .unwrap();
+        let g = from_bf(&d.download(&gen_b).unwrap());
+        same(
+            &format!("layer_norm bf16 {tag}"),
+            &from_bf(&d.download(&one_b).unwrap()),
+            &gather(&g, rows, h, ld, o),
+        );
+        // residual_rms_add: y dense (one-warp entry) or at the odd stride (generic, element-wise)
+        let ys: Vec<f32> = r.vec(o + rows * ld, 2.0);
+        let y = gather(&ys, rows, h, ld, o);
+        let (ys_d, y_d) = (d.upload(&ys).unwrap(), d.upload(&y).unwrap());
+        let mut xa = d.upload(&x).unwrap();
+        let mut xb = d.upload(&x).unwrap();
+        let (mut na, mut nb) = (
+            d.alloc::<bf16>(rows * h).unwrap(),
+            d.alloc::<bf16>(rows * h).unwrap(),
+        );
+        let c = Clamp::new(-1.5, 1.75);
+        d.residual_rms_add(
+            &mut xa,
+            &y_d,
+            dense,
+            Some(&wd),
+            1e-6,
+            c,
+            Some((Some(&bd), &mut na, 1e-6)),
+        )
+        .unwrap();
+        d.residual_rms_add(
+            &mut xb,
+            &ys_d,
+            odd,
+            Some(&wd),
+            1e-6,
+            c,
+            Some((Some(&bd), &mut nb, 1e-6)),
+        )
+        .unwrap();
+        same(
+            &format!("residual_rms_add x {tag}"),
+            &d.download(&xa).unwrap(),
+            &d.download(&xb).unwrap(),
+        );
+        same(
+            &format!("residual_rms_add next bf16 {tag}"),
+            &from_bf(&d.download(&na).unwrap()),
+            &from_bf(&d.download(&nb).unwrap()),
+        );
+        let (mut fa, mut fb) = (
+            d.alloc::<f16>(rows * h).unwrap(),
+            d.alloc::<f16>(rows * h).unwrap(),
+        );
+        d.residual_rms_add_f16(
+            &mut xa,
+            &y_d,
+            dense,
+            None,
+            1e-6,
+            c,
+            Some((None, &mut fa, 1e-6)),
+        )
+        .unwrap();
+        d.residual_rms_add_f16(
+            &mut xb,
+            &ys_d,
+            odd,
+            None,
+            1e-6,
+            c,
+            Some((None, &mut fb, 1e-6)),
+        )
+        .unwrap();
+        same(
+            &format!("residual_rms_add_f16 x {tag}"),
+            &d.download(&xa).unwrap(),
+            &d.download(&xb).unwrap(),
+        );
+        let (fa, fb) = (d.download(&fa).unwrap(), d.download(&fb).unwrap());
+        same(
+            &format!("residual_rms_add_f16 next {tag}"),
+            &fa.iter().map(|v| v.to_f32()).collect::<Vec<_>>(),
+            &fb.iter().map(|v| v.to_f32()).collect::<Vec<_>>(),
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn activation_layouts_match_host() {
