@@ -8,6 +8,8 @@
 //             load sequence to the stores; norm, clamp and rope pairs inside the thread; only the token's cos/sin
 //             table in shared memory (one barrier). The same arithmetic in the same order as the staged entry.
 //   packed    per-head with the head kept as packed bf16 words (half the registers), unpacked where used
+//   lanes16   16 lanes per head, one 16-byte chunk each (coalesced as the staged entry), partners and chunk sums
+//             by shuffles instead of shared memory, one block per token
 // Every variant's output must equal the staged entry's bitwise (in place on a fresh copy of the same qkv).
 // Timed as 64 launches between two events (per-launch mean, median of 15 runs), "cold" rotating over buffer
 // sets of > 200 MB together, "hot" on one set; beside them a copy of the same bytes (read and write the parts).
@@ -204,6 +206,100 @@ __global__ void __launch_bounds__(256) qkr_per_head_packed(bf16* __restrict__ qk
     for (int c = 0; c < CPH; ++c) base[c] = make_uint4(q[c * 4], q[c * 4 + 1], q[c * 4 + 2], q[c * 4 + 3]);
 }
 
+// Sixteen lanes per (token, part, head), lane c owning the head's 16-byte chunk c (c < hd/8; the rest idle): loads
+// and stores coalesced as in the staged entry, but the chunk sums and the rope partners travel by shuffles within
+// the 16 lanes instead of through shared memory, and the chunk sums are added in chunk order (the staged entry's
+// order). One block per token (parts·heads·16 threads): its cos / sin table in shared memory behind one barrier.
+template <int HD, int LAYOUT>
+__global__ void __launch_bounds__(1024) qkr_lanes16(bf16* __restrict__ qkv, long long n, int heads, long long ld,
+                                                    long long q_off, long long k_off, long long v_off,
+                                                    const int* __restrict__ pos, const float* __restrict__ inv_freq,
+                                                    int first_axis, int flags, const float* __restrict__ q_w,
+                                                    const float* __restrict__ k_w, float eps, float q_lo, float q_hi,
+                                                    float k_lo, float k_hi, float v_lo, float v_hi, int active) {
+    constexpr int VW = 8, CPH = HD / VW, HALF = HD / 2, Q4 = HD / 4;
+    constexpr int D = LAYOUT == ROPE_GEMMA_HALVES ? Q4 : HALF;  // partner distance (first -> second)
+    constexpr int DC = D / VW, DE = D % VW;
+    static_assert(CPH <= 16, "one chunk per lane of 16");
+    __shared__ float cs_s[HALF], sn_s[HALF];
+    const long long tok = blockIdx.x;
+    const bool rope_any = (flags & F_ROPE) != 0;
+    if (rope_any) {
+        const int px = pos[tok * 2], py = pos[tok * 2 + 1];
+        const int pa = first_axis == 0 ? px : py, pb = first_axis == 0 ? py : px;
+        for (int p = threadIdx.x; p < HALF; p += blockDim.x) {
+            const int axis = p < Q4 ? 0 : 1;
+            const int f = p - axis * Q4;
+            const float ang = (float)(axis == 0 ? pa : pb) * inv_freq[f];
+            float s_, c_;
+            sincosf(ang, &s_, &c_);
+            cs_s[p] = c_;
+            sn_s[p] = s_;
+        }
+        __syncthreads();
+    }
+    const int unit = threadIdx.x >> 4, c = threadIdx.x & 15;
+    const int head = unit % heads;
+    const int which = qkr_part(active, unit / heads);
+    const bool norm = ((flags >> which) & 1) != 0;
+    const bool rope = rope_any && which < 2;
+    const float lo = which == 0 ? q_lo : (which == 1 ? k_lo : v_lo);
+    const float hi = which == 0 ? q_hi : (which == 1 ? k_hi : v_hi);
+    const float* w = norm ? (which == 0 ? q_w : (which == 1 ? k_w : nullptr)) : nullptr;
+    const long long off = which == 0 ? q_off : (which == 1 ? k_off : v_off);
+    bf16* hb = qkv + tok * ld + off + (long long)head * HD;
+    const bool mine = c < CPH;
+    float r[VW];
+    if (mine) {
+        load_vec16(hb + c * VW, r);
+    } else {
+#pragma unroll
+        for (int e = 0; e < VW; ++e) r[e] = 0.0f;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < VW; ++e) {
+        r[e] = clampf(r[e], lo, hi);
+        ss += r[e] * r[e];
+    }
+    // the head's sum in chunk order, as the staged entry adds its per-chunk sums
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CPH; ++k) s += __shfl_sync(0xffffffffu, ss, k, 16);
+    const float inv = norm ? rsqrtf(s / (float)HD + eps) : 1.0f;
+    float o[VW];
+    if (rope) {
+        float up[VW], dn[VW];  // the values D elements after and before each of this lane's elements
+#pragma unroll
+        for (int e = 0; e < VW; ++e) {
+            up[e] = e + DE < VW ? __shfl_down_sync(0xffffffffu, r[(e + DE) % VW], DC, 16)
+                                : __shfl_down_sync(0xffffffffu, r[(e + DE) % VW], DC + 1, 16);
+            dn[e] = e >= DE ? __shfl_up_sync(0xffffffffu, r[(e - DE + VW) % VW], DC, 16)
+                            : __shfl_up_sync(0xffffffffu, r[(e - DE + VW) % VW], DC + 1, 16);
+        }
+#pragma unroll
+        for (int e = 0; e < VW; ++e) {
+            const int j = c * VW + e;
+            int jp, p;
+            bool first;
+            qkr_pair(LAYOUT, mine ? j : 0, HALF, Q4, jp, p, first);
+            const float c_ = cs_s[p], s_ = sn_s[p];
+            const float wj = w && mine ? w[j] : 1.0f, wp = w && mine ? w[jp] : 1.0f;
+            const float a = wj * c_, b = first ? -(wp * s_) : wp * s_;
+            const float xp = first ? up[e] : dn[e];
+            const float t = r[e] * a + xp * b;
+            o[e] = norm ? t * inv : t;
+        }
+    } else if (norm) {
+#pragma unroll
+        for (int e = 0; e < VW; ++e) o[e] = r[e] * inv * (w && mine ? w[c * VW + e] : 1.0f);
+    } else {
+#pragma unroll
+        for (int e = 0; e < VW; ++e) o[e] = r[e];
+    }
+    if (mine) store_vec16(hb + c * VW, o);
+}
+
 // The floor: read and write the active parts' bytes once, no arithmetic.
 __global__ void copy_parts(bf16* __restrict__ qkv, long long n16, long long row16, long long part16, int parts) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (long long)gridDim.x * blockDim.x) {
@@ -312,6 +408,18 @@ int main() {
         if (hd == 72 && c.layout == ROPE_GEMMA_HALVES) per_head(qkr_per_head_packed<72, ROPE_GEMMA_HALVES>, "per-head, packed");
         if (hd == 64 && c.layout == ROPE_NEOX_FULL) per_head(qkr_per_head_packed<64, ROPE_NEOX_FULL>, "per-head, packed");
         if (hd == 96 && c.layout == ROPE_NEOX_FULL) per_head(qkr_per_head_packed<96, ROPE_NEOX_FULL>, "per-head, packed");
+        {
+            const int lt = heads * parts * 16;
+            auto lanes = [&](auto kern) {
+                vs.push_back({"16 lanes per head", std::to_string(lt), [=](bf16* q) {
+                                  kern<<<(unsigned)n, lt>>>(q, n, heads, ld, qo, ko, vo, pos, freq, 0, c.flags, qw, kw,
+                                                            1e-6f, -INF, INF, -INF, INF, -INF, INF, active);
+                              }});
+            };
+            if (lt <= 1024 && hd == 72 && c.layout == ROPE_GEMMA_HALVES) lanes(qkr_lanes16<72, ROPE_GEMMA_HALVES>);
+            if (lt <= 1024 && hd == 64 && c.layout == ROPE_NEOX_FULL) lanes(qkr_lanes16<64, ROPE_NEOX_FULL>);
+            if (lt <= 1024 && hd == 96 && c.layout == ROPE_NEOX_FULL) lanes(qkr_lanes16<96, ROPE_NEOX_FULL>);
+        }
         std::vector<uint16_t> ref(elems), got(elems);
         std::vector<std::string> verdict(vs.size(), "(reference)");
         for (size_t k = 0; k < vs.size(); k++) {
