@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# One GPU-machine call for a change to the row kernels (kernels/norm.cu; docs/PERF.md v0.24): (1) the
-# harness kernels/dev/norm_rows_bench.cu (built on the development VM, carried as .device/normb.xz): the
-# generic and one-warp entries at the towers' shapes, bitwise checks and per-launch times; (2) gpu-core's GPU
+# One GPU-machine call for a change to a gpu-core kernel (docs/PERF.md v0.24: the row kernels; v0.25: qk_norm_rope):
+# (1) its development harness (kernels/dev/*_bench.cu, built on the development VM with nvcc 13.0.88 and carried
+# xz'd: HARNESS, default .device/normb.xz), bitwise checks and per-launch times; (2) gpu-core's GPU
 # tests and `xtask parity --require-cuda` with the new binaries on the card's own tier and the forced 8.0 and
 # 7.5 tiers (kernels/tiers_device.sh); (3) `xtask bench` new, old, new on the same PyTorch results (A/B/A):
 # gemma4 b1 with torch.compile timed in the same run, then CASES without it. Prints one table last.
-# Needs, carried: .device/normb.xz, .device/ab.tar.xz (gpu_core_tests, xtask, xtask_old; stripped, xz),
-# .whl/transformers-5.23.0-*.whl. Environment: CASES (default gemma4_b8,step_728_b1,glm5_72_b1), ITERS
-# (default 20), TOTAL (every step ends by this many seconds, default 540).
+# Needs, carried: the harness, AB (default .device/ab.tar.xz: gpu_core_tests, xtask and xtask_old, stripped, xz),
+# .whl/transformers-5.23.0-*.whl. Environment: HARNESS, AB, CASES (default gemma4_b8,step_728_b1,glm5_72_b1),
+# ITERS (default 20), TOTAL (every step ends by this many seconds, default 540).
 set -u
 OUT=${OUT:-/tmp/norm-ab-out}
 mkdir -p "$OUT"
@@ -15,10 +15,10 @@ T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 TOTAL=${TOTAL:-540}
 left() { echo $(( TOTAL - $(el) )); }
-xz -dc .device/normb.xz > /tmp/normb && chmod +x /tmp/normb
-timeout 90 /tmp/normb > "$OUT/harness.log" 2>&1
+xz -dc "${HARNESS:-.device/normb.xz}" > /tmp/harness && chmod +x /tmp/harness
+timeout 90 /tmp/harness > "$OUT/harness.log" 2>&1
 echo "harness rc=$? at $(el) s"
-tar -xJf .device/ab.tar.xz -C .device || exit 1
+tar -xJf "${AB:-.device/ab.tar.xz}" -C .device || exit 1
 chmod +x .device/gpu_core_tests .device/xtask .device/xtask_old
 export VT_FIXTURES=$PWD/fixtures NVCC=/nonexistent-nvcc PYTHONUNBUFFERED=1
 TIERS="native 8.0 7.5" FACADE_TIERS=" " OUT="$OUT/tiers" timeout 150 bash kernels/tiers_device.sh > "$OUT/tiers.log" 2>&1
@@ -39,13 +39,18 @@ C=${CASES:-gemma4_b8,step_728_b1,glm5_72_b1}
 b rest_new .device/xtask /tmp/vt-rest "$C" --no-compile --rerun-torch
 b rest_old .device/xtask_old /tmp/vt-rest "$C" --no-compile
 b rest_new2 .device/xtask /tmp/vt-rest "$C" --no-compile
+# keep what comes back small: the per-suite logs only where a suite failed, the bench logs only without a report
+grep -q "FAILED\|panicked" "$OUT"/tiers/*.log 2>/dev/null || rm -rf "$OUT/tiers"
+for n in g1_new g1_old g1_new2 rest_new rest_old rest_new2; do [ -f "$OUT/$n.md" ] && rm -f "$OUT/$n.log"; done
 echo "=== harness"
 grep -E "^\||device" "$OUT/harness.log"
 echo "=== tiers"
 sed -n '/=== summary/,$p' "$OUT/tiers.log"
 grep -E "panicked|FAILED" "$OUT/tiers.log" | head -8
+NC=$(echo "$C" | tr ',' '\n' | wc -l)
 for n in g1_new g1_old g1_new2 rest_new rest_old rest_new2; do
-    echo "=== $n"
-    [ -f "$OUT/$n.md" ] && grep -E "^\| (gemma|glm|step)" "$OUT/$n.md" | head -12
+    echo "=== $n (the bench's first table)"
+    m=1; [ "${n#rest}" != "$n" ] && m=$NC
+    [ -f "$OUT/$n.md" ] && grep -m "$m" -E "^\| (gemma|glm|step)[^|]*\| [0-9.]+ \| [0-9.]+ \|" "$OUT/$n.md"
     [ -f "$OUT/$n.md" ] || tail -3 "$OUT/$n.log"
 done
