@@ -19,6 +19,43 @@
 #include <cstring>
 #include <string>
 
+// The token's cos / sin per pair p < half into cs / sn, by threads tid, tid + stride, … (the staged entry's angles).
+__device__ __forceinline__ void qkr_token_angles(const int* __restrict__ pos, const float* __restrict__ inv_freq,
+                                                 long long tok, int first_axis, int half, int q4, int tid, int stride,
+                                                 float* cs, float* sn) {
+    const int px = pos[tok * 2], py = pos[tok * 2 + 1];
+    const int pa = first_axis == 0 ? px : py, pb = first_axis == 0 ? py : px;
+    for (int p = tid; p < half; p += stride) {
+        const int axis = p < q4 ? 0 : 1;
+        const int f = p - axis * q4;
+        const float ang = (float)(axis == 0 ? pa : pb) * inv_freq[f];
+        float s_, c_;
+        sincosf(ang, &s_, &c_);
+        cs[p] = c_;
+        sn[p] = s_;
+    }
+}
+
+// What the staged entry does to part `which` (q, k or v): norm and rope flags, clamp, norm weight, column offset.
+struct QkrPart {
+    bool norm, rope;
+    float lo, hi;
+    const float* w;
+    long long off;
+};
+__device__ __forceinline__ QkrPart qkr_part_params(int which, int flags, long long q_off, long long k_off,
+                                                   long long v_off, const float* q_w, const float* k_w, float q_lo,
+                                                   float q_hi, float k_lo, float k_hi, float v_lo, float v_hi) {
+    QkrPart pp;
+    pp.norm = ((flags >> which) & 1) != 0;  // F_NORM_Q, F_NORM_K, F_NORM_V are bits 0, 1, 2
+    pp.rope = (flags & F_ROPE) != 0 && which < 2;
+    pp.lo = which == 0 ? q_lo : (which == 1 ? k_lo : v_lo);
+    pp.hi = which == 0 ? q_hi : (which == 1 ? k_hi : v_hi);
+    pp.w = pp.norm ? (which == 0 ? q_w : (which == 1 ? k_w : nullptr)) : nullptr;
+    pp.off = which == 0 ? q_off : (which == 1 ? k_off : v_off);
+    return pp;
+}
+
 // One thread per (token, part, head); block (heads·parts, TY): threadIdx.x = head + heads·k for the k-th active
 // part, threadIdx.y = token in the block. HD and LAYOUT at compile time (the pairs are then fixed register pairs).
 template <typename T, int HD, int LAYOUT>
@@ -35,31 +72,17 @@ __global__ void __launch_bounds__(256) qkr_per_head(T* __restrict__ qkv, long lo
     const bool tok_ok = tok < n;
     const bool rope_any = (flags & F_ROPE) != 0;
     if (rope_any) {  // the token's cos / sin per pair, shared by every head and by q and k
-        const int tid = threadIdx.x;
-        if (tok_ok) {
-            const int px = pos[tok * 2], py = pos[tok * 2 + 1];
-            const int pa = first_axis == 0 ? px : py, pb = first_axis == 0 ? py : px;
-            for (int p = tid; p < HALF; p += blockDim.x) {
-                const int axis = p < Q4 ? 0 : 1;
-                const int f = p - axis * Q4;
-                const float ang = (float)(axis == 0 ? pa : pb) * inv_freq[f];
-                float s_, c_;
-                sincosf(ang, &s_, &c_);
-                cs_s[ty][p] = c_;
-                sn_s[ty][p] = s_;
-            }
-        }
+        if (tok_ok) qkr_token_angles(pos, inv_freq, tok, first_axis, HALF, Q4, threadIdx.x, blockDim.x, cs_s[ty], sn_s[ty]);
         __syncthreads();
     }
     const int head = threadIdx.x % heads;
     const int which = qkr_part(active, threadIdx.x / heads);
     if (!tok_ok) return;
-    const bool norm = ((flags >> which) & 1) != 0;
-    const bool rope = rope_any && which < 2;
-    const float lo = which == 0 ? q_lo : (which == 1 ? k_lo : v_lo);
-    const float hi = which == 0 ? q_hi : (which == 1 ? k_hi : v_hi);
-    const float* w = norm ? (which == 0 ? q_w : (which == 1 ? k_w : nullptr)) : nullptr;
-    const long long off = which == 0 ? q_off : (which == 1 ? k_off : v_off);
+    const QkrPart pp = qkr_part_params(which, flags, q_off, k_off, v_off, q_w, k_w, q_lo, q_hi, k_lo, k_hi, v_lo, v_hi);
+    const bool norm = pp.norm, rope = pp.rope;
+    const float lo = pp.lo, hi = pp.hi;
+    const float* w = pp.w;
+    const long long off = pp.off;
     T* base = qkv + tok * ld + off + (long long)head * HD;
     float r[HD];
 #pragma unroll
@@ -135,31 +158,18 @@ __global__ void __launch_bounds__(256) qkr_per_head_packed(bf16* __restrict__ qk
     const long long tok = (long long)blockIdx.x * blockDim.y + ty;
     const bool tok_ok = tok < n;
     const bool rope_any = (flags & F_ROPE) != 0;
-    if (rope_any) {
-        if (tok_ok) {
-            const int px = pos[tok * 2], py = pos[tok * 2 + 1];
-            const int pa = first_axis == 0 ? px : py, pb = first_axis == 0 ? py : px;
-            for (int p = threadIdx.x; p < HALF; p += blockDim.x) {
-                const int axis = p < Q4 ? 0 : 1;
-                const int f = p - axis * Q4;
-                const float ang = (float)(axis == 0 ? pa : pb) * inv_freq[f];
-                float s_, c_;
-                sincosf(ang, &s_, &c_);
-                cs_s[ty][p] = c_;
-                sn_s[ty][p] = s_;
-            }
-        }
+    if (rope_any) {  // the token's cos / sin per pair, shared by every head and by q and k
+        if (tok_ok) qkr_token_angles(pos, inv_freq, tok, first_axis, HALF, Q4, threadIdx.x, blockDim.x, cs_s[ty], sn_s[ty]);
         __syncthreads();
     }
     const int head = threadIdx.x % heads;
     const int which = qkr_part(active, threadIdx.x / heads);
     if (!tok_ok) return;
-    const bool norm = ((flags >> which) & 1) != 0;
-    const bool rope = rope_any && which < 2;
-    const float lo = which == 0 ? q_lo : (which == 1 ? k_lo : v_lo);
-    const float hi = which == 0 ? q_hi : (which == 1 ? k_hi : v_hi);
-    const float* w = norm ? (which == 0 ? q_w : (which == 1 ? k_w : nullptr)) : nullptr;
-    const long long off = which == 0 ? q_off : (which == 1 ? k_off : v_off);
+    const QkrPart pp = qkr_part_params(which, flags, q_off, k_off, v_off, q_w, k_w, q_lo, q_hi, k_lo, k_hi, v_lo, v_hi);
+    const bool norm = pp.norm, rope = pp.rope;
+    const float lo = pp.lo, hi = pp.hi;
+    const float* w = pp.w;
+    const long long off = pp.off;
     uint4* base = reinterpret_cast<uint4*>(qkv + tok * ld + off + (long long)head * HD);
     uint32_t q[HD / 2];
 #pragma unroll
@@ -225,28 +235,17 @@ __global__ void __launch_bounds__(1024) qkr_lanes16(bf16* __restrict__ qkv, long
     const long long tok = blockIdx.x;
     const bool rope_any = (flags & F_ROPE) != 0;
     if (rope_any) {
-        const int px = pos[tok * 2], py = pos[tok * 2 + 1];
-        const int pa = first_axis == 0 ? px : py, pb = first_axis == 0 ? py : px;
-        for (int p = threadIdx.x; p < HALF; p += blockDim.x) {
-            const int axis = p < Q4 ? 0 : 1;
-            const int f = p - axis * Q4;
-            const float ang = (float)(axis == 0 ? pa : pb) * inv_freq[f];
-            float s_, c_;
-            sincosf(ang, &s_, &c_);
-            cs_s[p] = c_;
-            sn_s[p] = s_;
-        }
+        qkr_token_angles(pos, inv_freq, tok, first_axis, HALF, Q4, threadIdx.x, blockDim.x, cs_s, sn_s);
         __syncthreads();
     }
     const int unit = threadIdx.x >> 4, c = threadIdx.x & 15;
     const int head = unit % heads;
     const int which = qkr_part(active, unit / heads);
-    const bool norm = ((flags >> which) & 1) != 0;
-    const bool rope = rope_any && which < 2;
-    const float lo = which == 0 ? q_lo : (which == 1 ? k_lo : v_lo);
-    const float hi = which == 0 ? q_hi : (which == 1 ? k_hi : v_hi);
-    const float* w = norm ? (which == 0 ? q_w : (which == 1 ? k_w : nullptr)) : nullptr;
-    const long long off = which == 0 ? q_off : (which == 1 ? k_off : v_off);
+    const QkrPart pp = qkr_part_params(which, flags, q_off, k_off, v_off, q_w, k_w, q_lo, q_hi, k_lo, k_hi, v_lo, v_hi);
+    const bool norm = pp.norm, rope = pp.rope;
+    const float lo = pp.lo, hi = pp.hi;
+    const float* w = pp.w;
+    const long long off = pp.off;
     bf16* hb = qkv + tok * ld + off + (long long)head * HD;
     const bool mine = c < CPH;
     float r[VW];
