@@ -84,8 +84,10 @@ const NORM_THREADS: u32 = 256;
 /// Rows per block of the one-warp entries (`NORM_ONE_WARP_THREADS` / 32, kernels/norm.cu): one, so
 /// the registers alone bound the rows resident per SM.
 const NORM_ONE_WARP_ROWS: usize = 1;
-/// Columns one warp of the row kernels holds in registers (`NORM_NV`·4 per lane, kernels/norm.cu).
-const NORM_WARP_COLS: usize = 12 * 4 * 32;
+/// Columns one chunk per lane covers across a warp (4-column chunks, kernels/norm.cu).
+const NORM_CHUNK_COLS: usize = 4 * 32;
+/// Columns one warp of the row kernels holds in registers (`NORM_NV` chunks per lane, kernels/norm.cu).
+const NORM_WARP_COLS: usize = 12 * NORM_CHUNK_COLS;
 /// Rows up to this width fit the norm kernels' registers (8 warps per row).
 pub const MAX_NORM_WIDTH: usize = 12 * 1024;
 
@@ -123,7 +125,7 @@ fn row_launch(k: RowKernels, rows: usize, h: usize, vec: bool) -> (Kernel, Launc
 /// more rows per SM: gemma4's residual_rms_add at 1152 columns holds 104 registers in `w9` against
 /// 182 in the generic entry (kernels/norm.cu).
 fn row_kernel(k: RowKernels, h: usize) -> Option<Kernel> {
-    match h.div_ceil(4 * 32) {
+    match h.div_ceil(NORM_CHUNK_COLS) {
         0..=9 => Some(k.w9),
         10..=12 => Some(k.w12),
         _ => None,
