@@ -20,6 +20,7 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use mozjpeg_sys as ffi;
 
 use crate::error::{PrepError, Result};
+use crate::resize::{resize_rgb_in, Filter, RgbWidthResize};
 use crate::rgb::RgbImage;
 
 /// Pillow JpegImagePlugin.py `SOF`: only 8-bit samples are opened ("cannot handle N-bit layers").
@@ -285,20 +286,175 @@ pub(crate) fn decode_banded(
     scratch: &crate::pages::Scratch,
     bands: usize,
 ) -> Result<RgbImage> {
-    let (w, h) = (width as usize, height as usize);
-    let cuts = if bands > 1 && u64::from(width) * u64::from(height) >= BAND_MIN_PIXELS {
+    let cuts = cuts_for(bytes, width, height, max_memory, bands)?;
+    decode_cuts(bytes, width, height, max_memory, scratch, &cuts).map(|data| RgbImage {
+        width: width as usize,
+        height: height as usize,
+        data,
+    })
+}
+
+/// The band cuts [`decode_banded`] decodes a `width × height` JPEG in with up to `bands`
+/// decompressors: `[0, height]` (one band) for a progressive or multi-scan file, one under
+/// [`BAND_MIN_PIXELS`] or `bands ≤ 1`.
+fn cuts_for(
+    bytes: &[u8],
+    width: u32,
+    height: u32,
+    max_memory: u64,
+    bands: usize,
+) -> Result<Vec<usize>> {
+    let h = height as usize;
+    if bands <= 1 || u64::from(width) * u64::from(height) < BAND_MIN_PIXELS {
+        return Ok(vec![0, h]);
+    }
+    Ok(
         match with_session(|s| probe(s, bytes, width, height, max_memory))? {
             Some(imcu) => band_cuts(h, imcu, bands, ENTROPY_SHARE),
             None => vec![0, h],
+        },
+    )
+}
+
+/// Image rows a band decodes before it hands them to the horizontal resize pass on another
+/// thread of the pool ([`decode_resized`]). After the last band ends, one such chunk's pass is
+/// left before the vertical pass can start, so smaller is a shorter tail; each chunk is one pool
+/// task (a few µs of overhead) and its last row is copied once (the SIMD row kernel reads past a
+/// row's end). 32 rows (not measured against other sizes): 34 chunks for 1080 rows, each 3% of
+/// the image.
+const HPASS_CHUNK_ROWS: usize = 32;
+
+/// Decode a JPEG whose header admitted `width × height` as [`decode_banded`] does and resize it
+/// to `out_w × out_h` with `filter`: the bytes of `resize_rgb_in` on that decode. When the file
+/// is decoded in several bands and the width changes, each band hands its rows, every
+/// [`HPASS_CHUNK_ROWS`], to the resize's horizontal pass on the pool's other threads while it
+/// decodes on, so after the last band only its last chunk's horizontal pass and the vertical pass
+/// remain. Otherwise (one band, or the same width) it decodes, then resizes. Buffers come from
+/// (and the decoded image goes back to) `scratch`; `parallel` splits the resize's rows over the
+/// pool where it runs after the decode. A decode error is the one [`decode_banded`] reports.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decode_resized(
+    bytes: &[u8],
+    width: u32,
+    height: u32,
+    max_memory: u64,
+    scratch: &crate::pages::Scratch,
+    bands: usize,
+    (out_w, out_h): (usize, usize),
+    filter: Filter,
+    parallel: bool,
+) -> Result<RgbImage> {
+    let (w, h) = (width as usize, height as usize);
+    let cuts = cuts_for(bytes, width, height, max_memory, bands)?;
+    let plan = RgbWidthResize::new(w, h, out_w, out_h, filter);
+    let data = match plan {
+        Some(plan) if cuts.len() > 2 => decode_cuts_resized(
+            bytes, width, height, max_memory, scratch, &cuts, &plan, parallel,
+        )?,
+        _ => {
+            let rgb = decode_cuts(bytes, width, height, max_memory, scratch, &cuts)?;
+            let out = resize_rgb_in(&rgb, w, h, out_w, out_h, filter, parallel, scratch);
+            scratch.give(rgb);
+            out
         }
-    } else {
-        vec![0, h]
     };
-    decode_cuts(bytes, width, height, max_memory, scratch, &cuts).map(|data| RgbImage {
-        width: w,
-        height: h,
+    Ok(RgbImage {
+        width: out_w,
+        height: out_h,
         data,
     })
+}
+
+/// [`decode_cuts`] with `plan`'s horizontal pass run on each band's rows, a chunk of
+/// [`HPASS_CHUNK_ROWS`] at a time, as soon as they are decoded (one pool task per chunk, while
+/// the band decodes its next rows), then the vertical pass: the resized image.
+#[allow(clippy::too_many_arguments)]
+fn decode_cuts_resized(
+    bytes: &[u8],
+    width: u32,
+    height: u32,
+    max_memory: u64,
+    scratch: &crate::pages::Scratch,
+    cuts: &[usize],
+    plan: &RgbWidthResize,
+    parallel: bool,
+) -> Result<Vec<u8>> {
+    let (w, h) = (width as usize, height as usize);
+    let keep = plan.rows();
+    let row_bytes = plan.row_bytes();
+    let mut rgb = scratch.take(w * h * 3);
+    let mut tmp = scratch.take(keep.len() * row_bytes);
+    // Every band's chunks up front: (source rows, their RGB rows, the intermediate rows they
+    // give: those of `keep`, maybe none), all disjoint slices of the two buffers.
+    let mut jobs: Vec<Band<'_>> = Vec::with_capacity(cuts.len());
+    let (mut rgb_rest, mut tmp_rest) = (rgb.as_mut_slice(), tmp.as_mut_slice());
+    for pair in cuts.windows(2) {
+        let mut chunks = Vec::new();
+        for start in (pair[0]..pair[1]).step_by(HPASS_CHUNK_ROWS) {
+            let rows = start..(start + HPASS_CHUNK_ROWS).min(pair[1]);
+            let (out, rest) = std::mem::take(&mut rgb_rest).split_at_mut(rows.len() * w * 3);
+            rgb_rest = rest;
+            let kept = rows.start.clamp(keep.start, keep.end)..rows.end.clamp(keep.start, keep.end);
+            let (mid, rest) = std::mem::take(&mut tmp_rest).split_at_mut(kept.len() * row_bytes);
+            tmp_rest = rest;
+            chunks.push(Chunk {
+                rows,
+                out,
+                kept,
+                mid,
+            });
+        }
+        jobs.push(Band {
+            rows: pair[0]..pair[1],
+            chunks,
+        });
+    }
+    let mut done: Vec<Result<()>> = cuts.windows(2).map(|_| Ok(())).collect();
+    rayon::scope(|sc| {
+        for (band, slot) in jobs.into_iter().zip(done.iter_mut()) {
+            sc.spawn(move |sc| {
+                *slot = with_session(|s| {
+                    let out_comps =
+                        start_rows(s, bytes, width, height, max_memory, band.rows.start)?;
+                    for c in band.chunks {
+                        read_rows(s, w, c.rows.clone(), out_comps, &mut *c.out)?;
+                        if c.kept.is_empty() {
+                            continue;
+                        }
+                        // The chunk's rows are final: read them from here on.
+                        let src: &[u8] = c.out;
+                        let rows = c.kept.start - c.rows.start..c.kept.end - c.rows.start;
+                        let mid = c.mid;
+                        sc.spawn(move |_| plan.horizontal(src, rows, mid));
+                    }
+                    finish_rows(s, band.rows.end == h);
+                    Ok(())
+                });
+            });
+        }
+    });
+    scratch.give(rgb);
+    // The first error in row order, as a whole decode meets it.
+    if let Some(e) = done.into_iter().find_map(|r| r.err()) {
+        scratch.give(tmp);
+        return Err(e);
+    }
+    Ok(plan.finish(tmp, parallel, scratch))
+}
+
+/// One band of [`decode_cuts_resized`]: its rows and their chunks, in order.
+struct Band<'a> {
+    rows: std::ops::Range<usize>,
+    chunks: Vec<Chunk<'a>>,
+}
+
+/// One chunk of a band: its source rows, where they are decoded, the rows of them the resize
+/// keeps (within `rows`, maybe none) and where their horizontal pass goes.
+struct Chunk<'a> {
+    rows: std::ops::Range<usize>,
+    out: &'a mut [u8],
+    kept: std::ops::Range<usize>,
+    mid: &'a mut [u8],
 }
 
 /// Decodes rows `cuts[k]..cuts[k + 1]` of each band `k` on its own decompressor (in parallel when
@@ -459,12 +615,29 @@ fn decode_rows(
     out: &mut [u8],
 ) -> Result<()> {
     let (w, h) = (width as usize, height as usize);
-    if rows.end > h || out.len() != rows.len() * w * 3 {
+    if rows.end > h {
         return Err(PrepError::BadSetting(format!(
-            "JPEG rows {rows:?} into {} bytes for {w}x{h}",
-            out.len()
+            "JPEG rows {rows:?} of a {w}x{h} image"
         )));
     }
+    let out_comps = start_rows(s, bytes, width, height, max_memory, rows.start)?;
+    read_rows(s, w, rows.clone(), out_comps, out)?;
+    finish_rows(s, rows.end == h);
+    Ok(())
+}
+
+/// Opens session `s` on `bytes` and starts the decompressor at output row `first` (a multiple
+/// of the iMCU height): skips to one iMCU row above it and decodes that row into a discarded
+/// buffer (the fancy upsampler's context). Returns the decoder's output components per pixel.
+fn start_rows(
+    s: &mut Session,
+    bytes: &[u8],
+    width: u32,
+    height: u32,
+    max_memory: u64,
+    first: usize,
+) -> Result<usize> {
+    let w = width as usize;
     open(s, bytes, width, height, max_memory)?;
     let comps = s.cinfo.num_components;
     s.cinfo.out_color_space = match comps {
@@ -499,10 +672,10 @@ fn decode_rows(
             ),
         });
     }
-    if rows.start > 0 {
+    if first > 0 {
         // One iMCU row above the band is decoded and discarded: the upsampler's context.
         let imcu = 8 * usize::try_from(s.cinfo.max_v_samp_factor).unwrap_or(1);
-        let lead = rows.start.saturating_sub(imcu);
+        let lead = first.saturating_sub(imcu);
         if lead > 0 {
             // SAFETY: started decompressor; `lead < height`. The source only suspends after
             // the last scanline, which a skip inside the image never reaches.
@@ -515,7 +688,7 @@ fn decode_rows(
             }
         }
         let mut discard = vec![0u8; w * out_comps];
-        while (s.cinfo.output_scanline as usize) < rows.start {
+        while (s.cinfo.output_scanline as usize) < first {
             let mut ptr = [discard.as_mut_ptr()];
             // SAFETY: one row of `w·out_comps` bytes.
             let got = unsafe { ffi::jpeg_read_scanlines(&mut s.cinfo, ptr.as_mut_ptr(), 1) };
@@ -527,15 +700,18 @@ fn decode_rows(
             }
         }
     }
-    read_rows(s, w, rows.clone(), out_comps, out)?;
-    if rows.end == h {
-        // Read to EOI as Pillow does: an error there fails the image, running out of data does
-        // not.
+    Ok(out_comps)
+}
+
+/// Ends the decode on session `s` after its rows were read: the band that ends at the last row
+/// (`last`) reads on to EOI as Pillow does (an error there fails the image, running out of data
+/// does not).
+fn finish_rows(s: &mut Session, last: bool) {
+    if last {
         s.src.finishing = true;
         // SAFETY: every scanline was read.
         unsafe { ffi::jpeg_finish_decompress(&mut s.cinfo) };
     }
-    Ok(())
 }
 
 /// Reads output rows `rows` (the decompressor's next ones) into `out`, converting grey and
@@ -547,6 +723,12 @@ fn read_rows(
     out_comps: usize,
     out: &mut [u8],
 ) -> Result<()> {
+    if out.len() != rows.len() * w * 3 {
+        return Err(PrepError::BadSetting(format!(
+            "JPEG rows {rows:?} into {} bytes at width {w}",
+            out.len()
+        )));
+    }
     // Rows per call: libjpeg hands out at most `rec_outbuf_height` (1..4) at a time anyway.
     const BATCH: usize = 4;
     let mut scratch = if out_comps == 3 {
@@ -714,6 +896,291 @@ mod tests {
         }
         eprintln!("banded jpeg decode: {banded} single-scan files exact, {multi} multi-scan");
         assert!(banded >= 50 && multi >= 5, "{banded} {multi}");
+    }
+
+    /// A synthetic JPEG from libjpeg-turbo's own encoder (mozjpeg at its `JCP_FASTEST` profile,
+    /// libjpeg-turbo's defaults), quality 90: `w × h` gradients with xorshift noise, RGB with the
+    /// luma sampled `samp` = (h, v) times the chroma ((2, 2) 4:2:0, (2, 1) 4:2:2, (1, 1) 4:4:4),
+    /// or grey; baseline, or progressive (`jpeg_simple_progression`).
+    fn encode(w: usize, h: usize, grey: bool, samp: (i32, i32), progressive: bool) -> Vec<u8> {
+        let comps = if grey { 1 } else { 3 };
+        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (w * 7919 + h) as u64;
+        let pixels: Vec<u8> = (0..w * h * comps)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let (px, py, c) = ((i / comps) % w, (i / comps) / w, i % comps);
+                let smooth = (px * 255 / w + py * 255 / h + c * 85) as u64;
+                ((smooth + (x >> 60)) % 256) as u8
+            })
+            .collect();
+        // SAFETY: the compressor and its error manager live on this frame for the whole
+        // compression; the error manager unwinds (never returns) on an error, which would end
+        // the test; each row pointer covers `w·comps` bytes of `pixels`; the output buffer is
+        // libjpeg's malloc, read once and freed here.
+        unsafe {
+            let mut err: ffi::jpeg_error_mgr = std::mem::zeroed();
+            let mut c: ffi::jpeg_compress_struct = std::mem::zeroed();
+            let e = ffi::jpeg_std_error(&mut err);
+            e.error_exit = Some(error_exit);
+            c.common.err = e;
+            ffi::jpeg_create_compress(&mut c);
+            let mut buf: *mut u8 = std::ptr::null_mut();
+            let mut size: std::os::raw::c_ulong = 0;
+            ffi::jpeg_mem_dest(&mut c, &mut buf, &mut size);
+            c.image_width = w as u32;
+            c.image_height = h as u32;
+            c.input_components = comps as c_int;
+            c.in_color_space = if grey {
+                ffi::J_COLOR_SPACE::JCS_GRAYSCALE
+            } else {
+                ffi::J_COLOR_SPACE::JCS_RGB
+            };
+            ffi::jpeg_c_set_int_param(
+                &mut c,
+                ffi::J_INT_PARAM::JINT_COMPRESS_PROFILE,
+                ffi::JCP_FASTEST as c_int,
+            );
+            ffi::jpeg_set_defaults(&mut c);
+            ffi::jpeg_set_quality(&mut c, 90, 1);
+            if !grey {
+                let ci = std::slice::from_raw_parts_mut(c.comp_info, 3);
+                (ci[0].h_samp_factor, ci[0].v_samp_factor) = samp;
+                for k in &mut ci[1..] {
+                    (k.h_samp_factor, k.v_samp_factor) = (1, 1);
+                }
+            }
+            if progressive {
+                ffi::jpeg_simple_progression(&mut c);
+            }
+            ffi::jpeg_start_compress(&mut c, 1);
+            while (c.next_scanline as usize) < h {
+                let row = [pixels[c.next_scanline as usize * w * comps..].as_ptr()];
+                ffi::jpeg_write_scanlines(&mut c, row.as_ptr(), 1);
+            }
+            ffi::jpeg_finish_compress(&mut c);
+            let out = std::slice::from_raw_parts(buf, size as usize).to_vec();
+            ffi::jpeg_destroy_compress(&mut c);
+            libc::free(buf.cast());
+            out
+        }
+    }
+
+    /// Today's way: the whole decode in `cuts`, then `resize_rgb_in`.
+    fn decode_then_resize(bytes: &[u8], cuts: Option<&[usize]>, out: (usize, usize)) -> Vec<u8> {
+        let hd = read_header(bytes).expect("header");
+        let (w, h) = (hd.width as usize, hd.height as usize);
+        let none = crate::pages::Scratch::none();
+        let rgb = match cuts {
+            Some(cuts) => decode_cuts(bytes, hd.width, hd.height, 64 << 20, none, cuts),
+            None => decode_banded(bytes, hd.width, hd.height, 64 << 20, none, 1).map(|i| i.data),
+        }
+        .expect("decode");
+        resize_rgb_in(&rgb, w, h, out.0, out.1, Filter::Bicubic, false, none)
+    }
+
+    /// Output sizes for a `w × h` source: down and up in both axes, one axis only, and the
+    /// gemma4-like 2/3 downscale.
+    fn out_sizes(w: usize, h: usize) -> [(usize, usize); 5] {
+        [
+            (w * 2 / 3, h * 2 / 3),
+            (w + 37, h * 5 / 4),
+            ((w / 2).max(1), h),
+            (w, (h / 2).max(1)),
+            (w * 3 / 5 + 1, h + 9),
+        ]
+    }
+
+    /// The decode that resizes its bands while it decodes gives the bytes of the decode, then
+    /// the resize: on every single-scan JPEG of the Pillow corpus and the fixture images, in
+    /// bands of one iMCU row each and in 3 bands (the overlapped path forced on small files), and
+    /// through `decode_resized` itself (small files: the fallback), up and down in each axis.
+    #[test]
+    fn decode_resized_equals_decode_then_resize_on_the_fixtures() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut files: Vec<std::path::PathBuf> = Vec::new();
+        for dir in [
+            root.join("fixtures/prep/jpeg"),
+            root.join("fixtures/images"),
+        ] {
+            for e in std::fs::read_dir(&dir).expect("fixture dir") {
+                let p = e.expect("entry").path();
+                if p.extension().is_some_and(|x| x == "jpg" || x == "jpeg") {
+                    files.push(p);
+                }
+            }
+        }
+        files.sort();
+        let none = crate::pages::Scratch::none();
+        let mut overlapped = 0;
+        for f in &files {
+            let bytes = std::fs::read(f).expect("read");
+            let hd = read_header(&bytes).expect("header");
+            let (w, h) = (hd.width as usize, hd.height as usize);
+            let imcu =
+                with_session(|s| probe(s, &bytes, hd.width, hd.height, 64 << 20)).expect("probe");
+            for out in out_sizes(w, h) {
+                if out.0 == 0 || out.1 == 0 {
+                    continue;
+                }
+                let want = decode_then_resize(&bytes, None, out);
+                for bands in [1, 6] {
+                    let got = decode_resized(
+                        &bytes,
+                        hd.width,
+                        hd.height,
+                        64 << 20,
+                        none,
+                        bands,
+                        out,
+                        Filter::Bicubic,
+                        bands > 1,
+                    )
+                    .expect("decode_resized");
+                    assert!(got.data == want, "{}: {out:?} bands {bands}", f.display());
+                }
+                let (Some(imcu), Some(plan)) = (
+                    imcu,
+                    RgbWidthResize::new(w, h, out.0, out.1, Filter::Bicubic),
+                ) else {
+                    continue;
+                };
+                let every: Vec<usize> = (0..h).step_by(imcu).chain([h]).collect();
+                for cuts in [every, band_cuts(h, imcu, 3, ENTROPY_SHARE)] {
+                    let got = decode_cuts_resized(
+                        &bytes,
+                        hd.width,
+                        hd.height,
+                        64 << 20,
+                        none,
+                        &cuts,
+                        &plan,
+                        true,
+                    )
+                    .expect("overlapped");
+                    assert!(got == want, "{}: {out:?} cuts {cuts:?}", f.display());
+                    overlapped += 1;
+                }
+            }
+        }
+        eprintln!("decode_resized: {overlapped} overlapped decodes of the fixtures exact");
+        assert!(overlapped >= 300, "{overlapped}");
+    }
+
+    /// The same on synthetic JPEGs past [`BAND_MIN_PIXELS`] (so `decode_resized` bands them
+    /// itself): 4:2:0, 4:2:2, 4:4:4 and grey, odd sizes, one just above the minimum, one just
+    /// below and a progressive one (both decoded whole, then resized), at 1, 2, 6 and 16 bands.
+    #[test]
+    fn decode_resized_equals_decode_then_resize_on_synthetic_jpegs() {
+        let none = crate::pages::Scratch::none();
+        let cases = [
+            (
+                "4:2:0, odd, just above the minimum",
+                1029,
+                1021,
+                false,
+                (2, 2),
+                false,
+            ),
+            ("4:2:2", 1200, 901, false, (2, 1), false),
+            ("4:4:4, odd", 1111, 999, false, (1, 1), false),
+            ("grey", 1025, 1025, true, (1, 1), false),
+            (
+                "4:2:0, just below the minimum",
+                1023,
+                1023,
+                false,
+                (2, 2),
+                false,
+            ),
+            ("4:2:0, progressive", 1100, 1000, false, (2, 2), true),
+        ];
+        for (name, w, h, grey, samp, progressive) in cases {
+            let bytes = encode(w, h, grey, samp, progressive);
+            let banded = (w * h) as u64 >= BAND_MIN_PIXELS && !progressive;
+            let cuts = cuts_for(&bytes, w as u32, h as u32, 64 << 20, 6).expect("cuts");
+            assert_eq!(cuts.len() > 2, banded, "{name}: {cuts:?}");
+            for out in out_sizes(w, h) {
+                let want = decode_then_resize(&bytes, None, out);
+                for bands in [1, 2, 6, 16] {
+                    let got = decode_resized(
+                        &bytes,
+                        w as u32,
+                        h as u32,
+                        64 << 20,
+                        none,
+                        bands,
+                        out,
+                        Filter::Bicubic,
+                        true,
+                    )
+                    .expect("decode_resized");
+                    assert!(got.data == want, "{name}: {out:?} bands {bands}");
+                    assert_eq!((got.width, got.height), out);
+                }
+            }
+        }
+    }
+
+    /// A truncated large JPEG fails the same way whether it is decoded then resized or resized
+    /// while it decodes (the first error in row order), at any band count.
+    #[test]
+    fn decode_resized_reports_the_whole_decodes_error() {
+        let none = crate::pages::Scratch::none();
+        let bytes = encode(1200, 1000, false, (2, 2), false);
+        for keep in [bytes.len() / 3, bytes.len() * 2 / 3, bytes.len() - 10] {
+            let cut = &bytes[..keep];
+            for bands in [1, 2, 6, 16] {
+                let want = decode_banded(cut, 1200, 1000, 64 << 20, none, bands)
+                    .map(|i| i.data.len())
+                    .map_err(|e| e.to_string());
+                let got = decode_resized(
+                    cut,
+                    1200,
+                    1000,
+                    64 << 20,
+                    none,
+                    bands,
+                    (800, 666),
+                    Filter::Bicubic,
+                    true,
+                )
+                .map(|i| i.data.len())
+                .map_err(|e| e.to_string());
+                assert!(want.is_err(), "{keep} bytes decoded");
+                assert_eq!(
+                    got.map(|_| ()),
+                    want.map(|_| ()),
+                    "{keep} bytes, bands {bands}"
+                );
+            }
+        }
+    }
+
+    /// `Preprocessor::prepare` (which resizes a large JPEG while it decodes, for gemma4 and
+    /// glm46v) gives the tensors of `prepare_rgb` on the decoded image, on the pool and not.
+    #[test]
+    fn prepare_of_a_large_jpeg_equals_prepare_rgb_of_its_decode() {
+        use crate::{law, Family, ImageSource, Law, ModelConfigs, PrepSettings, Preprocessor};
+        let bytes = encode(1920, 1080, false, (2, 2), false);
+        for (law, family) in [
+            (Law::Gemma4(law::Gemma4Law::default()), Family::Gemma4),
+            (Law::Glm46V(law::Glm46VLaw::default()), Family::GlmOcr),
+        ] {
+            for parallel in [false, true] {
+                let settings = PrepSettings {
+                    parallel,
+                    ..Default::default()
+                };
+                let tokens = crate::config::tokens_for(&law, &ModelConfigs::default());
+                let pre = Preprocessor::from_law(law.clone(), tokens, family, settings);
+                let rgb = pre.decode(ImageSource::Bytes(&bytes)).expect("decode");
+                let want = pre.prepare_rgb(&rgb).expect("prepare_rgb");
+                let got = pre.prepare(ImageSource::Bytes(&bytes)).expect("prepare");
+                assert!(got == want, "{family:?} parallel={parallel}");
+            }
+        }
     }
 
     /// `prep_jpeg.py` checksum: Σ byte_i·(i mod 65521 + 1), wrapping u64.

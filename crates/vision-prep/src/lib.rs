@@ -251,6 +251,19 @@ impl Preprocessor {
         let header = source::admit(&bytes, &self.settings.limits)?;
         let plan = self.plan_size(header.width, header.height)?;
         self.check_output(&plan)?;
+        if let Some((w, h, filter)) = prepare::whole_resize(&self.law, &plan) {
+            // The law needs only the resized image: a large JPEG is resized while it decodes.
+            let v = source::decode_resized_in(
+                &bytes,
+                &header,
+                &self.scratch,
+                self.bands(),
+                (w, h),
+                filter,
+                self.settings.parallel,
+            )?;
+            return Ok(prepare::prepare_resized(&self.law, plan, v, self.cx()));
+        }
         let rgb = self.decode_admitted(&bytes, &header)?;
         let prepared = prepare::prepare_in(&self.law, plan, &rgb, self.cx());
         self.scratch.give(rgb.data);
@@ -266,12 +279,17 @@ impl Preprocessor {
     }
 
     fn decode_admitted(&self, bytes: &[u8], header: &source::Header) -> Result<RgbImage> {
-        let bands = if self.settings.parallel {
+        source::decode_in(bytes, header, &self.scratch, self.bands())
+    }
+
+    /// JPEG decompressors a decode may run at once: the pool's threads when
+    /// [`PrepSettings::parallel`] is on, else one.
+    fn bands(&self) -> usize {
+        if self.settings.parallel {
             rayon::current_num_threads()
         } else {
             1
-        };
-        source::decode_in(bytes, header, &self.scratch, bands)
+        }
     }
 
     fn cx(&self) -> prepare::Cx<'_> {

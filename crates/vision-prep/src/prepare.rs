@@ -545,22 +545,24 @@ fn glm_rows(
     rows
 }
 
-/// Build the upstream tensors for `img` under `law`, following `plan`, with the intermediates'
-/// buffers from (and back to) `cx.scratch`. `plan` must be the plan of `img` under `law` and
-/// `img.data` its `width·height·3` bytes: [`crate::Preprocessor::prepare_rgb`] checks both and is
-/// the public way in (a public `prepare(law, plan, img)` took any plan and image and could hand
-/// the resize a short buffer).
-pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> Prepared {
-    let parallel = cx.parallel;
+/// The size and filter a law resizes the whole decoded image to when that resized image is all
+/// its tensors are made from (gemma4, glm46v): [`prepare_resized`] then makes them, so a caller
+/// that resizes while it decodes (`Preprocessor::prepare`) can hand it the result. `None` for
+/// glm5_next (a canvas), step3p7 (several views) and a plan of another law.
+pub(crate) fn whole_resize(law: &Law, plan: &Plan) -> Option<(usize, usize, Filter)> {
+    let filter = match (law, &plan.geometry) {
+        (Law::Gemma4(l), Geometry::Gemma4 { .. }) => l.filter,
+        (Law::Glm46V(l), Geometry::Glm { .. }) => l.filter,
+        _ => return None,
+    };
+    Some((plan.target.0 as usize, plan.target.1 as usize, filter))
+}
+
+/// The tensors of a law that has a [`whole_resize`], from that resized image `v` (its buffer goes
+/// back to `cx.scratch`): what [`prepare_in`] makes of the decoded image.
+pub(crate) fn prepare_resized(law: &Law, plan: Plan, v: RgbImage, cx: Cx<'_>) -> Prepared {
     let tensors = match (law, &plan.geometry) {
         (Law::Gemma4(l), Geometry::Gemma4 { gh, gw, .. }) => {
-            let v = resize(
-                img,
-                plan.target.0 as usize,
-                plan.target.1 as usize,
-                l.filter,
-                cx,
-            );
             let p = l.patch_size as usize;
             let (gh, gw) = (*gh as usize, *gw as usize);
             let scale = l.rescale_factor as f32;
@@ -597,8 +599,70 @@ pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> P
                 },
             ]
         }
+        (Law::Glm46V(l), Geometry::Glm { gh, gw, merge, .. }) => {
+            let (p, t) = (l.patch_size as usize, l.temporal_patch_size as usize);
+            let norm = fused(&l.mean, &l.std, l.rescale_factor);
+            glm_tensors(
+                p,
+                t,
+                norm,
+                *merge as usize,
+                (*gh as usize, *gw as usize),
+                v,
+                cx,
+            )
+        }
+        _ => {
+            cx.scratch.give(v.data);
+            Vec::new()
+        }
+    };
+    Prepared { plan, tensors }
+}
+
+/// glm's tensors (glm5_next, glm46v) from the resized view `v` (its buffer goes back to
+/// `cx.scratch`): `patch_size` `p`, `temporal_patch_size` `t`, the fused normalisation, `merge`
+/// and the `(gh, gw)` patch grid.
+fn glm_tensors(
+    p: usize,
+    t: usize,
+    (m, s): ([f32; 3], [f32; 3]),
+    merge: usize,
+    (gh, gw): (usize, usize),
+    v: RgbImage,
+    cx: Cx<'_>,
+) -> Vec<NamedTensor> {
+    let norm = Normalize::new(m, s);
+    let rows = glm_rows(&v, p, t, merge, gh, gw, &norm, cx);
+    cx.scratch.give(v.data);
+    vec![
+        NamedTensor {
+            name: "pixel_values",
+            shape: vec![gh * gw, 3 * t * p * p],
+            data: TensorData::F32(rows),
+        },
+        NamedTensor {
+            name: "image_grid_thw",
+            shape: vec![1, 3],
+            data: TensorData::I64(vec![1, gh as i64, gw as i64]),
+        },
+    ]
+}
+
+/// Build the upstream tensors for `img` under `law`, following `plan`, with the intermediates'
+/// buffers from (and back to) `cx.scratch`. `plan` must be the plan of `img` under `law` and
+/// `img.data` its `width·height·3` bytes: [`crate::Preprocessor::prepare_rgb`] checks both and is
+/// the public way in (a public `prepare(law, plan, img)` took any plan and image and could hand
+/// the resize a short buffer).
+pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> Prepared {
+    if let Some((w, h, filter)) = whole_resize(law, &plan) {
+        let v = resize(img, w, h, filter, cx);
+        return prepare_resized(law, plan, v, cx);
+    }
+    let parallel = cx.parallel;
+    let tensors = match (law, &plan.geometry) {
         (
-            Law::Glm5Next(_) | Law::Glm46V(_),
+            Law::Glm5Next(l),
             Geometry::Glm {
                 gh,
                 gw,
@@ -607,54 +671,18 @@ pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> P
                 ..
             },
         ) => {
-            let (p, t, mean, std, rf, v) = match law {
-                Law::Glm5Next(l) => (
-                    l.patch_size,
-                    l.temporal_patch_size,
-                    l.mean,
-                    l.std,
-                    l.rescale_factor,
-                    glm5_canvas(img, &plan, *content, l.filter, cx),
-                ),
-                Law::Glm46V(l) => (
-                    l.patch_size,
-                    l.temporal_patch_size,
-                    l.mean,
-                    l.std,
-                    l.rescale_factor,
-                    resize(
-                        img,
-                        plan.target.0 as usize,
-                        plan.target.1 as usize,
-                        l.filter,
-                        cx,
-                    ),
-                ),
-                _ => {
-                    return Prepared {
-                        plan,
-                        tensors: Vec::new(),
-                    }
-                }
-            };
-            let (m, s) = fused(&mean, &std, rf);
-            let norm = Normalize::new(m, s);
-            let (p, t, mg) = (p as usize, t as usize, *merge as usize);
-            let (gh, gw) = (*gh as usize, *gw as usize);
-            let rows = glm_rows(&v, p, t, mg, gh, gw, &norm, cx);
-            cx.scratch.give(v.data);
-            vec![
-                NamedTensor {
-                    name: "pixel_values",
-                    shape: vec![gh * gw, 3 * t * p * p],
-                    data: TensorData::F32(rows),
-                },
-                NamedTensor {
-                    name: "image_grid_thw",
-                    shape: vec![1, 3],
-                    data: TensorData::I64(vec![1, gh as i64, gw as i64]),
-                },
-            ]
+            let v = glm5_canvas(img, &plan, *content, l.filter, cx);
+            let (p, t) = (l.patch_size as usize, l.temporal_patch_size as usize);
+            let norm = fused(&l.mean, &l.std, l.rescale_factor);
+            glm_tensors(
+                p,
+                t,
+                norm,
+                *merge as usize,
+                (*gh as usize, *gw as usize),
+                v,
+                cx,
+            )
         }
         (
             Law::Step3p7(l),

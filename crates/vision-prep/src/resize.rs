@@ -419,6 +419,15 @@ fn horizontal<const C: usize>(
                 if o + reach <= src.len() {
                     // SAFETY: as above, for one row.
                     unsafe { kernel.run::<1>(src, [o], aw, [drow]) };
+                } else if o + row_bytes <= src.len() {
+                    // The source's last row: the kernel on a zero-padded copy (its loads past
+                    // the row meet weights of 0), not the portable arithmetic, since a caller
+                    // that resizes a few rows at a time (`RgbWidthResize`) has one such row
+                    // per call.
+                    let mut padded = vec![0u8; row_bytes.max(reach)];
+                    padded[..row_bytes].copy_from_slice(&src[o..o + row_bytes]);
+                    // SAFETY: as above, for one row: `0 + reach ≤ padded.len()`.
+                    unsafe { kernel.run::<1>(&padded, [0], aw, [drow]) };
                 } else {
                     avx2::row_tail(src, o, aw, drow);
                 }
@@ -642,6 +651,105 @@ pub(crate) fn resize_rgb_heights<'a>(
         .collect();
     scratch.give(tmp);
     out
+}
+
+/// One RGB resize whose width changes, split into its two passes for a caller that runs the
+/// horizontal pass itself, a few source rows at a time as they arrive (the JPEG decode that
+/// resizes its bands while it decodes, `jpeg::decode_resized`). The weights are built once; the
+/// passes are this file's `horizontal` and `vertical`, so the bytes are [`resize_rgb_in`]'s.
+pub(crate) struct RgbWidthResize {
+    kernels: Kernels,
+    src_w: usize,
+    out_w: usize,
+    out_h: usize,
+    /// The horizontal axis.
+    aw: AxisWeights,
+    /// The vertical axis, `None` when the height does not change (the intermediate is then the
+    /// result).
+    av: Option<AxisWeights>,
+    /// The source rows the vertical pass reads: the intermediate's rows.
+    rows: std::ops::Range<usize>,
+}
+
+impl RgbWidthResize {
+    /// The passes of resizing `src_w × src_h` to `out_w × out_h`; `None` when the width does not
+    /// change (there is no horizontal pass to run) or a size is 0.
+    pub(crate) fn new(
+        src_w: usize,
+        src_h: usize,
+        out_w: usize,
+        out_h: usize,
+        filter: Filter,
+    ) -> Option<RgbWidthResize> {
+        if out_w == src_w || [src_w, src_h, out_w, out_h].contains(&0) {
+            return None;
+        }
+        let av = (out_h != src_h).then(|| AxisWeights::new(src_h, out_h, filter));
+        let rows = match &av {
+            Some(av) => {
+                let (row0, row1) = vertical_rows(av, src_h);
+                row0..row1
+            }
+            None => 0..src_h,
+        };
+        Some(RgbWidthResize {
+            kernels: Kernels::detect(),
+            src_w,
+            out_w,
+            out_h,
+            aw: AxisWeights::new(src_w, out_w, filter),
+            av,
+            rows,
+        })
+    }
+
+    /// The source rows whose horizontal pass the result needs (the intermediate holds these,
+    /// `3·out_w` bytes each, in order).
+    pub(crate) fn rows(&self) -> std::ops::Range<usize> {
+        self.rows.clone()
+    }
+
+    /// Bytes of one intermediate row.
+    pub(crate) fn row_bytes(&self) -> usize {
+        self.out_w * 3
+    }
+
+    /// The horizontal pass of `rows` (indices into `src`, which holds whole source rows) into
+    /// `dst` (`rows.len()` intermediate rows), on this thread.
+    pub(crate) fn horizontal(&self, src: &[u8], rows: std::ops::Range<usize>, dst: &mut [u8]) {
+        horizontal::<3>(
+            self.kernels,
+            src,
+            self.src_w,
+            rows,
+            &self.aw,
+            self.out_w,
+            dst,
+            false,
+        );
+    }
+
+    /// The result from the whole intermediate `tmp` (every row of [`RgbWidthResize::rows`]),
+    /// the vertical pass's buffer from `scratch` (`tmp` goes back to it), or `tmp` itself when
+    /// the height does not change.
+    pub(crate) fn finish(&self, tmp: Vec<u8>, parallel: bool, scratch: &Scratch) -> Vec<u8> {
+        let Some(av) = &self.av else {
+            return tmp;
+        };
+        let row_len = self.row_bytes();
+        let mut dst = scratch.take(row_len * self.out_h);
+        vertical(
+            self.kernels,
+            &tmp,
+            self.rows.start,
+            row_len,
+            av,
+            &mut dst,
+            parallel,
+        );
+        scratch.give(tmp);
+        dst
+    }
 }
 
 /// The source rows `[row0, row1)` a vertical pass reads.

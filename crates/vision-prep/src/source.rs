@@ -224,9 +224,7 @@ pub(crate) fn decode_in(
     bands: usize,
 ) -> Result<RgbImage> {
     let fmt = header.format.name();
-    // Largest decoded layout is RGBA16 (8 bytes/pixel); leave room for decoder scratch.
-    let pixels = u64::from(header.width) * u64::from(header.height);
-    let max_alloc = pixels.saturating_mul(16).saturating_add(64 << 20);
+    let max_alloc = max_alloc(header);
     if header.format == SourceFormat::Jpeg {
         return crate::jpeg::decode_banded(
             bytes,
@@ -278,6 +276,51 @@ pub(crate) fn decode_in(
         });
     }
     to_rgb(DynamicImage::from_decoder(decoder).map_err(err)?)
+}
+
+/// [`decode_in`], then the vendor resize to `out_w × out_h` with `filter` (`resize_rgb_in`, rows
+/// over the pool when `parallel`): the same bytes, but a JPEG decoded in bands is resized while
+/// it decodes (`jpeg::decode_resized`). The decoded image's buffer goes back to `scratch`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decode_resized_in(
+    bytes: &[u8],
+    header: &Header,
+    scratch: &crate::pages::Scratch,
+    bands: usize,
+    out: (usize, usize),
+    filter: crate::resize::Filter,
+    parallel: bool,
+) -> Result<RgbImage> {
+    if header.format == SourceFormat::Jpeg {
+        return crate::jpeg::decode_resized(
+            bytes,
+            header.width,
+            header.height,
+            max_alloc(header),
+            scratch,
+            bands,
+            out,
+            filter,
+            parallel,
+        );
+    }
+    let rgb = decode_in(bytes, header, scratch, bands)?;
+    let data = crate::resize::resize_rgb_in(
+        &rgb.data, rgb.width, rgb.height, out.0, out.1, filter, parallel, scratch,
+    );
+    scratch.give(rgb.data);
+    Ok(RgbImage {
+        width: out.0,
+        height: out.1,
+        data,
+    })
+}
+
+/// The allocation cap of a decode: the largest decoded layout is RGBA16 (8 bytes a pixel), with
+/// room for the decoder's scratch.
+fn max_alloc(header: &Header) -> u64 {
+    let pixels = u64::from(header.width) * u64::from(header.height);
+    pixels.saturating_mul(16).saturating_add(64 << 20)
 }
 
 /// PIL `alpha_composite` of an RGBA pixel over opaque white, then `.convert("RGB")`
