@@ -1158,6 +1158,74 @@ mod tests {
         }
     }
 
+    /// Hostile bytes inside the entropy-coded data (runs of flipped bits: libjpeg's corrupt-data
+    /// warnings, a marker in the middle of a scan, an early EOI, the file cut short) give the overlapped decode
+    /// the answer of the whole decode then the resize: the same bytes, or the same error, at
+    /// every band count.
+    #[test]
+    fn decode_resized_equals_decode_then_resize_on_corrupted_scans() {
+        let none = crate::pages::Scratch::none();
+        let good = encode(1200, 1000, false, (2, 2), false);
+        // The scan data starts after the SOS segment; corrupt from a tenth of the way in.
+        let sos = good
+            .windows(2)
+            .position(|w| w == [0xFF, 0xDA])
+            .expect("SOS");
+        let body = sos + 16;
+        let (mut cases, mut outcomes) = (0, [0usize; 2]);
+        for (k, at) in [0.1f64, 0.35, 0.6, 0.85, 0.97].iter().enumerate() {
+            let pos = body + ((good.len() - 2 - body) as f64 * at) as usize;
+            for (how, patch) in [
+                (
+                    "flipped",
+                    vec![0x5A ^ good[pos], 0xA5 ^ good[pos + 1], 0x3C],
+                ),
+                ("RST out of order", vec![0xFF, 0xD3 + (k as u8 % 4)]),
+                ("EOI early", vec![0xFF, 0xD9]),
+                ("zeros", vec![0; 64]),
+                ("cut here", Vec::new()),
+            ] {
+                let mut bad = good.clone();
+                if patch.is_empty() {
+                    bad.truncate(pos);
+                } else {
+                    let end = (pos + patch.len()).min(bad.len() - 2);
+                    bad[pos..end].copy_from_slice(&patch[..end - pos]);
+                }
+                let whole = decode_banded(&bad, 1200, 1000, 64 << 20, none, 1)
+                    .map(|i| {
+                        resize_rgb_in(&i.data, 1200, 1000, 800, 666, Filter::Bicubic, false, none)
+                    })
+                    .map_err(|e| e.to_string());
+                for bands in [1, 2, 6, 16] {
+                    let got = decode_resized(
+                        &bad,
+                        1200,
+                        1000,
+                        64 << 20,
+                        none,
+                        bands,
+                        (800, 666),
+                        Filter::Bicubic,
+                        true,
+                    )
+                    .map(|i| i.data)
+                    .map_err(|e| e.to_string());
+                    assert!(got == whole, "{how} at {at}: bands {bands}");
+                    cases += 1;
+                }
+                outcomes[usize::from(whole.is_ok())] += 1;
+            }
+        }
+        eprintln!(
+            "corrupted scans: {} decoded, {} refused",
+            outcomes[1], outcomes[0]
+        );
+        assert_eq!(cases, 100);
+        // Both answers occur: the decoded ones compare pixels, the refused ones errors.
+        assert!(outcomes[0] >= 2 && outcomes[1] >= 2, "{outcomes:?}");
+    }
+
     /// `Preprocessor::prepare` (which resizes a large JPEG while it decodes, for gemma4 and
     /// glm46v) gives the tensors of `prepare_rgb` on the decoded image, on the pool and not.
     #[test]
