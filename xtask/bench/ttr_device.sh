@@ -15,8 +15,10 @@
 # Build and stage here (a machine with cargo and nasm; no GPU needed), from the repository root:
 #   CARGO_TARGET_DIR=/work/main/target bash xtask/bench/ttr_device.sh --stage
 # which runs `VT_REQUIRE_JPEG_SIMD=1 cargo build --release --locked -p xtask` (refused where
-# libjpeg-turbo was built without nasm's SIMD) and copies the binary, stripped, to
-# .device/ttr/xtask. Then on the device (no cargo there), from the repository root:
+# libjpeg-turbo was built without nasm's SIMD) and writes the binary, stripped and xz'd, to
+# .device/ttr/xtask.xz; with OLD_BIN=<another xtask binary> also .device/ttr/xtask_old.xz, and the
+# device run then times prep-breakdown with both and api-bench new, old, new on the same weights.
+# Then on the device (no cargo there), from the repository root:
 #   OUT=$OUT bash xtask/bench/ttr_device.sh
 # carry [".device/ttr", ".whl"] (.whl/transformers-5.23.0-*.whl, as bench_device.sh; the tree
 # itself travels: fixtures/, xtask/bench/).
@@ -36,8 +38,13 @@ if [ "${1:-}" = "--stage" ]; then
     # build, not the code (docs/PERF.md v0.16). Refuse it (vision-prep's build script).
     VT_REQUIRE_JPEG_SIMD=1 cargo build --release --locked -p xtask
     rm -rf "$D" && mkdir -p "$D"
-    cp "$T/release/xtask" "$D/xtask"
-    strip --strip-debug "$D/xtask" 2> /dev/null || true
+    # stripped and xz'd: two binaries must fit the call's 64 MiB beside the slimmed tree
+    strip --strip-debug -o "$D/xtask" "$T/release/xtask"
+    xz -T0 -9 "$D/xtask"
+    if [ -n "${OLD_BIN:-}" ]; then
+        strip --strip-debug -o "$D/xtask_old" "$OLD_BIN"
+        xz -T0 -9 "$D/xtask_old"
+    fi
     ls -l "$D"
     exit 0
 fi
@@ -47,7 +54,10 @@ WORK=/tmp/vt-ttr
 ITERS=${ITERS:-30}
 mkdir -p "$OUT" "$WORK"
 cd "$ROOT"
-chmod +x "$D/xtask"
+for b in xtask xtask_old; do
+    [ -f "$D/$b.xz" ] && xz -dc "$D/$b.xz" > "/tmp/$b" && chmod +x "/tmp/$b"
+done
+X=/tmp/xtask
 export VT_FIXTURES="$ROOT/fixtures" RUST_BACKTRACE=1 PYTHONUNBUFFERED=1
 T0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/transformers-5.23.0-*.whl || exit 1
@@ -55,8 +65,12 @@ export PYTHONPATH=/tmp/site
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,memory.used --format=csv
 echo "$(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB; setup $(( $(date +%s) - T0 )) s"
 
-"$D/xtask" prep-breakdown --iters "$ITERS" --save "$WORK/images" > "$OUT/prep_breakdown.txt" 2>&1
+"$X" prep-breakdown --iters "$ITERS" --save "$WORK/images" > "$OUT/prep_breakdown.txt" 2>&1
 echo "prep-breakdown rc=$? ($(( $(date +%s) - T0 )) s)"
+if [ -x /tmp/xtask_old ]; then
+    /tmp/xtask_old prep-breakdown --iters "$ITERS" > "$OUT/prep_breakdown_old.txt" 2>&1
+    echo "prep-breakdown (old) rc=$? ($(( $(date +%s) - T0 )) s)"
+fi
 
 FAMILIES=${FAMILIES:-gemma4,glm5_next,step3p7}
 python3 - "$WORK" "$FAMILIES" > "$OUT/weights_log.txt" 2>&1 <<'EOF'
@@ -75,22 +89,40 @@ EOF
 echo "weights rc=$? ($(( $(date +%s) - T0 )) s)"
 cat "$OUT/weights_log.txt" | grep -v Warning | tail -5
 
+# With an old binary staged: new, old, new again on the same weights and image (A/B/A)
+RUNS="new"
+[ -x /tmp/xtask_old ] && RUNS="new old new2"
 for family in ${FAMILIES//,/ }; do
     image="$WORK/images/photo_1920x1080.jpg"
     [ "$family" = step3p7 ] && image="$WORK/images/photo_1304x896.jpg"
-    timeout "${API_S:-150}" "$D/xtask" api-bench --model "$WORK/$family" --image "$image" \
-        --batch 1 --iters "$ITERS" --warmup 5 > "$OUT/api_bench_$family.txt" 2>&1
-    echo "api-bench $family rc=$? ($(( $(date +%s) - T0 )) s)"
+    for r in $RUNS; do
+        x=$X
+        [ "$r" = old ] && x=/tmp/xtask_old
+        sfx=""
+        [ "$r" = new ] || sfx="_$r"
+        timeout "${API_S:-150}" "$x" api-bench --model "$WORK/$family" --image "$image" \
+            --batch 1 --iters "$ITERS" --warmup 5 > "$OUT/api_bench_$family$sfx.txt" 2>&1
+        echo "api-bench $family ($r) rc=$? ($(( $(date +%s) - T0 )) s)"
+    done
 done
 
 echo
 echo "=== host stages alone, this machine (xtask prep-breakdown) ==="
 sed -n '/^prep breakdown/,$p' "$OUT/prep_breakdown.txt"
+if [ -f "$OUT/prep_breakdown_old.txt" ]; then
+    echo "=== the same, old binary ==="
+    sed -n '/^prep breakdown/,$p' "$OUT/prep_breakdown_old.txt"
+fi
 for family in ${FAMILIES//,/ }; do
-    echo
-    echo "=== $family b1: api-bench ==="
-    grep -E '^\{"batch|^\{"family' "$OUT/api_bench_$family.txt" | cut -c1-400
-    sed -n '/each stage alone/,$p' "$OUT/api_bench_$family.txt"
-    grep -iE 'error|panicked' "$OUT/api_bench_$family.txt" | head -5
+    for r in $RUNS; do
+        sfx=""
+        [ "$r" = new ] || sfx="_$r"
+        f="$OUT/api_bench_$family$sfx.txt"
+        echo
+        echo "=== $family b1 ($r): api-bench ==="
+        grep -E '^\{"batch|^\{"family' "$f" | cut -c1-400
+        sed -n '/each stage alone/,$p' "$f"
+        grep -iE 'error|panicked' "$f" | head -5
+    done
 done
 echo "total $(( $(date +%s) - T0 )) s"
