@@ -5,6 +5,8 @@
 # tests and `xtask parity --require-cuda` with the new binaries on the card's own tier and the forced 8.0 and
 # 7.5 tiers (kernels/tiers_device.sh); (3) `xtask bench` new, old, new on the same PyTorch results (A/B/A):
 # gemma4 b1 with torch.compile timed in the same run, then CASES without it. Prints one table last.
+# HARNESS may also be a .cu file (built on the card with its nvcc and HARNESS_NVCC_FLAGS, default sm_90a, linked
+# with the driver API), and HARNESS_GREP picks the harness lines the summary prints (default: table rows).
 # Needs, carried: the harness, AB (default .device/ab.tar.xz: gpu_core_tests, xtask and xtask_old, stripped, xz),
 # .whl/transformers-5.23.0-*.whl. Environment: HARNESS, AB, CASES (default gemma4_b8,step_728_b1,glm5_72_b1),
 # ITERS (default 20), TOTAL (every step ends by this many seconds, default 540).
@@ -15,7 +17,13 @@ T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 TOTAL=${TOTAL:-540}
 left() { echo $(( TOTAL - $(el) )); }
-xz -dc "${HARNESS:-.device/normb.xz}" > /tmp/harness && chmod +x /tmp/harness
+H=${HARNESS:-.device/normb.xz}
+case "$H" in
+*.cu)  # a harness that links the driver API (the attention's tensor maps): built here, with the card's nvcc
+    PATH=/usr/local/cuda/bin:$PATH nvcc ${HARNESS_NVCC_FLAGS:--gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17} \
+        "$H" -lcuda -o /tmp/harness > "$OUT/harness_build.log" 2>&1 || { echo "harness build failed"; tail -5 "$OUT/harness_build.log"; } ;;
+*) xz -dc "$H" > /tmp/harness && chmod +x /tmp/harness ;;
+esac
 timeout 90 /tmp/harness > "$OUT/harness.log" 2>&1
 echo "harness rc=$? at $(el) s"
 tar -xJf "${AB:-.device/ab.tar.xz}" -C .device || exit 1
@@ -43,7 +51,7 @@ b rest_new2 .device/xtask /tmp/vt-rest "$C" --no-compile
 grep -q "FAILED\|panicked" "$OUT"/tiers/*.log 2>/dev/null || rm -rf "$OUT/tiers"
 for n in g1_new g1_old g1_new2 rest_new rest_old rest_new2; do [ -f "$OUT/$n.md" ] && rm -f "$OUT/$n.log"; done
 echo "=== harness"
-grep -E "^\||device" "$OUT/harness.log"
+grep -E "${HARNESS_GREP:-^\\||device}" "$OUT/harness.log"
 echo "=== tiers"
 sed -n '/=== summary/,$p' "$OUT/tiers.log"
 grep -E "panicked|FAILED" "$OUT/tiers.log" | head -8
