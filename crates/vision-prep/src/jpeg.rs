@@ -1226,8 +1226,8 @@ mod tests {
         assert!(outcomes[0] >= 2 && outcomes[1] >= 2, "{outcomes:?}");
     }
 
-    /// `Preprocessor::prepare` (which resizes a large JPEG while it decodes, for gemma4 and
-    /// glm46v) gives the tensors of `prepare_rgb` on the decoded image, on the pool and not.
+    /// `Preprocessor::prepare` (which resizes a large JPEG while it decodes, for gemma4, glm46v
+    /// and glm5_next) gives the tensors of `prepare_rgb` on the decoded image, on the pool and not.
     #[test]
     fn prepare_of_a_large_jpeg_equals_prepare_rgb_of_its_decode() {
         use crate::{law, Family, ImageSource, Law, ModelConfigs, PrepSettings, Preprocessor};
@@ -1235,6 +1235,7 @@ mod tests {
         for (law, family) in [
             (Law::Gemma4(law::Gemma4Law::default()), Family::Gemma4),
             (Law::Glm46V(law::Glm46VLaw::default()), Family::GlmOcr),
+            (Law::Glm5Next(law::Glm5NextLaw::default()), Family::Glm5Next),
         ] {
             for parallel in [false, true] {
                 let settings = PrepSettings {

@@ -546,16 +546,20 @@ fn glm_rows(
 }
 
 /// The size and filter a law resizes the whole decoded image to when that resized image is all
-/// its tensors are made from (gemma4, glm46v): [`prepare_resized`] then makes them, so a caller
-/// that resizes while it decodes (`Preprocessor::prepare`) can hand it the result. `None` for
-/// glm5_next (a canvas), step3p7 (several views) and a plan of another law.
+/// its tensors are made from (gemma4 and glm46v: the target; glm5_next: the content it pastes
+/// into the padded canvas): [`prepare_resized`] then makes them, so a caller that resizes while
+/// it decodes (`Preprocessor::prepare`) can hand it the result. `None` for step3p7 (several
+/// views) and a plan of another law.
 pub(crate) fn whole_resize(law: &Law, plan: &Plan) -> Option<(usize, usize, Filter)> {
-    let filter = match (law, &plan.geometry) {
-        (Law::Gemma4(l), Geometry::Gemma4 { .. }) => l.filter,
-        (Law::Glm46V(l), Geometry::Glm { .. }) => l.filter,
-        _ => return None,
-    };
-    Some((plan.target.0 as usize, plan.target.1 as usize, filter))
+    let target = (plan.target.0 as usize, plan.target.1 as usize);
+    match (law, &plan.geometry) {
+        (Law::Gemma4(l), Geometry::Gemma4 { .. }) => Some((target.0, target.1, l.filter)),
+        (Law::Glm46V(l), Geometry::Glm { .. }) => Some((target.0, target.1, l.filter)),
+        (Law::Glm5Next(l), Geometry::Glm { content, .. }) => {
+            Some((content.0 as usize, content.1 as usize, l.filter))
+        }
+        _ => None,
+    }
 }
 
 /// The tensors of a law that has a [`whole_resize`], from that resized image `v` (its buffer goes
@@ -612,6 +616,27 @@ pub(crate) fn prepare_resized(law: &Law, plan: Plan, v: RgbImage, cx: Cx<'_>) ->
                 cx,
             )
         }
+        (Law::Glm5Next(l), Geometry::Glm { gh, gw, merge, .. }) => {
+            // the resized content, zero-padded right and bottom to the target (glm5_next's canvas)
+            let (tw, th) = (plan.target.0 as usize, plan.target.1 as usize);
+            let canvas = RgbImage {
+                width: tw,
+                height: th,
+                data: paste(&v.data, v.width, v.height, tw, th, cx.scratch),
+            };
+            cx.scratch.give(v.data);
+            let (p, t) = (l.patch_size as usize, l.temporal_patch_size as usize);
+            let norm = fused(&l.mean, &l.std, l.rescale_factor);
+            glm_tensors(
+                p,
+                t,
+                norm,
+                *merge as usize,
+                (*gh as usize, *gw as usize),
+                canvas,
+                cx,
+            )
+        }
         _ => {
             cx.scratch.give(v.data);
             Vec::new()
@@ -661,29 +686,6 @@ pub(crate) fn prepare_in(law: &Law, plan: Plan, img: &RgbImage, cx: Cx<'_>) -> P
     }
     let parallel = cx.parallel;
     let tensors = match (law, &plan.geometry) {
-        (
-            Law::Glm5Next(l),
-            Geometry::Glm {
-                gh,
-                gw,
-                merge,
-                content,
-                ..
-            },
-        ) => {
-            let v = glm5_canvas(img, &plan, *content, l.filter, cx);
-            let (p, t) = (l.patch_size as usize, l.temporal_patch_size as usize);
-            let norm = fused(&l.mean, &l.std, l.rescale_factor);
-            glm_tensors(
-                p,
-                t,
-                norm,
-                *merge as usize,
-                (*gh as usize, *gw as usize),
-                v,
-                cx,
-            )
-        }
         (
             Law::Step3p7(l),
             Geometry::Step3p7 {
