@@ -856,11 +856,8 @@ mod tests {
         assert!(band_cuts(1080, 16, 4, ENTROPY_SHARE).len() == 5);
     }
 
-    /// Every JPEG of the Pillow corpus and of the fixture images, decoded in bands of one iMCU
-    /// row each (every band boundary a skip, the most boundaries there can be) and in a few bands,
-    /// gives the whole decode's bytes; multi-scan files are not banded at all.
-    #[test]
-    fn banded_decodes_equal_the_whole_decode() {
+    /// Every JPEG of the Pillow corpus (`fixtures/prep/jpeg`) and of the fixture images, sorted.
+    fn fixture_jpegs() -> Vec<std::path::PathBuf> {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let mut files: Vec<std::path::PathBuf> = Vec::new();
         for dir in [
@@ -875,6 +872,15 @@ mod tests {
             }
         }
         files.sort();
+        files
+    }
+
+    /// Every JPEG of the Pillow corpus and of the fixture images, decoded in bands of one iMCU
+    /// row each (every band boundary a skip, the most boundaries there can be) and in a few bands,
+    /// gives the whole decode's bytes; multi-scan files are not banded at all.
+    #[test]
+    fn banded_decodes_equal_the_whole_decode() {
+        let files = fixture_jpegs();
         let none = crate::pages::Scratch::none();
         let (mut banded, mut multi) = (0, 0);
         for f in &files {
@@ -998,20 +1004,7 @@ mod tests {
     /// through `decode_resized` itself (small files: the fallback), up and down in each axis.
     #[test]
     fn decode_resized_equals_decode_then_resize_on_the_fixtures() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let mut files: Vec<std::path::PathBuf> = Vec::new();
-        for dir in [
-            root.join("fixtures/prep/jpeg"),
-            root.join("fixtures/images"),
-        ] {
-            for e in std::fs::read_dir(&dir).expect("fixture dir") {
-                let p = e.expect("entry").path();
-                if p.extension().is_some_and(|x| x == "jpg" || x == "jpeg") {
-                    files.push(p);
-                }
-            }
-        }
-        files.sort();
+        let files = fixture_jpegs();
         let none = crate::pages::Scratch::none();
         let mut overlapped = 0;
         for f in &files {

@@ -603,37 +603,42 @@ pub(crate) fn prepare_resized(law: &Law, plan: Plan, v: RgbImage, cx: Cx<'_>) ->
                 },
             ]
         }
-        (Law::Glm46V(l), Geometry::Glm { gh, gw, merge, .. }) => {
-            let (p, t) = (l.patch_size as usize, l.temporal_patch_size as usize);
-            let norm = fused(&l.mean, &l.std, l.rescale_factor);
+        (Law::Glm46V(_) | Law::Glm5Next(_), Geometry::Glm { gh, gw, merge, .. }) => {
+            let (p, t, norm, v) = match law {
+                Law::Glm46V(l) => (
+                    l.patch_size,
+                    l.temporal_patch_size,
+                    fused(&l.mean, &l.std, l.rescale_factor),
+                    v,
+                ),
+                Law::Glm5Next(l) => {
+                    // the resized content, zero-padded right and bottom to the target (its canvas)
+                    let (tw, th) = (plan.target.0 as usize, plan.target.1 as usize);
+                    let data = paste(&v.data, v.width, v.height, tw, th, cx.scratch);
+                    cx.scratch.give(v.data);
+                    let canvas = RgbImage {
+                        width: tw,
+                        height: th,
+                        data,
+                    };
+                    let norm = fused(&l.mean, &l.std, l.rescale_factor);
+                    (l.patch_size, l.temporal_patch_size, norm, canvas)
+                }
+                _ => {
+                    cx.scratch.give(v.data);
+                    return Prepared {
+                        plan,
+                        tensors: Vec::new(),
+                    };
+                }
+            };
             glm_tensors(
-                p,
-                t,
+                p as usize,
+                t as usize,
                 norm,
                 *merge as usize,
                 (*gh as usize, *gw as usize),
                 v,
-                cx,
-            )
-        }
-        (Law::Glm5Next(l), Geometry::Glm { gh, gw, merge, .. }) => {
-            // the resized content, zero-padded right and bottom to the target (glm5_next's canvas)
-            let (tw, th) = (plan.target.0 as usize, plan.target.1 as usize);
-            let canvas = RgbImage {
-                width: tw,
-                height: th,
-                data: paste(&v.data, v.width, v.height, tw, th, cx.scratch),
-            };
-            cx.scratch.give(v.data);
-            let (p, t) = (l.patch_size as usize, l.temporal_patch_size as usize);
-            let norm = fused(&l.mean, &l.std, l.rescale_factor);
-            glm_tensors(
-                p,
-                t,
-                norm,
-                *merge as usize,
-                (*gh as usize, *gw as usize),
-                canvas,
                 cx,
             )
         }
