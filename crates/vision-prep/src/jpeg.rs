@@ -585,6 +585,98 @@ fn open(s: &mut Session, bytes: &[u8], width: u32, height: u32, max_memory: u64)
     Ok(())
 }
 
+/// The frame our own baseline decode takes ([`crate::jpeg_frame`]), or `None` where libjpeg
+/// decodes the file: `jpeg_entropy::parse_frame`'s reading of the markers, kept only where it
+/// agrees with libjpeg's own reading of the same header (component count, sampling factors,
+/// blocks per component, quantisation tables, where the scan's data starts) and libjpeg codes the
+/// file as one scan of grey or YCbCr (its colour-space guess from the JFIF / Adobe markers and
+/// component ids, which we take as is). A header libjpeg refuses gives `None` too: its own decode
+/// then reports the error.
+pub(crate) fn frame_of(
+    bytes: &[u8],
+    width: u32,
+    height: u32,
+    max_memory: u64,
+) -> Option<crate::jpeg_frame::Frame> {
+    use crate::jpeg_frame::Colour;
+    let mut frame = crate::jpeg_entropy::parse_frame(bytes)?;
+    let agreed = with_session(|s| {
+        open(s, bytes, width, height, max_memory)?;
+        // SAFETY: the decompressor was created and its header read by `open`.
+        if unsafe { ffi::jpeg_has_multiple_scans(&s.cinfo) } != 0 {
+            return Ok(None);
+        }
+        let colour = match (s.cinfo.num_components, s.cinfo.jpeg_color_space) {
+            (1, ffi::J_COLOR_SPACE::JCS_GRAYSCALE) => Colour::Grey,
+            (3, ffi::J_COLOR_SPACE::JCS_YCbCr) => Colour::YCbCr,
+            _ => return Ok(None),
+        };
+        let n = usize::try_from(s.cinfo.num_components).unwrap_or(0);
+        if n != frame.components.len()
+            || bytes.len() - s.src.mgr.bytes_in_buffer != frame.scan_start
+        {
+            return Ok(None);
+        }
+        // SAFETY: `comp_info` holds `num_components` entries after `jpeg_read_header`.
+        let comps = unsafe { std::slice::from_raw_parts(s.cinfo.comp_info, n) };
+        for (ours, theirs) in frame.components.iter().zip(comps) {
+            let quant = usize::try_from(theirs.quant_tbl_no)
+                .ok()
+                .and_then(|q| s.cinfo.quant_tbl_ptrs.get(q))
+                // SAFETY: a non-null table pointer of the decompressor points at a live table.
+                .and_then(|&t| unsafe { t.as_ref() });
+            let same = quant.is_some_and(|q| q.quantval == ours.quant)
+                && usize::try_from(theirs.h_samp_factor) == Ok(ours.h)
+                && usize::try_from(theirs.v_samp_factor) == Ok(ours.v)
+                && theirs.width_in_blocks as usize == ours.width_in_blocks
+                && theirs.height_in_blocks as usize == ours.height_in_blocks;
+            if !same {
+                return Ok(None);
+            }
+        }
+        Ok(Some(colour))
+    });
+    frame.colour = agreed.ok()??;
+    Some(frame)
+}
+
+/// libjpeg's quantised coefficients of a JPEG (`jpeg_read_coefficients`): per component
+/// `(width_in_blocks, height_in_blocks, blocks)`, each block 64 values in natural order. The
+/// oracle our entropy decode is tested against.
+#[cfg(test)]
+pub(crate) fn libjpeg_coefficients(bytes: &[u8]) -> Result<Vec<(usize, usize, Vec<i16>)>> {
+    let header = read_header(bytes)?;
+    with_session(|s| {
+        open(s, bytes, header.width, header.height, u64::MAX)?;
+        // SAFETY: header read; the arrays returned live until the decompressor is destroyed,
+        // and each row access stays inside the component's rounded-up block rows.
+        unsafe {
+            let arrays = ffi::jpeg_read_coefficients(&mut s.cinfo);
+            let n = usize::try_from(s.cinfo.num_components).unwrap_or(0);
+            let comps = std::slice::from_raw_parts(s.cinfo.comp_info, n);
+            let access = (*s.cinfo.common.mem)
+                .access_virt_barray
+                .expect("libjpeg's memory manager has access_virt_barray");
+            let mut planes = Vec::with_capacity(n);
+            for (ci, comp) in comps.iter().enumerate() {
+                let (bw, bh) = (comp.width_in_blocks as usize, comp.height_in_blocks as usize);
+                let mut blocks = Vec::with_capacity(bw * bh * 64);
+                for by in 0..bh {
+                    let rows = access(&mut s.cinfo.common, *arrays.add(ci), by as u32, 1, 0);
+                    let row = *rows;
+                    for bx in 0..bw {
+                        blocks.extend_from_slice(&(*row.add(bx))[..]);
+                    }
+                }
+                planes.push((bw, bh, blocks));
+            }
+            s.src.finishing = true;
+            ffi::jpeg_finish_decompress(&mut s.cinfo);
+            Ok(planes)
+        }
+    })
+}
+
 /// The output rows of one iMCU row when the file is single-scan (so bands can skip), else `None`.
 fn probe(
     s: &mut Session,

@@ -24,6 +24,9 @@
 pub mod config;
 pub mod error;
 mod jpeg;
+mod jpeg_entropy;
+mod jpeg_frame;
+mod jpeg_idct;
 pub mod law;
 pub mod max_rows;
 mod norm;
