@@ -640,39 +640,103 @@ pub(crate) fn frame_of(
     Some(frame)
 }
 
-/// libjpeg's quantised coefficients of a JPEG (`jpeg_read_coefficients`): per component
-/// `(width_in_blocks, height_in_blocks, blocks)`, each block 64 values in natural order. The
-/// oracle our entropy decode is tested against.
+/// libjpeg's reading of a single-scan JPEG and its quantised coefficients
+/// (`jpeg_read_coefficients`): the oracle our entropy decode is tested against, and the input the
+/// reconstruction's tests start from. The frame's Huffman tables are left empty, `scan_start` and
+/// `restart_interval` 0; each plane holds libjpeg's own array, `width_in_blocks` and
+/// `height_in_blocks` rounded up to the sampling factors (`stored_w`, `stored_h`), blocks in
+/// natural order with absolute DCs.
 #[cfg(test)]
-pub(crate) fn libjpeg_coefficients(bytes: &[u8]) -> Result<Vec<(usize, usize, Vec<i16>)>> {
+pub(crate) fn libjpeg_frame(
+    bytes: &[u8],
+) -> Result<(crate::jpeg_frame::Frame, crate::jpeg_frame::Coefficients)> {
+    use crate::jpeg_frame::{Coefficients, Colour, Component, Frame, HuffTable};
     let header = read_header(bytes)?;
     with_session(|s| {
         open(s, bytes, header.width, header.height, u64::MAX)?;
+        let colour = match s.cinfo.jpeg_color_space {
+            ffi::J_COLOR_SPACE::JCS_GRAYSCALE => Colour::Grey,
+            _ => Colour::YCbCr,
+        };
+        let (w, h) = (header.width as usize, header.height as usize);
         // SAFETY: header read; the arrays returned live until the decompressor is destroyed,
         // and each row access stays inside the component's rounded-up block rows.
         unsafe {
             let arrays = ffi::jpeg_read_coefficients(&mut s.cinfo);
             let n = usize::try_from(s.cinfo.num_components).unwrap_or(0);
             let comps = std::slice::from_raw_parts(s.cinfo.comp_info, n);
+            let max_h = comps
+                .iter()
+                .map(|c| c.h_samp_factor as usize)
+                .max()
+                .unwrap_or(1);
+            let max_v = comps
+                .iter()
+                .map(|c| c.v_samp_factor as usize)
+                .max()
+                .unwrap_or(1);
             let access = (*s.cinfo.common.mem)
                 .access_virt_barray
                 .expect("libjpeg's memory manager has access_virt_barray");
+            let mut frame = Frame {
+                width: w,
+                height: h,
+                max_h,
+                max_v,
+                mcus_x: w.div_ceil(8 * max_h),
+                mcus_y: h.div_ceil(8 * max_v),
+                components: Vec::with_capacity(n),
+                restart_interval: 0,
+                colour,
+                scan_start: 0,
+            };
             let mut planes = Vec::with_capacity(n);
             for (ci, comp) in comps.iter().enumerate() {
-                let (bw, bh) = (comp.width_in_blocks as usize, comp.height_in_blocks as usize);
-                let mut blocks = Vec::with_capacity(bw * bh * 64);
-                for by in 0..bh {
+                let (ch, cv) = (comp.h_samp_factor as usize, comp.v_samp_factor as usize);
+                let (bw, bh) = (
+                    comp.width_in_blocks as usize,
+                    comp.height_in_blocks as usize,
+                );
+                let (sw, sh) = if n > 1 {
+                    (bw.next_multiple_of(ch), bh.next_multiple_of(cv))
+                } else {
+                    (bw, bh)
+                };
+                let mut blocks = Vec::with_capacity(sw * sh * 64);
+                for by in 0..sh {
                     let rows = access(&mut s.cinfo.common, *arrays.add(ci), by as u32, 1, 0);
                     let row = *rows;
-                    for bx in 0..bw {
-                        blocks.extend_from_slice(&(*row.add(bx))[..]);
+                    for bx in 0..sw {
+                        blocks.extend_from_slice(&*row.add(bx));
                     }
                 }
-                planes.push((bw, bh, blocks));
+                planes.push(blocks);
+                let q = &*s.cinfo.quant_tbl_ptrs[comp.quant_tbl_no as usize];
+                let empty = HuffTable {
+                    bits: [0; 17],
+                    values: Vec::new(),
+                };
+                frame.components.push(Component {
+                    h: ch,
+                    v: cv,
+                    quant: q.quantval,
+                    dc: empty.clone(),
+                    ac: empty,
+                    sampled_width: (w * ch).div_ceil(max_h),
+                    sampled_height: (h * cv).div_ceil(max_v),
+                    width_in_blocks: bw,
+                    height_in_blocks: bh,
+                    stored_w: sw,
+                    stored_h: sh,
+                });
+            }
+            if n == 1 {
+                frame.mcus_x = frame.components[0].width_in_blocks;
+                frame.mcus_y = frame.components[0].height_in_blocks;
             }
             s.src.finishing = true;
             ffi::jpeg_finish_decompress(&mut s.cinfo);
-            Ok(planes)
+            Ok((frame, Coefficients { planes }))
         }
     })
 }
@@ -880,7 +944,7 @@ fn read_rows(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -949,7 +1013,7 @@ mod tests {
     }
 
     /// Every JPEG of the Pillow corpus (`fixtures/prep/jpeg`) and of the fixture images, sorted.
-    fn fixture_jpegs() -> Vec<std::path::PathBuf> {
+    pub(crate) fn fixture_jpegs() -> Vec<std::path::PathBuf> {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let mut files: Vec<std::path::PathBuf> = Vec::new();
         for dir in [
@@ -1000,7 +1064,13 @@ mod tests {
     /// libjpeg-turbo's defaults), quality 90: `w × h` gradients with xorshift noise, RGB with the
     /// luma sampled `samp` = (h, v) times the chroma ((2, 2) 4:2:0, (2, 1) 4:2:2, (1, 1) 4:4:4),
     /// or grey; baseline, or progressive (`jpeg_simple_progression`).
-    fn encode(w: usize, h: usize, grey: bool, samp: (i32, i32), progressive: bool) -> Vec<u8> {
+    pub(crate) fn encode(
+        w: usize,
+        h: usize,
+        grey: bool,
+        samp: (i32, i32),
+        progressive: bool,
+    ) -> Vec<u8> {
         let comps = if grey { 1 } else { 3 };
         let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (w * 7919 + h) as u64;
         let pixels: Vec<u8> = (0..w * h * comps)

@@ -126,3 +126,25 @@ impl Coefficients {
         &self.planes[c][at..at + 64]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// libjpeg's reading of every single-scan fixture JPEG gives planes of the stated sizes.
+    #[test]
+    fn libjpeg_frame_reads_the_fixture_jpegs() {
+        let mut read = 0;
+        for path in crate::jpeg::tests::fixture_jpegs() {
+            let bytes = std::fs::read(&path).expect("fixture");
+            let Ok((frame, coefs)) = crate::jpeg::libjpeg_frame(&bytes) else {
+                continue;
+            };
+            assert_eq!(coefs.planes.len(), frame.components.len());
+            for (c, plane) in frame.components.iter().zip(&coefs.planes) {
+                assert_eq!(plane.len(), c.stored_w * c.stored_h * 64, "{path:?}");
+                assert!(c.stored_w >= c.width_in_blocks && c.stored_h >= c.height_in_blocks);
+            }
+            read += 1;
+        }
+        assert!(read >= 5, "only {read} fixture JPEGs read");
+    }
+}
