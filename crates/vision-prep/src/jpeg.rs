@@ -286,6 +286,13 @@ pub(crate) fn decode_banded(
     scratch: &crate::pages::Scratch,
     bands: usize,
 ) -> Result<RgbImage> {
+    if let Some(data) = own_decode(bytes, width, height, max_memory, scratch, bands) {
+        return Ok(RgbImage {
+            width: width as usize,
+            height: height as usize,
+            data,
+        });
+    }
     let cuts = cuts_for(bytes, width, height, max_memory, bands)?;
     decode_cuts(bytes, width, height, max_memory, scratch, &cuts).map(|data| RgbImage {
         width: width as usize,
@@ -345,8 +352,24 @@ pub(crate) fn decode_resized(
     parallel: bool,
 ) -> Result<RgbImage> {
     let (w, h) = (width as usize, height as usize);
-    let cuts = cuts_for(bytes, width, height, max_memory, bands)?;
     let plan = RgbWidthResize::new(w, h, out_w, out_h, filter);
+    if let Some(data) = own_decode_resized(
+        bytes,
+        (width, height),
+        max_memory,
+        scratch,
+        bands,
+        plan.as_ref(),
+        (out_w, out_h, filter),
+        parallel,
+    ) {
+        return Ok(RgbImage {
+            width: out_w,
+            height: out_h,
+            data,
+        });
+    }
+    let cuts = cuts_for(bytes, width, height, max_memory, bands)?;
     let data = match plan {
         Some(plan) if cuts.len() > 2 => decode_cuts_resized(
             bytes, width, height, max_memory, scratch, &cuts, &plan, parallel,
@@ -380,30 +403,14 @@ fn decode_cuts_resized(
     parallel: bool,
 ) -> Result<Vec<u8>> {
     let (w, h) = (width as usize, height as usize);
-    let keep = plan.rows();
-    let row_bytes = plan.row_bytes();
     let mut rgb = scratch.take(w * h * 3);
-    let mut tmp = scratch.take(keep.len() * row_bytes);
+    let mut tmp = scratch.take(plan.rows().len() * plan.row_bytes());
     // Every band's chunks up front: (source rows, their RGB rows, the intermediate rows they
     // give: those of `keep`, maybe none), all disjoint slices of the two buffers.
     let mut jobs: Vec<Band<'_>> = Vec::with_capacity(cuts.len());
     let (mut rgb_rest, mut tmp_rest) = (rgb.as_mut_slice(), tmp.as_mut_slice());
     for pair in cuts.windows(2) {
-        let mut chunks = Vec::new();
-        for start in (pair[0]..pair[1]).step_by(HPASS_CHUNK_ROWS) {
-            let rows = start..(start + HPASS_CHUNK_ROWS).min(pair[1]);
-            let (out, rest) = std::mem::take(&mut rgb_rest).split_at_mut(rows.len() * w * 3);
-            rgb_rest = rest;
-            let kept = rows.start.clamp(keep.start, keep.end)..rows.end.clamp(keep.start, keep.end);
-            let (mid, rest) = std::mem::take(&mut tmp_rest).split_at_mut(kept.len() * row_bytes);
-            tmp_rest = rest;
-            chunks.push(Chunk {
-                rows,
-                out,
-                kept,
-                mid,
-            });
-        }
+        let chunks = chunks_of(pair[0]..pair[1], w, plan, &mut rgb_rest, &mut tmp_rest);
         jobs.push(Band {
             rows: pair[0]..pair[1],
             chunks,
@@ -440,6 +447,143 @@ fn decode_cuts_resized(
         return Err(e);
     }
     Ok(plan.finish(tmp, parallel, scratch))
+}
+
+/// Rows `rows` cut into chunks of [`HPASS_CHUNK_ROWS`]: each takes its RGB rows from the front of
+/// `rgb_rest` and the intermediate rows of `plan`'s horizontal pass it gives (those of
+/// `plan.rows()`, maybe none) from the front of `tmp_rest`.
+fn chunks_of<'a>(
+    rows: std::ops::Range<usize>,
+    w: usize,
+    plan: &RgbWidthResize,
+    rgb_rest: &mut &'a mut [u8],
+    tmp_rest: &mut &'a mut [u8],
+) -> Vec<Chunk<'a>> {
+    let keep = plan.rows();
+    let end = rows.end;
+    let mut chunks = Vec::with_capacity(rows.len().div_ceil(HPASS_CHUNK_ROWS));
+    for start in rows.step_by(HPASS_CHUNK_ROWS) {
+        let rows = start..(start + HPASS_CHUNK_ROWS).min(end);
+        let (out, rest) = std::mem::take(rgb_rest).split_at_mut(rows.len() * w * 3);
+        *rgb_rest = rest;
+        let kept = rows.start.clamp(keep.start, keep.end)..rows.end.clamp(keep.start, keep.end);
+        let (mid, rest) = std::mem::take(tmp_rest).split_at_mut(kept.len() * plan.row_bytes());
+        *tmp_rest = rest;
+        chunks.push(Chunk {
+            rows,
+            out,
+            kept,
+            mid,
+        });
+    }
+    chunks
+}
+
+/// Our own decode's first half (`jpeg_entropy`): the frame and its coefficients, the entropy
+/// decode split over up to `bands` pool threads, or `None` where it declines and libjpeg decodes:
+/// `bands ≤ 1` or an image under [`BAND_MIN_PIXELS`] (one libjpeg decompressor is as fast there),
+/// a file that is not one baseline scan of grey or YCbCr the reconstruction reproduces
+/// (`jpeg_idct::supports`), coefficients larger than `max_memory`, or anything irregular in the
+/// scan (a corrupt file's error then comes from libjpeg, as before).
+fn own_coefficients(
+    bytes: &[u8],
+    width: u32,
+    height: u32,
+    max_memory: u64,
+    bands: usize,
+) -> Option<(crate::jpeg_frame::Frame, crate::jpeg_frame::Coefficients)> {
+    if bands <= 1 || u64::from(width) * u64::from(height) < BAND_MIN_PIXELS {
+        return None;
+    }
+    let frame = frame_of(bytes, width, height, max_memory)?;
+    crate::jpeg_idct::supports(&frame).ok()?;
+    let size: u64 = frame
+        .components
+        .iter()
+        .map(|c| (c.stored_w * c.stored_h * 64 * std::mem::size_of::<i16>()) as u64)
+        .sum();
+    if size > max_memory {
+        return None;
+    }
+    let coefs = crate::jpeg_entropy::decode_parallel(bytes, &frame, bands).ok()?;
+    Some((frame, coefs))
+}
+
+/// Our own decode of a baseline JPEG ([`own_coefficients`], then the rows reconstructed a chunk of
+/// [`HPASS_CHUNK_ROWS`] at a time on the pool, `jpeg_idct`): libjpeg's bytes, or `None` where it
+/// declines (the caller decodes with libjpeg). The buffer comes from `scratch`.
+fn own_decode(
+    bytes: &[u8],
+    width: u32,
+    height: u32,
+    max_memory: u64,
+    scratch: &crate::pages::Scratch,
+    bands: usize,
+) -> Option<Vec<u8>> {
+    use rayon::prelude::*;
+    let (frame, coefs) = own_coefficients(bytes, width, height, max_memory, bands)?;
+    let row = width as usize * 3;
+    let mut data = scratch.take(row * height as usize);
+    let done = data
+        .par_chunks_mut(HPASS_CHUNK_ROWS * row)
+        .enumerate()
+        .all(|(i, out)| {
+            let first = i * HPASS_CHUNK_ROWS;
+            let rows = first..first + out.len() / row;
+            crate::jpeg_idct::reconstruct_rows(&frame, &coefs, rows, out).is_ok()
+        });
+    if done {
+        return Some(data);
+    }
+    scratch.give(data);
+    None
+}
+
+/// [`own_decode`] resized to `out_w × out_h` with `filter`: with a width-changing `plan`, each
+/// chunk's horizontal pass runs right after its rows are reconstructed, on the same task, and the
+/// vertical pass after the last (`parallel` splits it over the pool); otherwise decode, then
+/// `resize_rgb_in`. The bytes of `resize_rgb_in` on libjpeg's decode, or `None` where our decode
+/// declines.
+#[allow(clippy::too_many_arguments)]
+fn own_decode_resized(
+    bytes: &[u8],
+    (width, height): (u32, u32),
+    max_memory: u64,
+    scratch: &crate::pages::Scratch,
+    bands: usize,
+    plan: Option<&RgbWidthResize>,
+    (out_w, out_h, filter): (usize, usize, Filter),
+    parallel: bool,
+) -> Option<Vec<u8>> {
+    use rayon::prelude::*;
+    let (w, h) = (width as usize, height as usize);
+    let Some(plan) = plan else {
+        let rgb = own_decode(bytes, width, height, max_memory, scratch, bands)?;
+        let out = resize_rgb_in(&rgb, w, h, out_w, out_h, filter, parallel, scratch);
+        scratch.give(rgb);
+        return Some(out);
+    };
+    let (frame, coefs) = own_coefficients(bytes, width, height, max_memory, bands)?;
+    let mut rgb = scratch.take(w * h * 3);
+    let mut tmp = scratch.take(plan.rows().len() * plan.row_bytes());
+    let (mut rgb_rest, mut tmp_rest) = (rgb.as_mut_slice(), tmp.as_mut_slice());
+    let chunks = chunks_of(0..h, w, plan, &mut rgb_rest, &mut tmp_rest);
+    let done = chunks.into_par_iter().all(|c| {
+        if crate::jpeg_idct::reconstruct_rows(&frame, &coefs, c.rows.clone(), c.out).is_err() {
+            return false;
+        }
+        if !c.kept.is_empty() {
+            let rows = c.kept.start - c.rows.start..c.kept.end - c.rows.start;
+            plan.horizontal(c.out, rows, c.mid);
+        }
+        true
+    });
+    scratch.give(rgb);
+    if !done {
+        scratch.give(tmp);
+        return None;
+    }
+    Some(plan.finish(tmp, parallel, scratch))
 }
 
 /// One band of [`decode_cuts_resized`]: its rows and their chunks, in order.
