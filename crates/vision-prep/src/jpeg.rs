@@ -495,6 +495,17 @@ fn own_coefficients(
     if bands <= 1 || u64::from(width) * u64::from(height) < BAND_MIN_PIXELS {
         return None;
     }
+    own_coefficients_of_any_size(bytes, width, height, max_memory, bands)
+}
+
+/// [`own_coefficients`] without its size and thread gate (the tests take small files through it).
+fn own_coefficients_of_any_size(
+    bytes: &[u8],
+    width: u32,
+    height: u32,
+    max_memory: u64,
+    bands: usize,
+) -> Option<(crate::jpeg_frame::Frame, crate::jpeg_frame::Coefficients)> {
     let frame = frame_of(bytes, width, height, max_memory)?;
     crate::jpeg_idct::supports(&frame).ok()?;
     let size: u64 = frame
@@ -520,17 +531,27 @@ fn own_decode(
     scratch: &crate::pages::Scratch,
     bands: usize,
 ) -> Option<Vec<u8>> {
-    use rayon::prelude::*;
     let (frame, coefs) = own_coefficients(bytes, width, height, max_memory, bands)?;
-    let row = width as usize * 3;
-    let mut data = scratch.take(row * height as usize);
+    own_rows(&frame, &coefs, scratch)
+}
+
+/// Every row of `frame` reconstructed from `coefs` a chunk of [`HPASS_CHUNK_ROWS`] at a time on the
+/// pool, into a buffer from `scratch`; `None` where the reconstruction declines.
+fn own_rows(
+    frame: &crate::jpeg_frame::Frame,
+    coefs: &crate::jpeg_frame::Coefficients,
+    scratch: &crate::pages::Scratch,
+) -> Option<Vec<u8>> {
+    use rayon::prelude::*;
+    let row = frame.width * 3;
+    let mut data = scratch.take(row * frame.height);
     let done = data
         .par_chunks_mut(HPASS_CHUNK_ROWS * row)
         .enumerate()
         .all(|(i, out)| {
             let first = i * HPASS_CHUNK_ROWS;
             let rows = first..first + out.len() / row;
-            crate::jpeg_idct::reconstruct_rows(&frame, &coefs, rows, out).is_ok()
+            crate::jpeg_idct::reconstruct_rows(frame, coefs, rows, out).is_ok()
         });
     if done {
         return Some(data);
@@ -1523,6 +1544,64 @@ pub(crate) mod tests {
         assert_eq!(cases, 100);
         // Both answers occur: the decoded ones compare pixels, the refused ones errors.
         assert!(outcomes[0] >= 2 && outcomes[1] >= 2, "{outcomes:?}");
+    }
+
+    /// Our own decode (the entropy decode over the pool, the rows reconstructed in chunks) gives
+    /// libjpeg's bytes on every fixture JPEG and on synthetic files of every sampling we take,
+    /// at odd sizes, and it takes (does not decline) the baseline ones.
+    #[test]
+    fn own_decode_equals_libjpeg() {
+        let none = crate::pages::Scratch::none();
+        let mut files: Vec<(String, Vec<u8>)> = fixture_jpegs()
+            .into_iter()
+            .map(|p| (p.display().to_string(), std::fs::read(&p).expect("fixture")))
+            .collect();
+        for (w, h) in [
+            (1, 1),
+            (9, 7),
+            (33, 17),
+            (250, 131),
+            (641, 479),
+            (1920, 1080),
+        ] {
+            for samp in [(1, 1), (2, 1), (1, 2), (2, 2)] {
+                files.push((
+                    format!("{w}x{h} {samp:?}"),
+                    encode(w, h, false, samp, false),
+                ));
+            }
+            files.push((format!("{w}x{h} grey"), encode(w, h, true, (1, 1), false)));
+        }
+        let (mut taken, mut baseline) = (0, 0);
+        for (name, bytes) in &files {
+            let Ok(header) = read_header(bytes) else {
+                continue;
+            };
+            let (w, h) = (header.width, header.height);
+            let Ok(whole) = decode_banded(bytes, w, h, u64::MAX, none, 1) else {
+                continue;
+            };
+            let single = with_session(|s| probe(s, bytes, w, h, u64::MAX))
+                .ok()
+                .flatten();
+            baseline += usize::from(single.is_some());
+            for threads in [1, 3, 16] {
+                let Some((frame, coefs)) =
+                    own_coefficients_of_any_size(bytes, w, h, u64::MAX, threads)
+                else {
+                    continue;
+                };
+                let rgb = own_rows(&frame, &coefs, none).expect("reconstruction declined");
+                assert!(rgb == whole.data, "{name}: {threads} threads");
+                taken += usize::from(threads == 1);
+            }
+        }
+        eprintln!("own decode: {taken} of {baseline} single-scan files taken");
+        // Every synthetic file is baseline 4:4:4 / 4:2:2 / 4:4:0 / 4:2:0 or grey.
+        assert!(
+            taken >= 30,
+            "only {taken} of {baseline} single-scan files taken"
+        );
     }
 
     /// `Preprocessor::prepare` (which resizes a large JPEG while it decodes, for gemma4, glm46v
