@@ -169,8 +169,8 @@ struct CompPlan<'a> {
     quant_raw: [u16; 64],
     /// As 16-bit lanes (every quantiser is at most 32767), for the AVX2 IDCT.
     quant16: [i16; 64],
-    /// `16383 / quantiser` (`i16::MAX` where it is 0, read as `u16`): the largest |coefficient|
-    /// whose dequantised value surely keeps libjpeg's SIMD sums in 16 bits.
+    /// `16383 / quantiser` (`u16::MAX` where it is 0), as `u16` bits in `i16`s: the largest
+    /// |coefficient| whose dequantised value surely keeps libjpeg's SIMD sums in 16 bits.
     limit16: [i16; 64],
     /// The coefficient blocks, `stored_w` per block row.
     plane: &'a [i16],
@@ -312,10 +312,18 @@ fn reconstruct_with<K: Kernels>(
 /// The row kernels [`band`] runs: portable code ([`Portable`]) or AVX2 code ([`Avx2`]), the same
 /// bytes wherever a band is accepted.
 trait Kernels: Copy {
-    /// Block row `by` of component `c` into `dst` (8 rows of `stride` bytes). Returns whether
-    /// every value lay surely where libjpeg's builds agree (see [`Bounds::surely_agree`]);
-    /// where not, the caller checks the blocks exactly.
-    fn idct_row(self, c: &CompPlan, by: usize, dst: &mut [u8], stride: usize) -> bool;
+    /// Sample rows `rows` (within `0..8`; others may be left unwritten) of block row `by` of
+    /// component `c` into `dst` (8 rows of `stride` bytes). Returns whether every value lay
+    /// surely where libjpeg's builds agree (see [`Bounds::surely_agree`]); where not, the
+    /// caller checks the blocks exactly.
+    fn idct_row(
+        self,
+        c: &CompPlan,
+        by: usize,
+        rows: Range<usize>,
+        dst: &mut [u8],
+        stride: usize,
+    ) -> bool;
     /// One output row of an upsampled component from its sample row `near` and the context row
     /// `far` (both `downsampled_width` long), `bias` 1 for the upper row of a pair, 2 for the
     /// lower (`h1v2_fancy_upsample`'s); writes at least `width` samples of `out`.
@@ -339,7 +347,14 @@ trait Kernels: Copy {
 struct Portable;
 
 impl Kernels for Portable {
-    fn idct_row(self, c: &CompPlan, by: usize, dst: &mut [u8], stride: usize) -> bool {
+    fn idct_row(
+        self,
+        c: &CompPlan,
+        by: usize,
+        _rows: Range<usize>,
+        dst: &mut [u8],
+        stride: usize,
+    ) -> bool {
         idct_block_row(c, by, dst, stride)
     }
     fn upsample(
@@ -376,9 +391,22 @@ impl Avx2 {
 
 #[cfg(target_arch = "x86_64")]
 impl Kernels for Avx2 {
-    fn idct_row(self, c: &CompPlan, by: usize, dst: &mut [u8], stride: usize) -> bool {
+    fn idct_row(
+        self,
+        c: &CompPlan,
+        by: usize,
+        rows: Range<usize>,
+        dst: &mut [u8],
+        stride: usize,
+    ) -> bool {
         // SAFETY: an `Avx2` exists only where the CPU has AVX2, all the callee requires.
-        unsafe { avx2::idct_row(c, by, dst, stride) }
+        unsafe {
+            if rows.len() <= 2 {
+                avx2::idct_row_partial(c, by, rows, dst, stride)
+            } else {
+                avx2::idct_row(c, by, dst, stride)
+            }
+        }
     }
     fn upsample(
         self,
@@ -660,6 +688,117 @@ mod avx2 {
             for (r, p) in px.iter().enumerate() {
                 let at = r * stride + bx * 8;
                 dst[at..at + 8].copy_from_slice(&p.to_le_bytes());
+            }
+        }
+        let pass1 = _mm256_and_si256(doubt.pass1, _mm256_set1_epi16(i16::MIN));
+        let out = _mm256_and_si256(doubt.out, _mm256_set1_epi16(!1023));
+        let any = _mm256_or_si256(doubt.coef, _mm256_or_si256(pass1, out));
+        !doubt.dc && _mm256_testz_si256(any, any) == 1
+    }
+
+    /// [`idct_row`] for `rows.len() ≤ 2` sample rows of each block (a block row at a band's
+    /// edge): for each, one row of pass 1 (`Σ_k M[r][k]·d_k` by `madd` on coefficient rows,
+    /// lanes the columns) and its pass 2 (`Σ_c M[n][c]·w_c`, lanes the output columns), `M` the
+    /// integer matrix of [`idct_1d`](super::idct_1d). The exact sums of jidctint.c's butterfly
+    /// (it is that matrix; no rounding inside a pass), so the bytes of [`idct_row`] for those
+    /// rows wherever it is sure; unsure as it would be, for the rows computed (libjpeg's other
+    /// rows do not touch these).
+    #[target_feature(enable = "avx2")]
+    pub(super) fn idct_row_partial(
+        c: &CompPlan,
+        by: usize,
+        rows: std::ops::Range<usize>,
+        dst: &mut [u8],
+        stride: usize,
+    ) -> bool {
+        let m = super::idct_matrix();
+        let pack = |a: i32, b: i32| (b << 16) | (a & 0xFFFF);
+        // Pass-2 constants: pair j of the row's inputs, each output column n a lane.
+        let mut kp = [_mm256_setzero_si256(); 4];
+        for (j, kp) in kp.iter_mut().enumerate() {
+            let e = |n: usize| pack(m[n][2 * j], m[n][2 * j + 1]);
+            *kp = _mm256_setr_epi32(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7));
+        }
+        let row = &c.plane[by * c.stored_w * 64..][..c.width_in_blocks * 64];
+        let (blocks, _) = row.as_chunks::<64>();
+        let q = rows16(&c.quant16);
+        let lim = rows16(&c.limit16);
+        let zero = _mm256_setzero_si256();
+        let mut doubt = Doubt {
+            coef: zero,
+            pass1: zero,
+            out: zero,
+            dc: false,
+        };
+        let dc_lane = _mm256_setr_epi16(
+            0, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+        );
+        for (bx, block) in blocks.iter().enumerate() {
+            let raw = rows16(block);
+            let ac = _mm256_or_si256(
+                _mm256_or_si256(_mm256_and_si256(raw[0], dc_lane), raw[1]),
+                _mm256_or_si256(raw[2], raw[3]),
+            );
+            if _mm256_testz_si256(ac, ac) == 1 {
+                // All AC zero, as in `idct_block`.
+                let d = i32::from(block[0]).wrapping_mul(c.quant[0]);
+                let w = d.wrapping_mul(4);
+                let x = w.wrapping_add(16) >> 5;
+                doubt.dc |= !(-16384..=16383).contains(&d)
+                    || !(-16384..=16383).contains(&w)
+                    || !(-512..=511).contains(&x);
+                let byte = (x + 128).clamp(0, 255) as u8;
+                for r in rows.clone() {
+                    let at = r * stride + bx * 8;
+                    dst[at..at + 8].fill(byte);
+                }
+                continue;
+            }
+            // Dequantised rows d_k, 16 bits (exact where `doubt.coef` stays clear).
+            let mut d = [_mm_setzero_si128(); 8];
+            for (k, ((&r, &q), &lim)) in raw.iter().zip(&q).zip(&lim).enumerate() {
+                let over = _mm256_xor_si256(_mm256_max_epu16(_mm256_abs_epi16(r), lim), lim);
+                doubt.coef = _mm256_or_si256(doubt.coef, over);
+                let v = _mm256_mullo_epi16(r, q);
+                d[2 * k] = _mm256_castsi256_si128(v);
+                d[2 * k + 1] = _mm256_extracti128_si256::<1>(v);
+            }
+            // Pairs (d_2j, d_2j+1) of each column, columns 0..4 low, 4..8 high.
+            let mut pairs = [zero; 4];
+            for (j, p) in pairs.iter_mut().enumerate() {
+                let (a, b) = (d[2 * j], d[2 * j + 1]);
+                *p = _mm256_set_m128i(_mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(a, b));
+            }
+            for r in rows.clone() {
+                let mut acc = _mm256_set1_epi32(1 << 10);
+                for (j, p) in pairs.iter().enumerate() {
+                    let k = _mm256_set1_epi32(pack(m[r][2 * j], m[r][2 * j + 1]));
+                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(*p, k));
+                }
+                let w = _mm256_srai_epi32::<11>(acc);
+                let w16 =
+                    _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256::<1>(w));
+                let w16x = _mm256_zextsi128_si256(_mm_add_epi16(w16, _mm_set1_epi16(16384)));
+                doubt.pass1 = _mm256_or_si256(doubt.pass1, w16x);
+                let mut acc = _mm256_set1_epi32(1 << 17);
+                let wpair = [
+                    _mm_extract_epi32::<0>(w16),
+                    _mm_extract_epi32::<1>(w16),
+                    _mm_extract_epi32::<2>(w16),
+                    _mm_extract_epi32::<3>(w16),
+                ];
+                for (&wp, &k) in wpair.iter().zip(&kp) {
+                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_set1_epi32(wp), k));
+                }
+                let x = _mm256_srai_epi32::<18>(acc);
+                let x16 =
+                    _mm_packs_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256::<1>(x));
+                let x16o = _mm256_zextsi128_si256(_mm_add_epi16(x16, _mm_set1_epi16(512)));
+                doubt.out = _mm256_or_si256(doubt.out, x16o);
+                // Signed saturation to -128..=127, then + 128, as `idct_block`.
+                let bytes = _mm_xor_si128(_mm_packs_epi16(x16, x16), _mm_set1_epi8(-128));
+                let at = r * stride + bx * 8;
+                dst[at..at + 8].copy_from_slice(&(_mm_cvtsi128_si64(bytes) as u64).to_le_bytes());
             }
         }
         let pass1 = _mm256_and_si256(doubt.pass1, _mm256_set1_epi16(i16::MIN));
@@ -1005,6 +1144,14 @@ fn idct_1d<L: Lane>(x: [L; 8]) -> [L; 8] {
     ]
 }
 
+/// The integer matrix of one [`idct_1d`] pass: `m[n][k]` = output `n` of input `k` alone (every
+/// entry fits 16 bits).
+fn idct_matrix() -> [[i32; 8]; 8] {
+    let cols: [[i64; 8]; 8] =
+        std::array::from_fn(|k| idct_1d(std::array::from_fn(|j| i64::from(j == k))));
+    std::array::from_fn(|n| std::array::from_fn(|k| cols[k][n] as i32))
+}
+
 /// The 8×8 transpose in the three interleaving stages of AVX2 (32-bit unpacks within 128-bit
 /// halves, 64-bit unpacks, 128-bit half swaps), written so the compiler sees the shuffles.
 #[inline(always)]
@@ -1168,8 +1315,16 @@ impl Window {
     }
 
     /// Makes the window hold block rows `need` (which starts at or after the window's start),
-    /// keeping the rows it already holds and reconstructing the others.
-    fn ensure<K: Kernels>(&mut self, k: K, need: Range<usize>, c: &CompPlan) -> bool {
+    /// keeping the rows it already holds and reconstructing the others, of each only the sample
+    /// rows in `band` (all the band in hand ever reads: a block row at its edge, read only for
+    /// the upsampler's context or cut by the image's last row, is reconstructed in part).
+    fn ensure<K: Kernels>(
+        &mut self,
+        k: K,
+        need: Range<usize>,
+        band: &Range<usize>,
+        c: &CompPlan,
+    ) -> bool {
         let mut sure = true;
         let row_bytes = 8 * self.stride;
         if need.start < self.first || need.start >= self.first + self.count {
@@ -1187,7 +1342,9 @@ impl Window {
             if self.data.len() < at + row_bytes {
                 self.data.resize(at + row_bytes, 0);
             }
-            sure &= k.idct_row(c, by, &mut self.data[at..at + row_bytes], self.stride);
+            let rows = band.start.max(8 * by) - 8 * by..band.end.min(8 * by + 8) - 8 * by;
+            let dst = &mut self.data[at..at + row_bytes];
+            sure &= k.idct_row(c, by, rows, dst, self.stride);
             self.count += 1;
         }
         sure
@@ -1243,7 +1400,7 @@ fn band<K: Kernels>(k: K, plan: &Plan, rows: Range<usize>, out: &mut [u8]) -> bo
         let end = ((y / imcu + 1) * imcu).min(rows.end);
         for (c, win) in plan.comps.iter().zip(windows.iter_mut()) {
             let s = c.sample_rows(&(y..end));
-            sure &= win.ensure(k, s.start / 8..s.end.div_ceil(8), c);
+            sure &= win.ensure(k, s.start / 8..s.end.div_ceil(8), &c.sample_rows(&rows), c);
         }
         for yy in y..end {
             let Some(orow) = out_rows.next() else {
@@ -2048,7 +2205,31 @@ mod tests {
             dh: 8,
         };
         let mut px = [0u8; 64];
-        let sure = k.idct_row(&c, 0, &mut px, 8);
+        let sure = k.idct_row(&c, 0, 0..8, &mut px, 8);
+        (px, sure)
+    }
+
+    /// Rows `rows` of one block through kernels `k` (the others zero) and whether `k` was sure.
+    fn kernel_rows<K: Kernels>(
+        k: K,
+        coef: &[i16; 64],
+        quant: &[u16; 64],
+        rows: Range<usize>,
+    ) -> ([u8; 64], bool) {
+        let c = CompPlan {
+            method: Method::Full,
+            quant: quant.map(i32::from),
+            quant_raw: *quant,
+            quant16: quant.map(|q| q as i16),
+            limit16: quant.map(|q| 16383u16.checked_div(q).unwrap_or(u16::MAX) as i16),
+            plane: coef,
+            stored_w: 1,
+            width_in_blocks: 1,
+            dw: 8,
+            dh: 8,
+        };
+        let mut px = [0u8; 64];
+        let sure = k.idct_row(&c, 0, rows, &mut px, 8);
         (px, sure)
     }
 
@@ -2068,7 +2249,7 @@ mod tests {
             .unwrap_or(0);
         assert!(l1 * 32768 + (1 << 17) < 1 << 31, "row norm {l1}");
         let mut rng = Rng(99);
-        let (mut agreed, mut sure_blocks, mut declined) = (0, 0, 0);
+        let (mut agreed, mut sure_blocks, mut declined, mut partial_sure) = (0, 0, 0, 0);
         for round in 0..20000 {
             let scale = [1, 8, 64, 400, 1000, 4000, 16000, 32767][round % 8];
             let qmax = [1, 8, 255][round % 3];
@@ -2097,13 +2278,22 @@ mod tests {
             #[cfg(target_arch = "x86_64")]
             if let Some(k) = Avx2::detect() {
                 check("AVX2", kernel_block(k, &coef, &quant));
+                // Rows one or two at a time (the edge kernel): exact wherever sure or agreeing.
+                for rows in [0..1, 3..4, 7..8, 0..2, 5..7] {
+                    let (px, sure) = kernel_rows(k, &coef, &quant, rows.clone());
+                    if sure || agrees {
+                        let (a, b) = (rows.start * 8, rows.end * 8);
+                        assert!(px[a..b] == exact[a..b], "AVX2 rows {rows:?}: {coef:?}");
+                    }
+                    partial_sure += usize::from(sure);
+                }
             }
             agreed += usize::from(agrees);
             declined += usize::from(!agrees);
         }
         eprintln!(
             "kernels: {agreed} blocks where libjpeg agrees (exact), {declined} where not, \
-             {sure_blocks} kernel runs sure"
+             {sure_blocks} kernel runs sure, {partial_sure} partial runs sure"
         );
         assert!(agreed > 8000 && declined > 2000, "{agreed} {declined}");
     }
@@ -2239,19 +2429,24 @@ mod tests {
             reconstruct_rows(&frame, &coefs, 0..1080, &mut out).expect("supported");
         });
         assert!(out == want);
-        let banded = best(&mut || {
-            for (k, chunk) in out.chunks_mut(64 * 1920 * 3).enumerate() {
-                let rows = k * 64..(k * 64 + 64).min(1080);
-                reconstruct_rows(&frame, &coefs, rows, chunk).expect("supported");
-            }
-        });
-        assert!(out == want);
+        let mut banded = |band: usize| {
+            let t = best(&mut || {
+                for (k, chunk) in out.chunks_mut(band * 1920 * 3).enumerate() {
+                    let rows = k * band..(k * band + band).min(1080);
+                    reconstruct_rows(&frame, &coefs, rows, chunk).expect("supported");
+                }
+            });
+            assert!(out == want);
+            t
+        };
+        let (b16, b64) = (banded(16), banded(64));
         let libjpeg = best(&mut || {
             std::hint::black_box(libjpeg_rgb(&bytes, &frame));
         });
         eprintln!(
             "1920x1080 4:2:0 q90 (JPEG_SIMD {:?}): reconstruct_rows whole {ours:.2} ms, \
-             in 64-row bands {banded:.2} ms; libjpeg whole decode {libjpeg:.2} ms",
+             in 64-row bands {b64:.2} ms, in 16-row bands {b16:.2} ms; \
+             libjpeg whole decode {libjpeg:.2} ms",
             crate::JPEG_SIMD
         );
     }
