@@ -2067,8 +2067,8 @@ mod tests {
 
     /// Files of random coefficients in every sampling layout we take (including 4:4:0, chroma
     /// sampled more finely than luma, 2×2-sampled grey, and layouts where a component's width of
-    /// 1 or 2 samples turns the fancy upsampler off) are reconstructed exactly; layouts with a
-    /// ratio of 3 or 4 are declined.
+    /// 1 or 2 samples turns the fancy upsampler off), and under 16-bit quantisers, are
+    /// reconstructed exactly; layouts with a ratio of 3 or 4 are declined.
     #[test]
     fn random_coefficients_in_every_layout_equal_libjpeg() {
         let mut rng = Rng(0x5EED);
@@ -2110,6 +2110,15 @@ mod tests {
                 }
             }
         }
+        // 16-bit quantisers (up to 1000).
+        let q16: [u16; 64] = std::array::from_fn(|i| 300 + 11 * i as u16);
+        for (w, h) in [(16, 16), (45, 30)] {
+            let frame = synth_frame(w, h, &[((2, 2), q16), ((1, 1), q16), ((1, 1), q16)]);
+            let coefs = random_coefs(&frame, &mut rng);
+            let bytes = write_jpeg(&frame, &coefs).expect("codable");
+            assert_eq!(check("16-bit quantisers", &bytes), Outcome::Exact);
+            exact += 1;
+        }
         // Ratios of 3 and 4, and more than 10 blocks per MCU (libjpeg refuses those).
         for layout in [
             &[(3, 1), (1, 1), (1, 1)][..],
@@ -2126,14 +2135,14 @@ mod tests {
     }
 
     /// Coefficients set to extreme values (±1000, ±2047, ±4095, ±16383, ±32767 at the DC and at
-    /// a few AC positions, under quantisers 1, 8, 64 and 255): each file is either declined or
-    /// reconstructed exactly as libjpeg decodes it. Both happen.
+    /// a few AC positions, under quantisers 1, 8, 64, 255 and 1000 (a 16-bit table)): each file
+    /// is either declined or reconstructed exactly as libjpeg decodes it. Both happen.
     #[test]
     fn extreme_coefficients_are_exact_or_declined() {
         let mut rng = Rng(0xBAD);
         let (mut exact, mut declined, mut uncodable) = (0, 0, 0);
         let positions = [0usize, 1, 8, 9, 27, 36, 63];
-        for qv in [1u16, 8, 64, 255] {
+        for qv in [1u16, 8, 64, 255, 1000] {
             for &value in &[1000i16, 2047, 4095, 16383, 32767] {
                 for &pos in &positions {
                     for sign in [1i16, -1] {
