@@ -719,6 +719,13 @@ mod avx2 {
             let e = |n: usize| pack(m[n][2 * j], m[n][2 * j + 1]);
             *kp = _mm256_setr_epi32(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7));
         }
+        // Pass-1 constants of each row computed: pair j of the coefficient rows.
+        let mut kr = [[_mm256_setzero_si256(); 4]; 2];
+        for (kr, r) in kr.iter_mut().zip(rows.clone()) {
+            for (j, k) in kr.iter_mut().enumerate() {
+                *k = _mm256_set1_epi32(pack(m[r][2 * j], m[r][2 * j + 1]));
+            }
+        }
         let row = &c.plane[by * c.stored_w * 64..][..c.width_in_blocks * 64];
         let (blocks, _) = row.as_chunks::<64>();
         let q = rows16(&c.quant16);
@@ -734,7 +741,12 @@ mod avx2 {
             0, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
         );
         for (bx, block) in blocks.iter().enumerate() {
-            let raw = rows16(block);
+            let raw = [
+                load_rows(block, 0),
+                load_rows(block, 16),
+                load_rows(block, 32),
+                load_rows(block, 48),
+            ];
             let ac = _mm256_or_si256(
                 _mm256_or_si256(_mm256_and_si256(raw[0], dc_lane), raw[1]),
                 _mm256_or_si256(raw[2], raw[3]),
@@ -769,11 +781,10 @@ mod avx2 {
                 let (a, b) = (d[2 * j], d[2 * j + 1]);
                 *p = _mm256_set_m128i(_mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(a, b));
             }
-            for r in rows.clone() {
+            for (r, kr) in rows.clone().zip(&kr) {
                 let mut acc = _mm256_set1_epi32(1 << 10);
-                for (j, p) in pairs.iter().enumerate() {
-                    let k = _mm256_set1_epi32(pack(m[r][2 * j], m[r][2 * j + 1]));
-                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(*p, k));
+                for (p, k) in pairs.iter().zip(kr) {
+                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(*p, *k));
                 }
                 let w = _mm256_srai_epi32::<11>(acc);
                 let w16 =
