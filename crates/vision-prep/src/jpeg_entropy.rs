@@ -308,12 +308,22 @@ const FAST_SIZE: usize = 1 << FAST_BITS;
 /// counts the code and the value's bits.
 const COMBINED: u32 = 1 << 6;
 
+/// Bits of the AC pair tables.
+const PAIR_BITS: u32 = 11;
+const PAIR_SIZE: usize = 1 << PAIR_BITS;
+
 /// One derived Huffman table.
 ///
 /// A lookahead entry: bits 0..6 the bits to consume (0: the code is longer than [`FAST_BITS`] or
 /// invalid), bit 6 [`COMBINED`], bits 8..16 the symbol, bits 16..32 the value when combined.
 struct Table {
     fast: Box<[u32; FAST_SIZE]>,
+    /// AC tables: per [`PAIR_BITS`]-bit string, the lookahead entry of its first symbol in the
+    /// low 32 bits; where that one is combined, a second coefficient: bits 32..38 the bits both
+    /// take, 38..45 the second's zigzag distance from the first, 48..64 its value. Where the
+    /// next symbol is not a combined entry that fits, the second is the first again (distance
+    /// 0, the first's bits and value), so that the decode need not branch on it.
+    pairs: Option<Box<[u64; PAIR_SIZE]>>,
     /// libjpeg's `maxcode` (-1: no code of that length; `[17]` a sentinel).
     maxcode: [i32; 18],
     /// libjpeg's `valoffset`.
@@ -408,8 +418,30 @@ impl Table {
                 fast[((code << shift) | fill) as usize] = entry;
             }
         }
+        let pairs = (!is_dc).then(|| {
+            let mut pairs = Box::new([0u64; PAIR_SIZE]);
+            for (i, slot) in pairs.iter_mut().enumerate() {
+                let first = fast[i >> (PAIR_BITS - FAST_BITS)];
+                let len1 = first & 63;
+                *slot = u64::from(first);
+                if first & COMBINED == 0 {
+                    continue;
+                }
+                let rest = ((i as u32) << len1) & (PAIR_SIZE as u32 - 1);
+                let second = fast[(rest >> (PAIR_BITS - FAST_BITS)) as usize];
+                let len2 = second & 63;
+                let (bits, dist, value) = if second & COMBINED != 0 && len1 + len2 <= PAIR_BITS {
+                    (len1 + len2, 1 + ((second >> 12) & 15), second >> 16)
+                } else {
+                    (len1, 0, first >> 16)
+                };
+                *slot |= u64::from(bits) << 32 | u64::from(dist) << 38 | u64::from(value) << 48;
+            }
+            pairs
+        });
         Ok(Table {
             fast,
+            pairs,
             maxcode,
             valoffset,
             values,
@@ -437,7 +469,9 @@ impl Table {
 // ---------------------------------------------------------------------------------------------
 
 /// MSB-first bit reader over unstuffed entropy-coded data followed by [`PAD`] zero bytes; past
-/// the data it reads zeros (the callers check the position against the data's end).
+/// the data it reads zeros (the callers check the position against the data's end). `Copy`, so
+/// the hot loops work on a copy in registers.
+#[derive(Clone, Copy)]
 struct Bits<'a> {
     data: &'a [u8],
     /// Next byte to load.
@@ -470,19 +504,22 @@ impl<'a> Bits<'a> {
             self.pos += (63 - self.nbits as usize) >> 3;
             self.nbits |= 56;
         } else {
-            self.refill_slow();
+            *self = self.refill_slow();
         }
     }
 
+    /// Near the data's end: byte by byte, zeros past it. By value, so that the caller's reader
+    /// need not live in memory.
     #[cold]
     #[inline(never)]
-    fn refill_slow(&mut self) {
+    fn refill_slow(mut self) -> Self {
         while self.nbits <= 56 {
             let b = self.data.get(self.pos).copied().unwrap_or(0);
             self.buf |= u64::from(b) << (56 - self.nbits);
             self.pos += 1;
             self.nbits += 8;
         }
+        self
     }
 
     /// The bit the next read starts at.
@@ -540,70 +577,215 @@ const PAST_63: Declined = Declined("coefficient run past 63");
 /// refused.
 #[inline(always)]
 fn decode_block<S: Sink>(
-    br: &mut Bits,
+    reader: &mut Bits,
     dc: &Table,
     ac: &Table,
     out: &mut S,
 ) -> Result<i32, Declined> {
-    br.refill();
-    let e = dc.fast[br.peek(FAST_BITS) as usize & (FAST_SIZE - 1)];
-    let diff = if e & COMBINED != 0 {
-        br.consume(e & 63);
-        (e as i32) >> 16
-    } else {
-        let (sym, len) = if e & 63 != 0 {
-            ((e >> 8) & 255, e & 63)
-        } else {
-            dc.slow(br.peek(16)).ok_or(BAD_CODE)?
-        };
-        br.consume(len);
-        let s = sym & 15;
-        if s == 0 {
-            0
-        } else {
-            let v = br.peek(s);
-            br.consume(s);
-            extend(v, s)
-        }
-    };
+    // On a copy, which the optimiser keeps in registers.
+    let mut br = *reader;
+    let diff = decode_dc(&mut br, dc);
     let mut k = 1usize;
-    while k < 64 {
-        br.refill();
-        let e = ac.fast[br.peek(FAST_BITS) as usize & (FAST_SIZE - 1)];
-        if e & COMBINED != 0 {
-            k += ((e >> 12) & 15) as usize;
-            if k > 63 {
-                return Err(PAST_63);
-            }
-            br.consume(e & 63);
-            out.put(k, (e >> 16) as u16 as i16);
-            k += 1;
-            continue;
+    let mut done = diff.map(|_| ());
+    let Some(pairs) = &ac.pairs else {
+        return Err(BAD_FRAME);
+    };
+    while done.is_ok() && k < 64 {
+        // A symbol and its value take at most 31 bits.
+        if br.nbits < 31 {
+            br.refill();
         }
-        let (sym, len) = if e & 63 != 0 {
-            ((e >> 8) & 255, e & 63)
-        } else {
-            ac.slow(br.peek(16)).ok_or(BAD_CODE)?
-        };
-        br.consume(len);
-        let (r, s) = (sym >> 4, sym & 15);
-        if s == 0 {
-            if r != 15 {
+        let e = pairs[br.peek(PAIR_BITS) as usize & (PAIR_SIZE - 1)];
+        let first = e as u32;
+        if first & COMBINED != 0 {
+            let k1 = k + ((first >> 12) & 15) as usize;
+            let k2 = k1 + ((e >> 38) & 127) as usize;
+            if k2 <= 63 {
+                br.consume(((e >> 32) & 63) as u32);
+                out.put(k1, (first >> 16) as u16 as i16);
+                out.put(k2, (e >> 48) as u16 as i16);
+                k = k2 + 1;
+                continue;
+            }
+            // The block ends between the two, or the first is past 63.
+            if k1 > 63 {
+                done = Err(PAST_63);
                 break;
             }
-            k += 16;
+            br.consume(first & 63);
+            out.put(k1, (first >> 16) as u16 as i16);
+            k = k1 + 1;
             continue;
         }
-        k += r as usize;
+        match ac_entry(&mut br, ac, k, out, first) {
+            Ok(next) => k = next,
+            Err(e) => done = Err(e),
+        }
+    }
+    *reader = br;
+    done.and(diff)
+}
+
+/// A block as [`decode_block`] decodes it, but only to find where it ends: runs of AC symbols
+/// that fit in [`SKIP_BITS`] are passed over with one lookup in `skip`.
+#[inline(always)]
+fn skip_block(
+    reader: &mut Bits,
+    dc: &Table,
+    ac: &Table,
+    skip: &[u32; SKIP_SIZE],
+) -> Result<i32, Declined> {
+    let mut br = *reader;
+    let diff = decode_dc(&mut br, dc);
+    let mut k = 1usize;
+    let mut done = diff.map(|_| ());
+    while done.is_ok() && k < 64 {
+        if br.nbits < 31 {
+            br.refill();
+        }
+        let e = skip[br.peek(SKIP_BITS) as usize & (SKIP_SIZE - 1)];
+        let kadv = ((e >> 5) & 127) as usize;
+        let eob = e & SKIP_EOB != 0;
+        if e & 31 != 0 && (k + kadv < 64 || (!eob && k + kadv == 64)) {
+            br.consume(e & 31);
+            k = if eob { 64 } else { k + kadv };
+            continue;
+        }
+        match ac_symbol(&mut br, ac, k, &mut Discard) {
+            Ok(next) => k = next,
+            Err(e) => done = Err(e),
+        }
+    }
+    *reader = br;
+    done.and(diff)
+}
+
+/// The DC difference of a block.
+#[inline(always)]
+fn decode_dc(br: &mut Bits, dc: &Table) -> Result<i32, Declined> {
+    br.refill();
+    let e = dc.fast[br.peek(FAST_BITS) as usize & (FAST_SIZE - 1)];
+    if e & COMBINED != 0 {
+        br.consume(e & 63);
+        return Ok((e as i32) >> 16);
+    }
+    let (sym, len) = if e & 63 != 0 {
+        ((e >> 8) & 255, e & 63)
+    } else {
+        dc.slow(br.peek(16)).ok_or(BAD_CODE)?
+    };
+    br.consume(len);
+    let s = sym & 15;
+    Ok(if s == 0 {
+        0
+    } else {
+        let v = br.peek(s);
+        br.consume(s);
+        extend(v, s)
+    })
+}
+
+/// One AC symbol at zigzag position `k` (1..=63), its coefficient into `out`: the next
+/// position, 64 or more where the block ends.
+#[inline(always)]
+fn ac_symbol<S: Sink>(br: &mut Bits, ac: &Table, k: usize, out: &mut S) -> Result<usize, Declined> {
+    // A symbol and its value take at most 31 bits.
+    if br.nbits < 31 {
+        br.refill();
+    }
+    let e = ac.fast[br.peek(FAST_BITS) as usize & (FAST_SIZE - 1)];
+    ac_entry(br, ac, k, out, e)
+}
+
+/// [`ac_symbol`] with the symbol's lookahead entry `e` in hand.
+#[inline(always)]
+fn ac_entry<S: Sink>(
+    br: &mut Bits,
+    ac: &Table,
+    k: usize,
+    out: &mut S,
+    e: u32,
+) -> Result<usize, Declined> {
+    if e & COMBINED != 0 {
+        let k = k + ((e >> 12) & 15) as usize;
         if k > 63 {
             return Err(PAST_63);
         }
-        let v = br.peek(s);
-        br.consume(s);
-        out.put(k, extend(v, s) as i16);
-        k += 1;
+        br.consume(e & 63);
+        out.put(k, (e >> 16) as u16 as i16);
+        return Ok(k + 1);
     }
-    Ok(diff)
+    let (sym, len) = if e & 63 != 0 {
+        ((e >> 8) & 255, e & 63)
+    } else {
+        ac.slow(br.peek(16)).ok_or(BAD_CODE)?
+    };
+    br.consume(len);
+    let (r, s) = (sym >> 4, sym & 15);
+    if s == 0 {
+        return Ok(if r == 15 { k + 16 } else { 64 });
+    }
+    let k = k + r as usize;
+    if k > 63 {
+        return Err(PAST_63);
+    }
+    let v = br.peek(s);
+    br.consume(s);
+    out.put(k, extend(v, s) as i16);
+    Ok(k + 1)
+}
+
+/// Bits of the skip tables.
+const SKIP_BITS: u32 = 12;
+const SKIP_SIZE: usize = 1 << SKIP_BITS;
+/// Skip entry flag: the run ends with an end-of-block.
+const SKIP_EOB: u32 = 1 << 12;
+
+/// For each [`SKIP_BITS`]-bit string, the longest run of whole AC symbols (codes of at most
+/// [`FAST_BITS`] bits with their values) it starts with, ending at the first end-of-block, and
+/// not advancing past 64 positions: bits 0..5 the bits they take (0: none fits), bits 5..12 the
+/// zigzag positions they advance (the end-of-block's not counted), [`SKIP_EOB`].
+fn skip_table(ac: &Table) -> Box<[u32; SKIP_SIZE]> {
+    const PART: usize = SKIP_SIZE / 8;
+    let mut t = Box::new([0u32; SKIP_SIZE]);
+    t.par_chunks_mut(PART)
+        .enumerate()
+        .for_each(|(part, slots)| {
+            for (i, slot) in (part * PART..).zip(slots) {
+                skip_entry(ac, i, slot);
+            }
+        });
+    t
+}
+
+/// One entry of [`skip_table`].
+fn skip_entry(ac: &Table, i: usize, slot: &mut u32) {
+    {
+        let (mut used, mut kadv, mut eob) = (0u32, 0u32, false);
+        while used < SKIP_BITS && !eob {
+            let rest = ((i as u32) << used) & (SKIP_SIZE as u32 - 1);
+            let e = ac.fast[(rest >> (SKIP_BITS - FAST_BITS)) as usize];
+            let sym = (e >> 8) & 255;
+            let (r, s) = (sym >> 4, sym & 15);
+            let code = if e & COMBINED != 0 {
+                (e & 63) - s
+            } else {
+                e & 63
+            };
+            let (bits, adv) = match (s, r) {
+                (0, 15) => (code, 16),
+                (0, _) => (code, 0),
+                _ => (code + s, r + 1),
+            };
+            if code == 0 || used + bits > SKIP_BITS || kadv + adv > 64 {
+                break;
+            }
+            used += bits;
+            kadv += adv;
+            eob = s == 0 && r != 15;
+        }
+        *slot = used | (kadv << 5) | if eob { SKIP_EOB } else { 0 };
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -612,8 +794,13 @@ fn decode_block<S: Sink>(
 
 /// The scan's tables and MCU layout.
 struct Plan {
-    /// Per component: DC and AC tables.
-    tables: Vec<(Table, Table)>,
+    /// The distinct derived tables, and per component which are its DC and AC ones.
+    tables: Vec<Table>,
+    dc_of: [usize; 4],
+    ac_of: [usize; 4],
+    /// Per table, its skip table ([`skip_table`]) where it is an AC table of the plan, once
+    /// built ([`Plan::with_skips`]).
+    skips: Vec<Option<Box<[u32; SKIP_SIZE]>>>,
     /// Per MCU position `j`: component, block column and row inside the component's MCU area.
     comp_of: [usize; MAX_BLOCKS_IN_MCU],
     dx: [usize; MAX_BLOCKS_IN_MCU],
@@ -637,7 +824,10 @@ impl Plan {
         }
         let interleaved = frame.interleaved();
         let mut plan = Plan {
-            tables: Vec::with_capacity(n),
+            tables: Vec::with_capacity(2 * n),
+            dc_of: [0; 4],
+            ac_of: [0; 4],
+            skips: Vec::new(),
             comp_of: [0; MAX_BLOCKS_IN_MCU],
             dx: [0; MAX_BLOCKS_IN_MCU],
             dy: [0; MAX_BLOCKS_IN_MCU],
@@ -647,9 +837,23 @@ impl Plan {
             total_mcus: frame.mcus_x.checked_mul(frame.mcus_y).ok_or(BAD_FRAME)?,
             geom: Vec::with_capacity(n),
         };
+        let mut sources: Vec<(&HuffTable, bool)> = Vec::with_capacity(2 * n);
         for (c, comp) in frame.components.iter().enumerate() {
-            plan.tables
-                .push((Table::new(&comp.dc, true)?, Table::new(&comp.ac, false)?));
+            for (t, is_dc) in [(&comp.dc, true), (&comp.ac, false)] {
+                let i = match sources.iter().position(|&s| s == (t, is_dc)) {
+                    Some(i) => i,
+                    None => {
+                        plan.tables.push(Table::new(t, is_dc)?);
+                        sources.push((t, is_dc));
+                        sources.len() - 1
+                    }
+                };
+                if is_dc {
+                    plan.dc_of[c] = i;
+                } else {
+                    plan.ac_of[c] = i;
+                }
+            }
             let (cols, rows) = if interleaved {
                 (comp.h, comp.v)
             } else {
@@ -679,6 +883,24 @@ impl Plan {
             return Err(BAD_FRAME);
         }
         Ok(plan)
+    }
+
+    /// The plan with its skip tables, one per distinct AC table, built in parallel.
+    fn with_skips(mut self) -> Plan {
+        let n = self.geom.len();
+        let tables = &self.tables;
+        let ac_of = &self.ac_of[..n];
+        self.skips = (0..tables.len())
+            .into_par_iter()
+            .map(|i| ac_of.contains(&i).then(|| skip_table(&tables[i])))
+            .collect();
+        self
+    }
+
+    /// Component `c`'s DC and AC tables.
+    #[inline(always)]
+    fn tables_of(&self, c: usize) -> (&Table, &Table) {
+        (&self.tables[self.dc_of[c]], &self.tables[self.ac_of[c]])
     }
 
     /// Offset in component `comp_of[j]`'s plane (or a band of it starting at MCU row `my0`) of
@@ -841,14 +1063,16 @@ pub(crate) fn decode_sequential(bytes: &[u8], frame: &Frame) -> Result<Coefficie
     let mut start = frame.scan_start;
     let (mut mcu, mut rst) = (0usize, 0u8);
     let mut buf = Vec::new();
+    let mut planes: Vec<&mut [i16]> = coefs.planes.iter_mut().map(|p| &mut p[..]).collect();
     loop {
         let end = first_marker(bytes, start).ok_or(NO_EOI)?;
         let total_bits = unstuff_segment(bytes, start, end, &mut buf)?;
         let n = interval.min(plan.total_mcus - mcu);
-        decode_interval_dense(&buf, total_bits, &plan, mcu, n, &mut coefs.planes)?;
+        decode_interval_dense(&buf, (0, total_bits), &plan, (mcu, n), &mut planes, 0)?;
         mcu += n;
         let code = bytes.get(end + 1).copied();
         if mcu == plan.total_mcus {
+            drop(planes);
             return if code == Some(0xD9) {
                 Ok(coefs)
             } else {
@@ -866,15 +1090,15 @@ pub(crate) fn decode_sequential(bytes: &[u8], frame: &Frame) -> Result<Coefficie
 /// MCUs `mcu0..mcu0 + n` (DC predictions from zero) from `data`, into the planes.
 fn decode_interval_dense(
     data: &[u8],
-    total_bits: usize,
+    (bit, limit): (usize, usize),
     plan: &Plan,
-    mcu0: usize,
-    n: usize,
-    planes: &mut [Vec<i16>],
+    (mcu0, n): (usize, usize),
+    planes: &mut [&mut [i16]],
+    row0: usize,
 ) -> Result<(), Declined> {
-    let mut br = Bits::new(data, 0);
+    let mut br = Bits::new(data, bit);
     let mut pred = [0i32; 4];
-    let (mut mx, mut my) = (mcu0 % plan.mcus_x, mcu0 / plan.mcus_x);
+    let (mut mx, mut my) = (mcu0 % plan.mcus_x, mcu0 / plan.mcus_x - row0);
     for _ in 0..n {
         for j in 0..plan.bpm {
             let c = plan.comp_of[j];
@@ -884,7 +1108,7 @@ fn decode_interval_dense(
                 .and_then(|p| p.get_mut(off..))
                 .and_then(|s| s.first_chunk_mut::<64>())
                 .ok_or(BAD_FRAME)?;
-            let (dc, ac) = &plan.tables[c];
+            let (dc, ac) = plan.tables_of(c);
             let diff = decode_block(&mut br, dc, ac, &mut Dense(block))?;
             pred[c] += diff;
             block[0] = i16::try_from(pred[c]).map_err(|_| DC_RANGE)?;
@@ -893,12 +1117,12 @@ fn decode_interval_dense(
         if mx == plan.mcus_x {
             mx = 0;
             my += 1;
-            if br.position() > total_bits {
+            if br.position() > limit {
                 return Err(PAST_END);
             }
         }
     }
-    if br.position() > total_bits {
+    if br.position() > limit {
         return Err(PAST_END);
     }
     Ok(())
@@ -944,8 +1168,12 @@ impl Records {
             if !go(p, j) {
                 return Some((p, j));
             }
-            let (dc, ac) = &plan.tables[plan.comp_of[j]];
-            match decode_block(br, dc, ac, &mut Discard) {
+            let c = plan.comp_of[j];
+            let (dc, ac) = plan.tables_of(c);
+            let Some(Some(skip)) = plan.skips.get(plan.ac_of[c]) else {
+                return None;
+            };
+            match skip_block(br, dc, ac, skip) {
                 Ok(diff) if br.position() <= limit => {
                     self.keys.push(((p as u64) << 4) | j as u64);
                     self.dc.push(diff);
@@ -1029,21 +1257,54 @@ pub(crate) fn decode_parallel_chunks(
     chunks: usize,
     stats: Option<&mut SyncStats>,
 ) -> Result<Coefficients, Declined> {
-    let plan = Plan::new(frame)?;
     let chunks = chunks.max(1);
     let seg = frame.scan_start;
-    if seg >= bytes.len() {
+    if seg >= bytes.len() || frame.mcus_x == 0 {
         return Err(NO_EOI);
     }
     let ranges = byte_ranges(seg, bytes.len(), chunks);
-    let (data, store, pieces) = if frame.restart_interval > 0 {
-        find_intervals(bytes, frame, &plan, &ranges, chunks)?
+    let ri = frame.restart_interval;
+    // Restart intervals of whole MCU rows are decoded straight into bands of rows.
+    let rows = ri > 0 && ri.is_multiple_of(frame.mcus_x);
+    let (plan, layout) = rayon::join(
+        || Plan::new(frame).map(|p| if rows { p } else { p.with_skips() }),
+        || {
+            if ri > 0 {
+                restart_layout(bytes, frame, &ranges, chunks)
+            } else {
+                unstuff_parallel(bytes, seg, &ranges).map(|data| Layout {
+                    data,
+                    groups: Vec::new(),
+                })
+            }
+        },
+    );
+    let (plan, layout) = (plan?, layout?);
+    if rows {
+        return decode_row_intervals(frame, &plan, &layout);
+    }
+    let (store, pieces) = if ri > 0 {
+        find_interval_blocks(&plan, &layout, ri)?
     } else {
-        let data = unstuff_parallel(bytes, seg, &ranges)?;
-        let (store, pieces) = find_blocks(&data, &plan, chunks, stats)?;
-        (data, store, pieces)
+        find_blocks(&layout.data, &plan, chunks, stats)?
     };
-    decode_bands(frame, &plan, &data, &store, &pieces, chunks)
+    decode_bands(frame, &plan, &layout.data, &store, &pieces, chunks)
+}
+
+/// The entropy-coded data unstuffed into one buffer (followed by [`PAD`] zeros), and with
+/// restart markers its intervals in groups.
+struct Layout {
+    data: Vec<u8>,
+    groups: Vec<Group>,
+}
+
+/// Consecutive restart intervals `first..end`, the first starting at bit `bit` of the layout's
+/// data, each `lens[k]` bytes unstuffed.
+struct Group {
+    first: usize,
+    end: usize,
+    bit: usize,
+    lens: Vec<usize>,
 }
 
 /// `[seg, len)` cut into `n` byte ranges.
@@ -1269,19 +1530,19 @@ fn sum_dc(plan: &Plan, pieces: &Pieces, store: &mut [Records]) -> Result<(), Dec
         })
 }
 
-/// Restart mode: the intervals' segments unstuffed into one buffer, and every block found by
-/// decoding the intervals from their known starts, in `chunks` groups (cut by bytes), with
-/// absolute DCs.
-fn find_intervals(
+/// Restart mode: the restart markers checked (RST0..7 in turn between the intervals, EOI after
+/// the last), the intervals grouped into at most `chunks` groups of about equal bytes, and their
+/// segments unstuffed into one buffer, in parallel.
+fn restart_layout(
     bytes: &[u8],
     frame: &Frame,
-    plan: &Plan,
     ranges: &[(usize, usize)],
     chunks: usize,
-) -> Result<(Vec<u8>, Vec<Records>, Pieces), Declined> {
+) -> Result<Layout, Declined> {
     let seg = frame.scan_start;
     let ri = frame.restart_interval;
-    let intervals = plan.total_mcus.div_ceil(ri);
+    let total_mcus = frame.mcus_x.checked_mul(frame.mcus_y).ok_or(BAD_FRAME)?;
+    let intervals = total_mcus.div_ceil(ri);
     let found: Vec<Vec<usize>> = ranges
         .par_iter()
         .map(|&(a, b)| markers_in(bytes, seg, a, b))
@@ -1301,7 +1562,6 @@ fn find_intervals(
         }
     }
     let start_of = |k: usize| if k == 0 { seg } else { markers[k - 1] + 2 };
-    // Groups of intervals of about equal bytes.
     let span = markers[intervals - 1] - seg;
     let mut cuts = vec![0usize];
     for k in 1..intervals {
@@ -1310,58 +1570,64 @@ fn find_intervals(
         }
     }
     cuts.push(intervals);
-    // Unstuffed lengths, then the segments into one buffer.
-    let lens: Vec<Vec<usize>> = cuts
+    let mut groups: Vec<Group> = cuts
         .par_windows(2)
-        .map(|w| {
-            (w[0]..w[1])
+        .map(|w| Group {
+            first: w[0],
+            end: w[1],
+            bit: 0,
+            lens: (w[0]..w[1])
                 .map(|k| {
                     let (a, b) = (start_of(k), markers[k]);
                     b - a - scan_range(bytes, a, a, b + 1).1
                 })
-                .collect()
+                .collect(),
         })
         .collect();
-    let total: usize = lens.iter().flatten().sum();
-    let mut data = crate::pages::zeroed(total + PAD);
-    let mut outs = Vec::with_capacity(lens.len());
-    let mut rest = &mut data[..total];
-    for group in &lens {
-        let (head, tail) = rest.split_at_mut(group.iter().sum());
+    let mut at = 0usize;
+    for g in &mut groups {
+        g.bit = at * 8;
+        at += g.lens.iter().sum::<usize>();
+    }
+    let mut data = crate::pages::zeroed(at + PAD);
+    let mut outs = Vec::with_capacity(groups.len());
+    let mut rest = &mut data[..at];
+    for g in &groups {
+        let (head, tail) = rest.split_at_mut(g.lens.iter().sum());
         outs.push(head);
         rest = tail;
     }
-    cuts.par_windows(2)
-        .zip(outs)
-        .zip(&lens)
-        .try_for_each(|((w, out), group)| {
-            let mut out = out;
-            for (k, &len) in (w[0]..w[1]).zip(group) {
-                let (head, tail) = out.split_at_mut(len);
-                unstuff_into(bytes, start_of(k), start_of(k), markers[k], head)?;
-                out = tail;
-            }
-            Ok::<(), Declined>(())
-        })?;
-    // Each group's blocks, from the groups' first bits.
-    let mut first_bit = Vec::with_capacity(lens.len());
-    let mut at = 0usize;
-    for group in &lens {
-        first_bit.push(at * 8);
-        at += group.iter().sum::<usize>();
-    }
-    let data_ref = &data[..];
-    let store: Vec<Records> = cuts
-        .par_windows(2)
-        .zip(&lens)
-        .zip(first_bit)
-        .map(|((w, group), mut bit)| {
+    groups.par_iter().zip(outs).try_for_each(|(g, out)| {
+        let mut out = out;
+        for (k, &len) in (g.first..g.end).zip(&g.lens) {
+            let (head, tail) = out.split_at_mut(len);
+            unstuff_into(bytes, start_of(k), start_of(k), markers[k], head)?;
+            out = tail;
+        }
+        Ok::<(), Declined>(())
+    })?;
+    Ok(Layout { data, groups })
+}
+
+/// Restart mode, intervals not of whole MCU rows: every block found by decoding the interval
+/// groups from their known starts, with absolute DCs.
+fn find_interval_blocks(
+    plan: &Plan,
+    layout: &Layout,
+    ri: usize,
+) -> Result<(Vec<Records>, Pieces), Declined> {
+    let data = &layout.data[..];
+    let store: Vec<Records> = layout
+        .groups
+        .par_iter()
+        .map(|g| {
             let mut recs = Records::default();
-            for (k, &len) in (w[0]..w[1]).zip(group) {
+            let mut bit = g.bit;
+            for (k, &len) in (g.first..g.end).zip(&g.lens) {
                 let limit = bit + len * 8;
                 let n = ri.min(plan.total_mcus - k * ri) * plan.bpm;
                 let first = recs.len();
-                let mut br = Bits::new(data_ref, bit);
+                let mut br = Bits::new(data, bit);
                 let mut calls = 0;
                 recs.decode_while(&mut br, limit, plan, 0, false, |_, _| {
                     calls += 1;
@@ -1382,13 +1648,62 @@ fn find_intervals(
             Ok(recs)
         })
         .collect::<Result<_, Declined>>()?;
-    let pieces = cuts
-        .windows(2)
+    let pieces = layout
+        .groups
+        .iter()
         .zip(&store)
         .enumerate()
-        .map(|(s, (w, recs))| (s, 0, recs.len(), w[0] * ri * plan.bpm))
+        .map(|(s, (g, recs))| (s, 0, recs.len(), g.first * ri * plan.bpm))
         .collect();
-    Ok((data, store, pieces))
+    Ok((store, pieces))
+}
+
+/// Restart mode, intervals of whole MCU rows: each group of intervals decoded from its known
+/// starts straight into its band of rows, in parallel.
+fn decode_row_intervals(
+    frame: &Frame,
+    plan: &Plan,
+    layout: &Layout,
+) -> Result<Coefficients, Declined> {
+    let ri = frame.restart_interval;
+    let rows_per = ri / plan.mcus_x;
+    let mut coefs = Coefficients::zeroed(frame);
+    let mut per_band: Vec<Vec<&mut [i16]>> = layout.groups.iter().map(|_| Vec::new()).collect();
+    for (c, plane) in coefs.planes.iter_mut().enumerate() {
+        let (sw, rows, _) = plan.geom[c];
+        let mut rest = &mut plane[..];
+        for (band, g) in per_band.iter_mut().zip(&layout.groups) {
+            let r0 = g.first * rows_per;
+            let r1 = (g.end * rows_per).min(plan.mcus_y);
+            let len = (r1.saturating_sub(r0) * rows * sw * 64).min(rest.len());
+            let (head, tail) = rest.split_at_mut(len);
+            band.push(head);
+            rest = tail;
+        }
+    }
+    let data = &layout.data[..];
+    per_band
+        .into_par_iter()
+        .zip(&layout.groups)
+        .try_for_each(|(mut slices, g)| {
+            let mut bit = g.bit;
+            for (k, &len) in (g.first..g.end).zip(&g.lens) {
+                let limit = bit + len * 8;
+                let n = ri.min(plan.total_mcus - k * ri);
+                let span = (bit, limit);
+                decode_interval_dense(
+                    data,
+                    span,
+                    plan,
+                    (k * ri, n),
+                    &mut slices,
+                    g.first * rows_per,
+                )?;
+                bit = limit;
+            }
+            Ok(())
+        })?;
+    Ok(coefs)
 }
 
 /// The planes: bands of MCU rows (about equal bits each, `bands` of them at most) decoded again,
@@ -1405,6 +1720,10 @@ fn decode_bands(
     if pieces.iter().map(|p| p.2 - p.1).sum::<usize>() != total_blocks {
         return Err(PAST_END);
     }
+    let interval_blocks = match frame.restart_interval {
+        0 => usize::MAX,
+        ri => ri * plan.bpm,
+    };
     // The record of block `g`: (records, index).
     let record = |g: usize| -> Option<(&Records, usize)> {
         let i = pieces.partition_point(|p| p.3 + (p.2 - p.1) <= g);
@@ -1453,30 +1772,40 @@ fn decode_bands(
                 let &(s, a, b, pg) = pieces.get(pi).ok_or(BAD_FRAME)?;
                 let recs = store.get(s).ok_or(BAD_FRAME)?;
                 let stop = g1.min(pg + (b - a));
-                let (mut mcu, mut j) = (g / plan.bpm, g % plan.bpm);
-                for r in a + (g - pg)..a + (stop - pg) {
+                let (mcu, mut j) = (g / plan.bpm, g % plan.bpm);
+                let (mut mx, mut my) = (mcu % plan.mcus_x, mcu / plan.mcus_x - w[0]);
+                for (r, gg) in (a + (g - pg)..a + (stop - pg)).zip(g..) {
                     let (key, dc) = (recs.keys[r], recs.dc[r]);
                     let bit = (key >> 4) as usize;
                     if br.position() != bit {
+                        // Blocks follow each other, but for the band's first and, with restart
+                        // markers, each interval's first.
+                        if gg != g0 && gg % interval_blocks != 0 {
+                            return Err(BAD_FRAME);
+                        }
                         br = Bits::new(data, bit);
                     }
                     if (key & 15) as usize != j {
                         return Err(BAD_FRAME);
                     }
                     let c = plan.comp_of[j];
-                    let off = plan.offset(j, mcu % plan.mcus_x, mcu / plan.mcus_x - w[0]);
+                    let off = plan.offset(j, mx, my);
                     let block = slices
                         .get_mut(c)
                         .and_then(|s| s.get_mut(off..))
                         .and_then(|s| s.first_chunk_mut::<64>())
                         .ok_or(BAD_FRAME)?;
-                    let (dct, act) = &plan.tables[c];
+                    let (dct, act) = plan.tables_of(c);
                     decode_block(&mut br, dct, act, &mut Dense(block))?;
                     block[0] = dc as i16;
                     j += 1;
                     if j == plan.bpm {
                         j = 0;
-                        mcu += 1;
+                        mx += 1;
+                        if mx == plan.mcus_x {
+                            mx = 0;
+                            my += 1;
+                        }
                     }
                 }
                 g = stop;
@@ -1848,6 +2177,7 @@ mod tests {
             (false, (2, 2), (0, 0)),
             (true, (1, 1), (0, 0)),
             (false, (2, 1), (0, 1)),
+            (false, (2, 2), (7, 0)),
         ] {
             let good = encode_with((640, 480), grey, samp, 90, false, restart);
             let frame = parse_frame(&good).expect("frame");
@@ -1946,7 +2276,7 @@ mod tests {
             ),
         ];
         let best = |f: &mut dyn FnMut()| {
-            (0..15)
+            (0..25)
                 .map(|_| {
                     let t = std::time::Instant::now();
                     f();
@@ -1961,6 +2291,23 @@ mod tests {
             let unstuff = best(&mut || {
                 unstuff_segment(bytes, frame.scan_start, seg, &mut buf).expect("unstuff");
             });
+            let plan_t = best(&mut || {
+                std::hint::black_box(Plan::new(&frame).expect("plan"));
+            });
+            let skips_t = best(&mut || {
+                std::hint::black_box(Plan::new(&frame).expect("plan").with_skips());
+            });
+            eprintln!("{name}: plan {plan_t:.3} ms, with skip tables {skips_t:.3} ms");
+            let alloc = best(&mut || {
+                let mut c = Coefficients::zeroed(&frame);
+                for p in &mut c.planes {
+                    for i in (0..p.len()).step_by(2048) {
+                        p[i] = 1;
+                    }
+                }
+                std::hint::black_box(&c);
+            });
+            eprintln!("{name}: planes allocated and every page touched {alloc:.3} ms");
             let seq = best(&mut || {
                 decode_sequential(bytes, &frame).expect("seq");
             });
@@ -1974,13 +2321,48 @@ mod tests {
             });
             eprintln!(
                 "{name} ({} KB scan): unstuff {unstuff:.3} ms, sequential {seq:.3} ms, \
-                 parallel(2) {:.3} ms, parallel(16 chunks on {} threads) {:.3} ms, libjpeg \
-                 jpeg_read_coefficients {lib:.3} ms",
+                 parallel path in 1 chunk {:.3} ms, parallel(2) {:.3} ms, parallel(16 chunks \
+                 on {} threads) {:.3} ms, libjpeg jpeg_read_coefficients {lib:.3} ms",
                 (seg - frame.scan_start) / 1024,
+                par(1),
                 par(2),
                 rayon::current_num_threads(),
                 par(16)
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod bench_tmp {
+    use super::*;
+    #[test]
+    #[ignore]
+    fn bench_loop() {
+        let bytes = crate::jpeg::tests::encode(1920, 1080, false, (2, 2), false);
+        let frame = parse_frame(&bytes).unwrap();
+        let which = std::env::var("JENT_BENCH").unwrap_or_default();
+        let t = std::time::Instant::now();
+        let mut n = 0;
+        let mut times = Vec::new();
+        while t.elapsed().as_secs_f64() < 3.0 {
+            let t1 = std::time::Instant::now();
+            match which.as_str() {
+                "par1" => {
+                    decode_parallel_chunks(&bytes, &frame, 1, None).unwrap();
+                }
+                _ => {
+                    decode_sequential(&bytes, &frame).unwrap();
+                }
+            }
+            times.push(t1.elapsed().as_secs_f64() * 1e3);
+            n += 1;
+        }
+        times.sort_by(f64::total_cmp);
+        eprintln!(
+            "{n} runs, min {:.3} ms, median {:.3} ms",
+            times[0],
+            times[n / 2]
+        );
     }
 }
