@@ -479,9 +479,16 @@ fn chunks_of<'a>(
     chunks
 }
 
+/// Fewest pool threads our own decode runs on; with fewer, libjpeg's banded decode is faster. Its
+/// entropy decode reads the scan twice (once to find where blocks start, once into the planes)
+/// and its IDCT is about libjpeg's, so it wins only where the work spreads over many threads: on
+/// the 2-core development VM (2026-12-07, `xtask prep-breakdown`, 1920×1080 gemma4 JPEG) it took
+/// 4.6–5.8 ms against the libjpeg bands' 3.9.
+const OWN_DECODE_MIN_THREADS: usize = 4;
+
 /// Our own decode's first half (`jpeg_entropy`): the frame and its coefficients, the entropy
 /// decode split over up to `bands` pool threads, or `None` where it declines and libjpeg decodes:
-/// `bands ≤ 1` or an image under [`BAND_MIN_PIXELS`] (one libjpeg decompressor is as fast there),
+/// fewer than [`OWN_DECODE_MIN_THREADS`] threads or an image under [`BAND_MIN_PIXELS`] (one libjpeg decompressor is as fast there),
 /// a file that is not one baseline scan of grey or YCbCr the reconstruction reproduces
 /// (`jpeg_idct::supports`), coefficients larger than `max_memory`, or anything irregular in the
 /// scan (a corrupt file's error then comes from libjpeg, as before).
@@ -492,7 +499,7 @@ fn own_coefficients(
     max_memory: u64,
     bands: usize,
 ) -> Option<(crate::jpeg_frame::Frame, crate::jpeg_frame::Coefficients)> {
-    if bands <= 1 || u64::from(width) * u64::from(height) < BAND_MIN_PIXELS {
+    if bands < OWN_DECODE_MIN_THREADS || u64::from(width) * u64::from(height) < BAND_MIN_PIXELS {
         return None;
     }
     own_coefficients_of_any_size(bytes, width, height, max_memory, bands)
