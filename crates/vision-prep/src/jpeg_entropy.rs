@@ -11,19 +11,30 @@
 //! decode then gives its (lenient) answer.
 //!
 //! The decode works on the entropy-coded segment unstuffed (`FF 00` → `FF`) into a buffer, with a
-//! 64-bit bit reader and, per Huffman table, a 10-bit lookahead table whose entries give the
-//! code length and symbol, or, where the code and its extra bits fit in the 10 bits, the
-//! coefficient value itself (libjpeg's Figure F.16 decode for longer codes).
+//! 64-bit bit reader kept in registers and, per Huffman table, a 10-bit lookahead table whose
+//! entries give the code length and symbol, or, where the code and its extra bits fit in the 10
+//! bits, the coefficient value itself (libjpeg's Figure F.16 decode for longer codes); the AC
+//! decode looks up 11 bits at a time in a table that gives up to two such coefficients.
 //!
-//! The parallel decode ([`decode_parallel`]): a scan with restart markers splits at its restart
-//! intervals, which are independent. One without is split into chunks by bit position: worker 0
-//! decodes from the true start, every other worker speculatively from its chunk's first bit as if
-//! a block of MCU position 0 started there, recording each block's start (bit, MCU position), DC
-//! difference and coefficients. Each worker then decodes on past its chunk's end until it reaches
-//! a block start equal to one recorded by the worker owning that bit (a synchronisation point:
-//! the same state at the same bit decodes the same from there on). Following the sync points
-//! from worker 0 gives the true block sequence; the DC differences are summed per component in
-//! that order and the blocks written into the planes. Whatever is not proven that way declines.
+//! The parallel decode ([`decode_parallel`]), in three parallel passes:
+//! 1. the data unstuffed into one buffer (the byte ranges counted, then copied);
+//! 2. every block's start bit, MCU position and DC found, without its AC coefficients (12-bit
+//!    skip tables pass over several AC symbols at once). With restart markers the intervals,
+//!    which start byte-aligned with the DC predictions reset, are decoded from their known
+//!    starts. Without, the data is split into chunks by bit position: worker 0 decodes from the
+//!    true start, every other worker speculatively from its chunk's first bit as if a block of
+//!    MCU position 0 started there (and again one bit past any invalid block it meets),
+//!    recording each block's (start bit, MCU position) and DC difference. Each worker then
+//!    decodes on past its chunk's end until a block start equals one recorded by the worker
+//!    owning that bit: the same state at the same bit decodes the same from there on, so that
+//!    worker's records from there are proven. Following these sync points from worker 0 gives
+//!    the scan's blocks; their DC differences are summed per component in that order;
+//! 3. bands of MCU rows (about equal bits each) decoded again from their first block's proven
+//!    start, straight into the planes, checking that each block ends where the next was found
+//!    to start. (Restart intervals of whole MCU rows skip pass 2: their groups are the bands.)
+//!
+//! Whatever is not proven that way declines: the parallel decode gives the sequential decode's
+//! answer, coefficients or refusal.
 
 #![cfg_attr(not(test), allow(dead_code))]
 
@@ -861,8 +872,8 @@ impl Plan {
             };
             if cols == 0
                 || rows == 0
-                || comp.stored_w != frame.mcus_x * cols
-                || comp.stored_h != frame.mcus_y * rows
+                || Some(comp.stored_w) != frame.mcus_x.checked_mul(cols)
+                || Some(comp.stored_h) != frame.mcus_y.checked_mul(rows)
             {
                 return Err(BAD_FRAME);
             }
@@ -883,6 +894,22 @@ impl Plan {
             return Err(BAD_FRAME);
         }
         Ok(plan)
+    }
+
+    /// Whether `bytes` from the scan's start can hold its blocks at all: each takes at least
+    /// two bits (a DC code and an end-of-block). Checked before the planes are allocated, so a
+    /// small file cannot make us allocate a huge frame's planes.
+    fn fits(&self, bytes: &[u8], frame: &Frame) -> Result<(), Declined> {
+        let blocks = self.total_mcus.saturating_mul(self.bpm);
+        if bytes
+            .len()
+            .saturating_sub(frame.scan_start)
+            .saturating_mul(4)
+            < blocks
+        {
+            return Err(PAST_END);
+        }
+        Ok(())
     }
 
     /// The plan with its skip tables, one per distinct AC table, built in parallel.
@@ -1031,7 +1058,7 @@ fn unstuff_segment(
     buf: &mut Vec<u8>,
 ) -> Result<usize, Declined> {
     let (_, stuffed) = scan_range(bytes, seg, seg, end + 1);
-    let len = end - seg - stuffed;
+    let len = (end - seg).saturating_sub(stuffed);
     buf.clear();
     buf.resize(len + PAD, 0);
     unstuff_into(bytes, seg, seg, end, &mut buf[..len])?;
@@ -1054,6 +1081,7 @@ const BAD_RST: Declined = Declined("restart marker missing or out of order");
 /// Huffman table.
 pub(crate) fn decode_sequential(bytes: &[u8], frame: &Frame) -> Result<Coefficients, Declined> {
     let plan = Plan::new(frame)?;
+    plan.fits(bytes, frame)?;
     let mut coefs = Coefficients::zeroed(frame);
     let interval = if frame.restart_interval == 0 {
         plan.total_mcus
@@ -1280,6 +1308,7 @@ pub(crate) fn decode_parallel_chunks(
         },
     );
     let (plan, layout) = (plan?, layout?);
+    plan.fits(bytes, frame)?;
     if rows {
         return decode_row_intervals(frame, &plan, &layout);
     }
@@ -1333,7 +1362,13 @@ fn unstuff_parallel(
     let lens: Vec<usize> = ranges
         .iter()
         .zip(&scans)
-        .map(|(&(a, b), s)| if a < end { b.min(end) - a - s.1 } else { 0 })
+        .map(|(&(a, b), s)| {
+            if a < end {
+                (b.min(end) - a).saturating_sub(s.1)
+            } else {
+                0
+            }
+        })
         .collect();
     let total: usize = lens.iter().sum();
     let mut data = crate::pages::zeroed(total + PAD);
@@ -1579,7 +1614,7 @@ fn restart_layout(
             lens: (w[0]..w[1])
                 .map(|k| {
                     let (a, b) = (start_of(k), markers[k]);
-                    b - a - scan_range(bytes, a, a, b + 1).1
+                    (b - a).saturating_sub(scan_range(bytes, a, a, b + 1).1)
                 })
                 .collect(),
         })
@@ -1810,6 +1845,20 @@ fn decode_bands(
                 }
                 g = stop;
                 pi += 1;
+            }
+            // The band's last block ends where the next band's first starts (or, for the last
+            // band, inside the data), as the first pass found.
+            let end = if g1 == total_blocks {
+                data.len().saturating_sub(PAD) * 8
+            } else if g1 % interval_blocks == 0 {
+                usize::MAX
+            } else {
+                bit_of(g1).ok_or(BAD_FRAME)? as usize
+            };
+            if (g1 == total_blocks && br.position() > end)
+                || (g1 < total_blocks && end != usize::MAX && br.position() != end)
+            {
+                return Err(BAD_FRAME);
             }
             Ok(())
         })?;
@@ -2319,6 +2368,17 @@ mod tests {
             let lib = best(&mut || {
                 libjpeg_frame(bytes).expect("libjpeg");
             });
+            // The work of 16 chunks on one thread: a lower bound of the parallel decode's time
+            // on 16 cores is a sixteenth of it.
+            let one = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .expect("pool");
+            let work16 = one.install(|| par(16));
+            eprintln!(
+                "{name}: 16 chunks' work on one thread {work16:.3} ms (/16 = {:.3} ms)",
+                work16 / 16.0
+            );
             eprintln!(
                 "{name} ({} KB scan): unstuff {unstuff:.3} ms, sequential {seq:.3} ms, \
                  parallel path in 1 chunk {:.3} ms, parallel(2) {:.3} ms, parallel(16 chunks \
@@ -2330,39 +2390,5 @@ mod tests {
                 par(16)
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod bench_tmp {
-    use super::*;
-    #[test]
-    #[ignore]
-    fn bench_loop() {
-        let bytes = crate::jpeg::tests::encode(1920, 1080, false, (2, 2), false);
-        let frame = parse_frame(&bytes).unwrap();
-        let which = std::env::var("JENT_BENCH").unwrap_or_default();
-        let t = std::time::Instant::now();
-        let mut n = 0;
-        let mut times = Vec::new();
-        while t.elapsed().as_secs_f64() < 3.0 {
-            let t1 = std::time::Instant::now();
-            match which.as_str() {
-                "par1" => {
-                    decode_parallel_chunks(&bytes, &frame, 1, None).unwrap();
-                }
-                _ => {
-                    decode_sequential(&bytes, &frame).unwrap();
-                }
-            }
-            times.push(t1.elapsed().as_secs_f64() * 1e3);
-            n += 1;
-        }
-        times.sort_by(f64::total_cmp);
-        eprintln!(
-            "{n} runs, min {:.3} ms, median {:.3} ms",
-            times[0],
-            times[n / 2]
-        );
     }
 }
