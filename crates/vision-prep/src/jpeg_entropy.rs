@@ -1702,43 +1702,75 @@ fn decode_row_intervals(
 ) -> Result<Coefficients, Declined> {
     let ri = frame.restart_interval;
     let rows_per = ri / plan.mcus_x;
-    let mut coefs = Coefficients::zeroed(frame);
-    let mut per_band: Vec<Vec<&mut [i16]>> = layout.groups.iter().map(|_| Vec::new()).collect();
-    for (c, plane) in coefs.planes.iter_mut().enumerate() {
-        let (sw, rows, _) = plan.geom[c];
-        let mut rest = &mut plane[..];
-        for (band, g) in per_band.iter_mut().zip(&layout.groups) {
-            let r0 = g.first * rows_per;
-            let r1 = (g.end * rows_per).min(plan.mcus_y);
-            let len = (r1.saturating_sub(r0) * rows * sw * 64).min(rest.len());
-            let (head, tail) = rest.split_at_mut(len);
-            band.push(head);
+    let mut cuts: Vec<usize> = layout.groups.iter().map(|g| g.first * rows_per).collect();
+    cuts.push(plan.mcus_y);
+    let data = &layout.data[..];
+    planes_in_bands(plan, &cuts, |k, slices| {
+        let g = layout.groups.get(k).ok_or(BAD_FRAME)?;
+        let mut bit = g.bit;
+        for (i, &len) in (g.first..g.end).zip(&g.lens) {
+            let limit = bit + len * 8;
+            let n = ri.min(plan.total_mcus - i * ri);
+            let at = (i * ri, n);
+            decode_interval_dense(data, (bit, limit), plan, at, slices, g.first * rows_per)?;
+            bit = limit;
+        }
+        Ok(())
+    })
+}
+
+/// The planes of the plan's frame, written by `band` in parallel over bands of MCU rows (`cuts`: the
+/// bands' first rows, then `mcus_y`), each band's part zeroed first by its own thread: the
+/// calling thread does not zero 6 MB (`Coefficients::zeroed`'s calloc memsets memory the heap
+/// reuses) while the others wait, and fresh pages fault in on the threads that write them.
+fn planes_in_bands(
+    plan: &Plan,
+    cuts: &[usize],
+    band: impl Fn(usize, &mut [&mut [i16]]) -> Result<(), Declined> + Sync,
+) -> Result<Coefficients, Declined> {
+    use std::mem::MaybeUninit;
+    let lens: Vec<usize> = plan
+        .geom
+        .iter()
+        .map(|&(sw, rows, _)| plan.mcus_y * rows * sw * 64)
+        .collect();
+    let mut planes: Vec<Vec<i16>> = lens.iter().map(|&n| Vec::with_capacity(n)).collect();
+    let mut per_band: Vec<Vec<&mut [MaybeUninit<i16>]>> =
+        (1..cuts.len()).map(|_| Vec::new()).collect();
+    for ((plane, &(sw, rows, _)), &n) in planes.iter_mut().zip(&plan.geom).zip(&lens) {
+        let mut rest = plane.spare_capacity_mut().get_mut(..n).ok_or(BAD_FRAME)?;
+        for (parts, w) in per_band.iter_mut().zip(cuts.windows(2)) {
+            let len = w[1].saturating_sub(w[0]) * rows * sw * 64;
+            let (head, tail) = rest.split_at_mut_checked(len).ok_or(BAD_FRAME)?;
+            parts.push(head);
             rest = tail;
         }
+        if !rest.is_empty() {
+            return Err(BAD_FRAME);
+        }
     }
-    let data = &layout.data[..];
     per_band
         .into_par_iter()
-        .zip(&layout.groups)
-        .try_for_each(|(mut slices, g)| {
-            let mut bit = g.bit;
-            for (k, &len) in (g.first..g.end).zip(&g.lens) {
-                let limit = bit + len * 8;
-                let n = ri.min(plan.total_mcus - k * ri);
-                let span = (bit, limit);
-                decode_interval_dense(
-                    data,
-                    span,
-                    plan,
-                    (k * ri, n),
-                    &mut slices,
-                    g.first * rows_per,
-                )?;
-                bit = limit;
-            }
-            Ok(())
+        .enumerate()
+        .try_for_each(|(k, parts)| {
+            let mut slices: Vec<&mut [i16]> = parts
+                .into_iter()
+                .map(|part| {
+                    part.fill(MaybeUninit::new(0));
+                    // SAFETY: every element of `part` was just initialised, and
+                    // `MaybeUninit<i16>` has the size, alignment and validity of `i16`.
+                    unsafe { &mut *(part as *mut [MaybeUninit<i16>] as *mut [i16]) }
+                })
+                .collect();
+            band(k, &mut slices)
         })?;
-    Ok(coefs)
+    for (plane, n) in planes.iter_mut().zip(lens) {
+        // SAFETY: the bands' parts cover the first `n` elements exactly (checked above) and each
+        // band zeroed its parts before anything else; all bands succeeded, so all are
+        // initialised; `n` is within the capacity reserved.
+        unsafe { plane.set_len(n) };
+    }
+    Ok(Coefficients { planes })
 }
 
 /// The planes: bands of MCU rows (about equal bits each, `bands` of them at most) decoded again,
@@ -1783,86 +1815,71 @@ fn decode_bands(
         }
     }
     cuts.push(plan.mcus_y);
-    let mut coefs = Coefficients::zeroed(frame);
-    let mut per_band: Vec<Vec<&mut [i16]>> = (1..cuts.len()).map(|_| Vec::new()).collect();
-    for (c, plane) in coefs.planes.iter_mut().enumerate() {
-        let (sw, rows, _) = plan.geom[c];
-        let mut rest = &mut plane[..];
-        for (band, w) in per_band.iter_mut().zip(cuts.windows(2)) {
-            let len = ((w[1] - w[0]) * rows * sw * 64).min(rest.len());
-            let (head, tail) = rest.split_at_mut(len);
-            band.push(head);
-            rest = tail;
-        }
-    }
-    per_band
-        .into_par_iter()
-        .zip(cuts.par_windows(2))
-        .try_for_each(|(mut slices, w)| {
-            let (g0, g1) = (w[0] * per_row, w[1] * per_row);
-            let mut pi = pieces.partition_point(|p| p.3 + (p.2 - p.1) <= g0);
-            let mut g = g0;
-            let mut br = Bits::new(data, 0);
-            while g < g1 {
-                let &(s, a, b, pg) = pieces.get(pi).ok_or(BAD_FRAME)?;
-                let recs = store.get(s).ok_or(BAD_FRAME)?;
-                let stop = g1.min(pg + (b - a));
-                let (mcu, mut j) = (g / plan.bpm, g % plan.bpm);
-                let (mut mx, mut my) = (mcu % plan.mcus_x, mcu / plan.mcus_x - w[0]);
-                for (r, gg) in (a + (g - pg)..a + (stop - pg)).zip(g..) {
-                    let (key, dc) = (recs.keys[r], recs.dc[r]);
-                    let bit = (key >> 4) as usize;
-                    if br.position() != bit {
-                        // Blocks follow each other, but for the band's first and, with restart
-                        // markers, each interval's first.
-                        if gg != g0 && gg % interval_blocks != 0 {
-                            return Err(BAD_FRAME);
-                        }
-                        br = Bits::new(data, bit);
-                    }
-                    if (key & 15) as usize != j {
+    planes_in_bands(plan, &cuts, |k, slices| {
+        let (g0, g1) = (cuts[k] * per_row, cuts[k + 1] * per_row);
+        let w = [cuts[k], cuts[k + 1]];
+        let mut pi = pieces.partition_point(|p| p.3 + (p.2 - p.1) <= g0);
+        let mut g = g0;
+        let mut br = Bits::new(data, 0);
+        while g < g1 {
+            let &(s, a, b, pg) = pieces.get(pi).ok_or(BAD_FRAME)?;
+            let recs = store.get(s).ok_or(BAD_FRAME)?;
+            let stop = g1.min(pg + (b - a));
+            let (mcu, mut j) = (g / plan.bpm, g % plan.bpm);
+            let (mut mx, mut my) = (mcu % plan.mcus_x, mcu / plan.mcus_x - w[0]);
+            for (r, gg) in (a + (g - pg)..a + (stop - pg)).zip(g..) {
+                let (key, dc) = (recs.keys[r], recs.dc[r]);
+                let bit = (key >> 4) as usize;
+                if br.position() != bit {
+                    // Blocks follow each other, but for the band's first and, with restart
+                    // markers, each interval's first.
+                    if gg != g0 && gg % interval_blocks != 0 {
                         return Err(BAD_FRAME);
                     }
-                    let c = plan.comp_of[j];
-                    let off = plan.offset(j, mx, my);
-                    let block = slices
-                        .get_mut(c)
-                        .and_then(|s| s.get_mut(off..))
-                        .and_then(|s| s.first_chunk_mut::<64>())
-                        .ok_or(BAD_FRAME)?;
-                    let (dct, act) = plan.tables_of(c);
-                    decode_block(&mut br, dct, act, &mut Dense(block))?;
-                    block[0] = dc as i16;
-                    j += 1;
-                    if j == plan.bpm {
-                        j = 0;
-                        mx += 1;
-                        if mx == plan.mcus_x {
-                            mx = 0;
-                            my += 1;
-                        }
+                    br = Bits::new(data, bit);
+                }
+                if (key & 15) as usize != j {
+                    return Err(BAD_FRAME);
+                }
+                let c = plan.comp_of[j];
+                let off = plan.offset(j, mx, my);
+                let block = slices
+                    .get_mut(c)
+                    .and_then(|s| s.get_mut(off..))
+                    .and_then(|s| s.first_chunk_mut::<64>())
+                    .ok_or(BAD_FRAME)?;
+                let (dct, act) = plan.tables_of(c);
+                decode_block(&mut br, dct, act, &mut Dense(block))?;
+                block[0] = dc as i16;
+                j += 1;
+                if j == plan.bpm {
+                    j = 0;
+                    mx += 1;
+                    if mx == plan.mcus_x {
+                        mx = 0;
+                        my += 1;
                     }
                 }
-                g = stop;
-                pi += 1;
             }
-            // The band's last block ends where the next band's first starts (or, for the last
-            // band, inside the data), as the first pass found.
-            let end = if g1 == total_blocks {
-                data.len().saturating_sub(PAD) * 8
-            } else if g1 % interval_blocks == 0 {
-                usize::MAX
-            } else {
-                bit_of(g1).ok_or(BAD_FRAME)? as usize
-            };
-            if (g1 == total_blocks && br.position() > end)
-                || (g1 < total_blocks && end != usize::MAX && br.position() != end)
-            {
-                return Err(BAD_FRAME);
-            }
-            Ok(())
-        })?;
-    Ok(coefs)
+            g = stop;
+            pi += 1;
+        }
+        // The band's last block ends where the next band's first starts (or, for the last
+        // band, inside the data), as the first pass found.
+        let end = if g1 == total_blocks {
+            data.len().saturating_sub(PAD) * 8
+        } else if g1 % interval_blocks == 0 {
+            usize::MAX
+        } else {
+            bit_of(g1).ok_or(BAD_FRAME)? as usize
+        };
+        if (g1 == total_blocks && br.position() > end)
+            || (g1 < total_blocks && end != usize::MAX && br.position() != end)
+        {
+            return Err(BAD_FRAME);
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -2078,6 +2095,106 @@ mod tests {
             let base = encode(64, 48, grey, samp, false);
             assert!(crate::jpeg::frame_of(&base, 64, 48, 64 << 20).is_some());
         }
+    }
+
+    /// `jpeg_make_d_derived_tbl`'s refusals: more than 256 symbols, a code space over-full or
+    /// full (no code may be all ones), DC symbols over 15.
+    #[test]
+    fn huffman_table_refusals_follow_libjpeg() {
+        let table = |lens: &[(usize, u8)], values: Vec<u8>| {
+            let mut bits = [0u8; 17];
+            for &(l, n) in lens {
+                bits[l] = n;
+            }
+            HuffTable { bits, values }
+        };
+        // Codes 0, 10, 110: 111 stays free.
+        let ok = table(&[(1, 1), (2, 1), (3, 1)], vec![0, 1, 2]);
+        assert!(Table::new(&ok, true).is_ok() && Table::new(&ok, false).is_ok());
+        // Codes 0, 10, 110, 111: full.
+        let full = table(&[(1, 1), (2, 1), (3, 2)], vec![0, 1, 2, 3]);
+        assert!(Table::new(&full, false).is_err());
+        assert!(Table::new(&table(&[(1, 2)], vec![0, 1]), false).is_err());
+        assert!(Table::new(&table(&[(2, 5)], vec![0; 5]), false).is_err());
+        let big = table(&[(16, 255), (15, 2)], vec![0; 257]);
+        assert!(Table::new(&big, false).is_err());
+        let sixteen = table(&[(2, 1)], vec![16]);
+        assert!(Table::new(&sixteen, true).is_err() && Table::new(&sixteen, false).is_ok());
+        // An empty table is accepted (every code is then invalid).
+        assert!(Table::new(&table(&[], vec![]), false).is_ok());
+    }
+
+    /// The offset of the first `FF code` marker segment of a file our encoder wrote.
+    fn marker(bytes: &[u8], code: u8) -> usize {
+        bytes
+            .windows(2)
+            .position(|w| w == [0xFF, code])
+            .expect("marker")
+    }
+
+    /// `parse_frame` refuses what our decode does not take, and what libjpeg refuses.
+    #[test]
+    fn parse_frame_refusals() {
+        let good = encode(40, 24, false, (2, 2), false);
+        assert!(parse_frame(&good).is_some());
+        let sof = marker(&good, 0xC0);
+        let sos = marker(&good, 0xDA);
+        let dht = marker(&good, 0xC4);
+        let patched = |at: usize, b: &[u8]| {
+            let mut bad = good.clone();
+            bad[at..at + b.len()].copy_from_slice(b);
+            bad
+        };
+        let refused = [
+            ("progressive", patched(sof + 1, &[0xC2])),
+            ("arithmetic", patched(sof + 1, &[0xC9])),
+            ("lossless", patched(sof + 1, &[0xC3])),
+            ("12-bit", patched(sof + 4, &[12])),
+            ("height 0", patched(sof + 5, &[0, 0])),
+            ("sampling 5", patched(sof + 11, &[0x51])),
+            ("sampling 0", patched(sof + 11, &[0x01])),
+            ("quant table 4", patched(sof + 12, &[4])),
+            ("undefined quant table", patched(sof + 12, &[3])),
+            (
+                "duplicate component id",
+                patched(sof + 13, &[good[sof + 10]]),
+            ),
+            ("scan component order", patched(sos + 5, &[good[sos + 7]])),
+            ("DC table 4", patched(sos + 6, &[0x40])),
+            ("undefined AC table", patched(sos + 6, &[0x02])),
+            ("Se 62", patched(sos + 12, &[62])),
+            ("Ah/Al", patched(sos + 13, &[0x01])),
+            ("DHT class 2", patched(dht + 4, &[0x20])),
+            ("no SOI", patched(0, &[0xFF, 0xD9])),
+        ];
+        for (name, bad) in &refused {
+            assert!(parse_frame(bad).is_none(), "{name}");
+        }
+        // A DRI segment of the wrong length, a DNL, and one of the right length.
+        let with = |seg: &[u8]| {
+            let mut b = good[..2].to_vec();
+            b.extend_from_slice(seg);
+            b.extend_from_slice(&good[2..]);
+            b
+        };
+        assert!(parse_frame(&with(&[0xFF, 0xDD, 0, 5, 0, 4, 0])).is_none());
+        assert!(parse_frame(&with(&[0xFF, 0xDC, 0, 4, 0, 24])).is_none());
+        let dri = parse_frame(&with(&[0xFF, 0xDD, 0, 4, 0, 7])).expect("DRI");
+        assert_eq!(dri.restart_interval, 7);
+        // APPn / COM skipped, garbage between markers skipped as libjpeg does.
+        let app =
+            parse_frame(&with(&[0xFF, 0xE5, 0, 4, 1, 2, 0x12, 0xFF, 0xFE, 0, 2])).expect("APP5");
+        assert_eq!(
+            app.scan_start,
+            parse_frame(&good).expect("good").scan_start + 11
+        );
+        // 4 components (CMYK) and 2 are refused.
+        let cmyk = std::fs::read(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../fixtures/prep/jpeg/astronaut_16x16_cmyk.jpg"),
+        )
+        .expect("cmyk fixture");
+        assert!(parse_frame(&cmyk).is_none());
     }
 
     #[test]
