@@ -2435,6 +2435,39 @@ mod tests {
         assert!(outcomes[0] > 100 && outcomes[1] > 50, "{outcomes:?}");
     }
 
+    /// Hostile bytes in the header (every byte before the scan data, flipped three ways): no
+    /// panic, and whatever our reading of the header lets us decode libjpeg decodes the same.
+    #[test]
+    fn corrupted_headers_decline_or_agree() {
+        let (mut decoded, mut refused) = (0, 0);
+        for good in [
+            encode_with((48, 40), false, (2, 2), 75, true, (0, 0)),
+            encode_with((40, 24), true, (1, 1), 90, false, (3, 0)),
+        ] {
+            let scan = parse_frame(&good).expect("frame").scan_start;
+            for pos in 2..scan {
+                for flip in [0x01u8, 0x10, 0x80] {
+                    let mut bad = good.clone();
+                    bad[pos] ^= flip;
+                    let got = parse_frame(&bad).map(|f| (decode_sequential(&bad, &f), f));
+                    let Some((Ok(got), frame)) = got else {
+                        refused += 1;
+                        continue;
+                    };
+                    let (theirs, want) = libjpeg_frame(&bad)
+                        .unwrap_or_else(|e| panic!("byte {pos} ^ {flip:#x}: libjpeg: {e}"));
+                    assert_same_geometry(&format!("byte {pos} ^ {flip:#x}"), &frame, &theirs);
+                    if let Some(d) = first_diff(&frame, &got, &want) {
+                        panic!("byte {pos} ^ {flip:#x}: {d}");
+                    }
+                    decoded += 1;
+                }
+            }
+        }
+        eprintln!("corrupted headers: {decoded} decodes agreed with libjpeg, {refused} declined");
+        assert!(decoded > 100 && refused > 100, "{decoded} {refused}");
+    }
+
     /// Release-mode timings on this machine: `cargo test --release -p vision-prep --lib
     /// jpeg_entropy::tests::timings -- --ignored --nocapture`.
     #[test]
