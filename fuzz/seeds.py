@@ -3,6 +3,8 @@
 deterministically from fixtures/ (the same files on every run). `cargo xtask fuzz` runs it before
 every run and reads them beside the committed fuzz/corpus/<target>/ (what the fuzzers found beyond them).
 
+jpeg_own: 1 selector byte (the entropy decode's ways, mod 8, plus 1) + each fixtures/prep/jpeg
+        file and the fixture JPEGs of at most 64 KiB.
 prep:   1 selector byte (bits 0-1 law, bit 2 data: URI) + a fixture image (fixtures/images, the
         decode cases of fixtures/prep/decode, the libjpeg-turbo cases of fixtures/prep/jpeg,
         small bicubic outputs of fixtures/prep/resize).
@@ -51,6 +53,17 @@ def prep():
     for i, f in enumerate(small):
         put(i % 8, f)
     return n
+
+
+def jpeg_own():
+    out = os.path.join(OUT, "jpeg_own")
+    os.makedirs(out, exist_ok=True)
+    files = sorted(glob.glob(f"{FIX}/prep/jpeg/*.jpg")) + sorted(
+        f for f in glob.glob(f"{FIX}/images/*.jpg") if os.path.getsize(f) <= 65536)
+    for i, f in enumerate(files):
+        with open(f"{out}/{i % 8}_{os.path.basename(f)}", "wb") as w:
+            w.write(bytes([i % 8]) + open(f, "rb").read())
+    return len(files)
 
 
 def read_st(path):
@@ -252,6 +265,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 1:
         OUT = os.path.abspath(sys.argv[1])
     print("prep seeds:", prep())
+    print("jpeg_own seeds:", jpeg_own())
     print("inputs seeds:", inputs())
     print("configs / model_dir seeds:", configs())
     print("index seeds:", index())

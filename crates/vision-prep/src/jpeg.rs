@@ -913,6 +913,25 @@ pub(crate) fn libjpeg_frame(
     })
 }
 
+/// [`crate::fuzzing::own_jpeg_agrees_with_libjpeg`]: our own decode (any size, `threads` ways)
+/// against libjpeg's whole decode of `bytes`.
+pub(crate) fn own_agrees_with_libjpeg(
+    bytes: &[u8],
+    threads: usize,
+    max_pixels: u64,
+) -> Option<bool> {
+    let header = read_header(bytes).ok()?;
+    let (w, h) = (header.width, header.height);
+    if u64::from(w) * u64::from(h) > max_pixels {
+        return None;
+    }
+    let none = crate::pages::Scratch::none();
+    let theirs = decode_cuts(bytes, w, h, 64 << 20, none, &[0, h as usize]).ok()?;
+    let (frame, coefs) = own_coefficients_of_any_size(bytes, w, h, 64 << 20, threads)?;
+    let ours = own_rows(&frame, &coefs, none)?;
+    Some(ours == theirs)
+}
+
 /// The output rows of one iMCU row when the file is single-scan (so bands can skip), else `None`.
 fn probe(
     s: &mut Session,

@@ -36,8 +36,6 @@
 //! Whatever is not proven that way declines: the parallel decode gives the sequential decode's
 //! answer, coefficients or refusal.
 
-#![cfg_attr(not(test), allow(dead_code))]
-
 use rayon::prelude::*;
 
 use crate::jpeg_frame::{Coefficients, Colour, Component, Frame, HuffTable};

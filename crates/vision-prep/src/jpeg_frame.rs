@@ -119,7 +119,9 @@ impl Coefficients {
         }
     }
 
-    /// Block `(bx, by)` of component `c`: 64 coefficients, natural order.
+    /// Block `(bx, by)` of component `c`: 64 coefficients, natural order (the tests compare
+    /// block by block).
+    #[cfg(test)]
     pub fn block(&self, frame: &Frame, c: usize, bx: usize, by: usize) -> &[i16] {
         let w = frame.components[c].stored_w;
         let at = (by * w + bx) * 64;

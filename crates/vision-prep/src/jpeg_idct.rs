@@ -56,7 +56,6 @@
 //! `4·d` after pass 1 and `(4·d + 16) >> 5` after pass 2).
 
 // Until the decoder calls it, only the tests do.
-#![cfg_attr(not(test), allow(dead_code))]
 
 use std::ops::Range;
 

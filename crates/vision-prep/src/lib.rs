@@ -39,6 +39,22 @@ mod rgb;
 pub mod source;
 pub mod video;
 
+/// Entry points for the fuzz targets (`fuzz/`), not part of the API.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Decodes `bytes` (a JPEG of at most `max_pixels`) with our own baseline decode, its entropy
+    /// decode split `threads` ways, and with libjpeg: `None` where the header is refused, libjpeg
+    /// fails or our decode declines, else whether the two agree byte for byte. A fuzz target
+    /// fails on `Some(false)`.
+    pub fn own_jpeg_agrees_with_libjpeg(
+        bytes: &[u8],
+        threads: usize,
+        max_pixels: u64,
+    ) -> Option<bool> {
+        crate::jpeg::own_agrees_with_libjpeg(bytes, threads, max_pixels)
+    }
+}
+
 #[cfg(test)]
 mod parity;
 
