@@ -5,8 +5,13 @@
 //! Pillow JpegImagePlugin.py "assume adobe conventions"), which `convert("RGB")` then turns into RGB
 //! (Pillow src/libImaging/Convert.c `cmyk2rgb`). We run the same library: `mozjpeg-sys` builds
 //! libjpeg-turbo's decoder (the mozjpeg fork, whose decoding side is libjpeg-turbo's) from vendored C
-//! with only a C compiler. Its SIMD paths are not built (they need nasm); libjpeg-turbo's SIMD is
-//! bit-exact with its C code, so the output is the same bytes as Pillow's.
+//! with only a C compiler, and its SIMD where nasm is on the build machine's PATH; libjpeg-turbo's
+//! SIMD is bit-exact with its C code on real files, so the output is the same bytes as Pillow's.
+//!
+//! On a pool of [`OWN_DECODE_MIN_THREADS`] threads or more, a large baseline file goes through our
+//! own decode first (`own_decode`: `jpeg_entropy` splits the Huffman decode over the pool,
+//! `jpeg_idct` reconstructs the rows in chunks), which gives libjpeg's bytes or declines; every
+//! decline and every error goes through libjpeg as before.
 //!
 //! Errors: libjpeg reports a fatal error through `error_exit`, which must not return. Ours unwinds
 //! (`resume_unwind`, no panic hook, no message) through the C frames, which `mozjpeg-sys` compiles
