@@ -2424,49 +2424,4 @@ mod tests {
         assert!(reconstruct_rows(&ok, &coefs, 3..4, &mut out).is_ok());
         assert!(reconstruct_rows(&ok, &Coefficients::default(), 3..4, &mut out).is_err());
     }
-
-    /// Timing (release, `--ignored --nocapture`): a 1920×1080 4:2:0 quality-90 JPEG, our
-    /// reconstruction of the whole image against libjpeg's whole decode (entropy decoding
-    /// included), best of several runs, one thread.
-    #[test]
-    #[ignore]
-    fn timing_1080p_420() {
-        let bytes = encode(1920, 1080, false, (2, 2), false);
-        let (frame, coefs) = libjpeg_frame(&bytes).expect("frame");
-        let want = libjpeg_rgb(&bytes, &frame);
-        let mut out = vec![0u8; 1920 * 1080 * 3];
-        let best = |f: &mut dyn FnMut()| {
-            (0..15)
-                .map(|_| {
-                    let t = std::time::Instant::now();
-                    f();
-                    t.elapsed().as_secs_f64() * 1e3
-                })
-                .fold(f64::INFINITY, f64::min)
-        };
-        let ours = best(&mut || {
-            reconstruct_rows(&frame, &coefs, 0..1080, &mut out).expect("supported");
-        });
-        assert!(out == want);
-        let mut banded = |band: usize| {
-            let t = best(&mut || {
-                for (k, chunk) in out.chunks_mut(band * 1920 * 3).enumerate() {
-                    let rows = k * band..(k * band + band).min(1080);
-                    reconstruct_rows(&frame, &coefs, rows, chunk).expect("supported");
-                }
-            });
-            assert!(out == want);
-            t
-        };
-        let (b16, b64) = (banded(16), banded(64));
-        let libjpeg = best(&mut || {
-            std::hint::black_box(libjpeg_rgb(&bytes, &frame));
-        });
-        eprintln!(
-            "1920x1080 4:2:0 q90 (JPEG_SIMD {:?}): reconstruct_rows whole {ours:.2} ms, \
-             in 64-row bands {b64:.2} ms, in 16-row bands {b16:.2} ms; \
-             libjpeg whole decode {libjpeg:.2} ms",
-            crate::JPEG_SIMD
-        );
-    }
 }
