@@ -24,7 +24,11 @@
 # itself travels: fixtures/, xtask/bench/).
 #
 # Environment (all optional): ITERS (timed calls per measurement, default 30), FAMILIES (default
-# gemma4,glm5_next,step3p7), API_S (each api-bench's limit in seconds, default 150).
+# gemma4,glm5_next,step3p7), API_S (each api-bench's limit in seconds, default 150),
+# BENCH_CASES (e.g. gemma4_b1: then `xtask bench --cases BENCH_CASES` also runs, our towers against
+# transformers' eager and torch.compile in the same run, limit BENCH_S, default 240 s),
+# PIPE_IMAGES (e.g. 256: then `xtask pipeline --images PIPE_IMAGES`, the stream measure — end to
+# end against the tower alone on step3p7 at the release's size — limit PIPE_S, default 300 s).
 # Logs go to $OUT.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -106,6 +110,17 @@ for family in ${FAMILIES//,/ }; do
     done
 done
 
+if [ -n "${BENCH_CASES:-}" ]; then
+    timeout "${BENCH_S:-240}" "$X" bench --torch-out "$WORK/bench" --rerun-torch --cases "$BENCH_CASES" \
+        --deadline $(( ${BENCH_S:-240} - 60 )) --report "$OUT/bench_report.md" > "$OUT/bench_log.txt" 2>&1
+    echo "xtask bench $BENCH_CASES rc=$? ($(( $(date +%s) - T0 )) s)"
+fi
+if [ -n "${PIPE_IMAGES:-}" ]; then
+    timeout "${PIPE_S:-300}" "$X" pipeline --work "$WORK/pipeline" --images "$PIPE_IMAGES" \
+        --deadline $(( ${PIPE_S:-300} - 60 )) --report "$OUT/pipeline_report.md" > "$OUT/pipeline_log.txt" 2>&1
+    echo "xtask pipeline rc=$? ($(( $(date +%s) - T0 )) s)"
+fi
+
 echo
 echo "=== host stages alone, this machine (xtask prep-breakdown) ==="
 sed -n '/^prep breakdown/,$p' "$OUT/prep_breakdown.txt"
@@ -121,8 +136,20 @@ for family in ${FAMILIES//,/ }; do
         echo
         echo "=== $family b1 ($r): api-bench ==="
         grep -E '^\{"batch|^\{"family' "$f" | cut -c1-400
-        sed -n '/each stage alone/,$p' "$f"
+        sed -n '/own stages/,$p' "$f"
         grep -iE 'error|panicked' "$f" | head -5
     done
 done
+if [ -s "$OUT/bench_report.md" ]; then
+    echo "=== xtask bench ($BENCH_CASES) ==="
+    grep -E '^\| |^#|TFLOP|J/image' "$OUT/bench_report.md" | cut -c1-300 | head -40
+elif [ -n "${BENCH_CASES:-}" ]; then
+    tail -15 "$OUT/bench_log.txt"
+fi
+if [ -s "$OUT/pipeline_report.md" ]; then
+    echo "=== xtask pipeline (the stream measure) ==="
+    cat "$OUT/pipeline_report.md"
+elif [ -n "${PIPE_IMAGES:-}" ]; then
+    tail -15 "$OUT/pipeline_log.txt"
+fi
 echo "total $(( $(date +%s) - T0 )) s"

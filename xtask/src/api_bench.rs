@@ -95,14 +95,17 @@ pub fn run(args: &[String]) -> Result<()> {
         std::fs::read(&a.image).with_context(|| format!("reading {}", a.image.display()))?;
     let mut lines = Vec::new();
     let mut table = Vec::new();
+    let mut inline = Vec::new();
     for &b in &a.batches {
         let sources = vec![ImageSource::Bytes(&bytes); b];
         // Each request's rows dropped right after its sync, or held until the next request's are
         // ready (as a consumer that keeps them for a while does).
         // (end to end, until `encode_device` returned) per call, each sorted
-        let timed = |hold: bool| -> Result<(Vec<f64>, Vec<f64>)> {
+        // Also each call's own stages (`DeviceEncoded::timings` and the wait), per call.
+        let timed = |hold: bool| -> Result<(Vec<f64>, Vec<f64>, Vec<[f64; 7]>)> {
             let mut times = Vec::with_capacity(a.iters);
             let mut returned = Vec::with_capacity(a.iters);
+            let mut stages = Vec::with_capacity(a.iters);
             let mut held = None;
             for i in 0..a.warmup + a.iters {
                 let t = Instant::now();
@@ -113,6 +116,17 @@ pub fn run(args: &[String]) -> Result<()> {
                 if i >= a.warmup {
                     times.push(ms);
                     returned.push(back);
+                    let w = &out.timings;
+                    let f = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+                    stages.push([
+                        ms,
+                        f(w.prepare),
+                        f(w.host_layout),
+                        f(w.device_setup),
+                        f(w.upload),
+                        f(w.launch),
+                        ms - f(w.total()),
+                    ]);
                 }
                 if hold {
                     held = Some(out);
@@ -121,10 +135,10 @@ pub fn run(args: &[String]) -> Result<()> {
             drop(held);
             times.sort_by(f64::total_cmp);
             returned.sort_by(f64::total_cmp);
-            Ok((times, returned))
+            Ok((times, returned, stages))
         };
-        let (times, returned) = timed(false)?;
-        let (held, _) = timed(true)?;
+        let (times, returned, per_call) = timed(false)?;
+        let (held, _, _) = timed(true)?;
         // The host half alone (admission, decode, resize, patchify; parallel over the images as
         // in `encode_device`), to split the end-to-end time.
         let pre = model.preprocessor();
@@ -163,6 +177,7 @@ pub fn run(args: &[String]) -> Result<()> {
         lines.push(line);
         let parts = breakdown(&model, &sources, a.iters)?;
         table.push((b, times[times.len() / 2], parts));
+        inline.push((b, per_call));
     }
     // The device stages on a tower opened again from the same directory (the model's own is not
     // reachable from here), after the model's is freed.
@@ -186,6 +201,31 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     if let Some(path) = &a.json {
         std::fs::write(path, serde_json::to_string_pretty(&lines)?)?;
+    }
+    println!(
+        "\nthe same requests' own stages (`DeviceEncoded::timings`, then the wait on the rows), \
+         ms: median of each column, and the calls at the end-to-end median and minimum"
+    );
+    println!("| batch | calls | end to end | prepare | host layout (to bf16) | device setup | upload queued | launch | wait for the device |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (b, calls) in &inline {
+        let row = |what: &str, v: &[f64; 7]| {
+            println!(
+                "| {b} | {what} | {:.2} | {:.2} | {:.3} | {:.3} | {:.3} | {:.3} | {:.2} |",
+                v[0], v[1], v[2], v[3], v[4], v[5], v[6]
+            )
+        };
+        let mut med = [0.0; 7];
+        for (k, m) in med.iter_mut().enumerate() {
+            *m = median(calls.iter().map(|c| c[k]).collect());
+        }
+        row("median of each", &med);
+        let mut by_total: Vec<&[f64; 7]> = calls.iter().collect();
+        by_total.sort_by(|x, y| x[0].total_cmp(&y[0]));
+        if let (Some(mid), Some(first)) = (by_total.get(by_total.len() / 2), by_total.first()) {
+            row("the median call", mid);
+            row("the fastest call", first);
+        }
     }
     println!(
         "\n{} ({}), each stage alone, median of {} calls, ms ({} rayon threads)",

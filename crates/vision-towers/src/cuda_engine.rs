@@ -4,11 +4,12 @@
 //! held).
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use gpu_core::{Batch, DeviceTower, HostBatch, RowsTarget};
 use tower_core::ClassifiedError;
 
-use crate::device_rows::{Dest, DeviceResult, DeviceRows, Job};
+use crate::device_rows::{Dest, DeviceResult, DeviceRows, Job, RequestTimings};
 use crate::session::{not_staged, Inbox, PassTicket, StreamSession};
 use crate::tower_error::{cuda_err, InputError};
 
@@ -82,6 +83,8 @@ pub(crate) fn run_job<T: DeviceTower<Family: ClassifiedError>>(
     images: &[T::Image<'_>],
 ) -> Result<DeviceResult, InputError> {
     // The host half of every pass first, before the device is taken.
+    let start = Instant::now();
+    let mut timings = RequestTimings::default();
     let mut hosts = Vec::with_capacity(job.passes.len());
     let mut rows_per_image = Vec::with_capacity(images.len());
     for range in job.passes {
@@ -92,6 +95,8 @@ pub(crate) fn run_job<T: DeviceTower<Family: ClassifiedError>>(
         rows_per_image.extend(rows);
     }
     let total: usize = rows_per_image.iter().sum();
+    let laid_out = Instant::now();
+    timings.host_layout = laid_out - start;
     let mut tower = lock(cuda);
     let width = tower.width();
     let dev = tower.device().clone();
@@ -126,14 +131,22 @@ pub(crate) fn run_job<T: DeviceTower<Family: ClassifiedError>>(
             unsafe { RowsTarget::from_raw(out.addr, out.len, out.dtype, out.ordinal) }
         }
     };
+    let mut mark = Instant::now();
+    timings.device_setup = mark - laid_out;
     let mut row = 0;
     let mut result = Ok(());
     for ((host, rows), range) in hosts.into_iter().zip(job.passes) {
         let n = job.pass_patches(range);
         let pass = |tower: &mut T, target: &mut RowsTarget<'_>| -> Result<(), InputError> {
             let batch = tower.stage(host).map_err(|e| cuda_err(e, n))?;
+            let staged = Instant::now();
+            timings.upload += staged - mark;
+            mark = staged;
             let out = target.range(row * width, rows * width).map_err(gpu)?;
             tower.run_into(&batch, out).map_err(|e| cuda_err(e, n))?;
+            let queued = Instant::now();
+            timings.launch += queued - mark;
+            mark = queued;
             Ok(())
         };
         result = pass(&mut tower, &mut target).map_err(|e| job.in_pass(range, e));
@@ -150,6 +163,7 @@ pub(crate) fn run_job<T: DeviceTower<Family: ClassifiedError>>(
         (Dest::Caller(out), _) => unsafe { dev.signal_stream(out.stream) },
         (Dest::Owned(_), None) => Ok(()),
     };
+    timings.launch += mark.elapsed();
     result?;
     ordered.map_err(gpu)?;
     let mut offsets = Vec::with_capacity(rows_per_image.len() + 1);
@@ -160,5 +174,6 @@ pub(crate) fn run_job<T: DeviceTower<Family: ClassifiedError>>(
     Ok(DeviceResult {
         owned: owned.map(|owned| DeviceRows::new(owned, offsets, width)),
         rows_per_image,
+        timings,
     })
 }

@@ -2,6 +2,7 @@
 //! offsets, and the ordering contract with the caller's stream (see [`gpu_core::OwnedRows`]).
 
 use std::ops::Range;
+use std::time::Duration;
 
 use gpu_core::{OwnedRows, RowsDtype};
 
@@ -178,10 +179,40 @@ pub(crate) enum Dest<'a> {
     Caller(&'a DeviceOut),
 }
 
-/// What a device encode gave: the owned rows (for [`Dest::Owned`]) and each image's row count.
+/// What a device encode gave: the owned rows (for [`Dest::Owned`]), each image's row count and
+/// where the host's time went after the images were prepared.
 pub(crate) struct DeviceResult {
     pub(crate) owned: Option<DeviceRows>,
     pub(crate) rows_per_image: Vec<usize>,
+    pub(crate) timings: RequestTimings,
+}
+
+/// Where one device request's time went on the host, stage by stage (wall clock, each stage's
+/// own duration; the stages run one after another in this order). The call returns once the
+/// work is queued, so the device's remaining time is what the caller's wait on the rows takes
+/// (`DeviceRows::synchronize`); `xtask api-bench` prints both (docs/PERF.md, issue 43).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RequestTimings {
+    /// Admission, decode, resize, normalisation and patchify of every image (images in
+    /// parallel on the worker pool).
+    pub prepare: Duration,
+    /// The tower's host half of every pass: the patch rows laid out in the GEMM precision.
+    pub host_layout: Duration,
+    /// Waiting for the tower (another request may hold it) and setting up the rows' buffer:
+    /// the library's allocation, or the caller's stream ordered before the work.
+    pub device_setup: Duration,
+    /// Every pass's inputs copied to page-locked memory and their uploads queued.
+    pub upload: Duration,
+    /// Every pass's forward queued (a graph replay or the kernels' launches) and the rows'
+    /// ready signal recorded.
+    pub launch: Duration,
+}
+
+impl RequestTimings {
+    /// The host's time in all, until the call returned.
+    pub fn total(&self) -> Duration {
+        self.prepare + self.host_layout + self.device_setup + self.upload + self.launch
+    }
 }
 
 /// One device encode's passes and destination, run against any family's tower.

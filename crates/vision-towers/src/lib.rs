@@ -31,7 +31,7 @@ mod upload;
 mod video;
 mod weights;
 
-pub use device_rows::{rows_dtype_refusal, DeviceOut, DeviceRows};
+pub use device_rows::{rows_dtype_refusal, DeviceOut, DeviceRows, RequestTimings};
 pub use family::{detect_family, family_from_gguf_projector, family_from_model_type, Family};
 pub use gpu_core::{parse_tier, FAKE_DEVICE_ENV, FORCE_TIER_ENV};
 pub use gpu_core::{RowsDtype, PER_THREAD_DEFAULT_STREAM};

@@ -8,10 +8,11 @@ use crate::tower::Rows;
 use crate::tower_error::InputError;
 use crate::{
     detect_family, preprocessor_for, Device, DeviceOut, DeviceRows, Family, LmAttention, Precision,
-    PrepOpenError, ProcessorTensors, RowsDtype, Tower, TowerError, TowerOptions, WeightFile,
+    PrepOpenError, ProcessorTensors, RequestTimings, RowsDtype, Tower, TowerError, TowerOptions, WeightFile,
 };
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 use tower_core::{Classify, ErrorKind};
 use vision_prep::{ImageSource, Plan, PrepSettings, Prepared, Preprocessor};
 
@@ -34,6 +35,8 @@ pub struct DeviceEncoded {
     pub plans: Vec<Plan>,
     /// The rows of all images in one device buffer.
     pub rows: DeviceRows,
+    /// Where the call's time went on the host, stage by stage, until it returned.
+    pub timings: RequestTimings,
 }
 
 /// Why a model could not be opened or could not encode.
@@ -251,14 +254,22 @@ impl Model {
         images: &[ImageSource<'_>],
         dtype: RowsDtype,
     ) -> Result<DeviceEncoded, ModelError> {
-        let (plans, rows) = self.with_prepared(images, |t, imgs| {
+        let start = Instant::now();
+        let mut prepared_at = start;
+        let (plans, (rows, mut timings)) = self.with_prepared(images, |t, imgs| {
+            prepared_at = Instant::now();
             let r = t.run_device(imgs, Dest::Owned(dtype))?;
-            Ok((r.owned, r.rows_per_image))
+            Ok(((r.owned, r.timings), r.rows_per_image))
         })?;
+        timings.prepare = prepared_at - start;
         let rows = rows.ok_or_else(|| {
             ModelError::Tower(TowerError::Unsupported("no rows came back".into()))
         })?;
-        Ok(DeviceEncoded { plans, rows })
+        Ok(DeviceEncoded {
+            plans,
+            rows,
+            timings,
+        })
     }
 
     /// [`Model::encode_device`] into the caller's memory `out` (rows image after image from its
