@@ -25,6 +25,7 @@
 #
 # Environment (all optional): ITERS (timed calls per measurement, default 30), FAMILIES (default
 # gemma4,glm5_next,step3p7), API_S (each api-bench's limit in seconds, default 150),
+# THREADS (e.g. "8 12": api-bench of the new binary again with RAYON_NUM_THREADS at each),
 # BENCH_CASES (e.g. gemma4_b1: then `xtask bench --cases BENCH_CASES` also runs, our towers against
 # transformers' eager and torch.compile in the same run, limit BENCH_S, default 240 s),
 # PIPE_IMAGES (e.g. 256: then `xtask pipeline --images PIPE_IMAGES`, the stream measure — end to
@@ -96,6 +97,7 @@ cat "$OUT/weights_log.txt" | grep -v Warning | tail -5
 # With an old binary staged: new, old, new again on the same weights and image (A/B/A)
 RUNS="new"
 [ -x /tmp/xtask_old ] && RUNS="new old new2"
+for n in ${THREADS:-}; do RUNS="$RUNS t$n"; done
 for family in ${FAMILIES//,/ }; do
     image="$WORK/images/photo_1920x1080.jpg"
     [ "$family" = step3p7 ] && image="$WORK/images/photo_1304x896.jpg"
@@ -104,7 +106,9 @@ for family in ${FAMILIES//,/ }; do
         [ "$r" = old ] && x=/tmp/xtask_old
         sfx=""
         [ "$r" = new ] || sfx="_$r"
-        timeout "${API_S:-150}" "$x" api-bench --model "$WORK/$family" --image "$image" \
+        threads=""
+        [ "${r#t}" != "$r" ] && threads="${r#t}"
+        RAYON_NUM_THREADS="$threads" timeout "${API_S:-150}" "$x" api-bench --model "$WORK/$family" --image "$image" \
             --batch 1 --iters "$ITERS" --warmup 5 > "$OUT/api_bench_$family$sfx.txt" 2>&1
         echo "api-bench $family ($r) rc=$? ($(( $(date +%s) - T0 )) s)"
     done

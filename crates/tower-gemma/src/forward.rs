@@ -45,6 +45,25 @@ pub(crate) fn validate<'a>(
     img: &GemmaImage<'a>,
     index: usize,
 ) -> Result<Grid<'a>> {
+    let grid = validate_grid(cfg, img, index)?;
+    if !gpu_core::all_finite(&grid.patches) {
+        return Err(non_finite(index));
+    }
+    Ok(grid)
+}
+
+/// The refusal of image `index` for a NaN or an infinity among its pixel values.
+pub(crate) fn non_finite(index: usize) -> GemmaError {
+    GemmaError::Input(format!("image {index}: non-finite pixel value"))
+}
+
+/// [`validate`] but for the pixels' finiteness, which the CUDA path checks while it converts
+/// them (one pass over the values instead of two).
+pub(crate) fn validate_grid<'a>(
+    cfg: &GemmaConfig,
+    img: &GemmaImage<'a>,
+    index: usize,
+) -> Result<Grid<'a>> {
     let pd = cfg.patch_dim();
     let bad = |m: String| GemmaError::Input(format!("image {index}: {m}"));
     if !img.patches.len().is_multiple_of(pd) || img.positions.len() * pd != img.patches.len() * 2 {
@@ -107,9 +126,6 @@ pub(crate) fn validate<'a>(
             "grid {gw}×{gh} exceeds the position tables' {} rows",
             cfg.pos_rows
         )));
-    }
-    if !gpu_core::all_finite(&patches) {
-        return Err(bad("non-finite pixel value".into()));
     }
     Ok(Grid {
         patches,

@@ -8,7 +8,8 @@ use crate::tower::Rows;
 use crate::tower_error::InputError;
 use crate::{
     detect_family, preprocessor_for, Device, DeviceOut, DeviceRows, Family, LmAttention, Precision,
-    PrepOpenError, ProcessorTensors, RequestTimings, RowsDtype, Tower, TowerError, TowerOptions, WeightFile,
+    PrepOpenError, ProcessorTensors, RequestTimings, RowsDtype, Tower, TowerError, TowerOptions,
+    WeightFile,
 };
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};

@@ -86,9 +86,18 @@ fn device_rows_are_the_downloaded_rows_for_every_fixture_model() {
             // twice: the second call replays a captured graph of the same layout
             for round in 0..3 {
                 let host = m.encode(&sources).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let called = std::time::Instant::now();
                 let dev = m
                     .encode_device(&sources, RowsDtype::F32)
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
+                // the call's own stages: each one ran (decoding images takes time, so does
+                // queueing a forward) and together they are no longer than the call
+                let t = dev.timings;
+                assert!(
+                    !t.prepare.is_zero() && !t.upload.is_zero() && !t.launch.is_zero(),
+                    "{what}: a stage of the request went untimed: {t:?}"
+                );
+                assert!(t.total() <= called.elapsed(), "{what}: {t:?} past the call");
                 assert_eq!(dev.rows.width(), m.width(), "{what}");
                 assert_eq!(dev.rows.images(), sources.len(), "{what}");
                 let got = dev.rows.to_host_f32().unwrap();

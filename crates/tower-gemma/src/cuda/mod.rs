@@ -25,18 +25,19 @@
 //! the GEMM precision: bf16 (or f16) in the product mode, f32 in the exactness mode, where per-head
 //! norm + rope, attention (`flash_attn_f32`, exact on CUDA cores) and the gated activation run
 //! in f32 too, so nothing on the f32 path rounds to bf16.
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use gpu_core::{
-    pad_head_cols, pad_head_rows, rope_inv_freq, ActLinear, Activation, Batch, Clamp, DeviceBuffer,
-    DeviceTower, Epilogue, FusedAct, Gate, GemmBias, GemmBuffer, GemmInputs, GemmOutput, GemmShape,
-    GraphKey, HostBatch, HostGemm, HostInputs, HostTensor, InputBuffers, Mat, PassWorkspace,
-    QkNorm, RopeLayout, RowsTarget, Stager, TensorStore, TowerBase,
+    all_finite, pad_head_cols, pad_head_rows, rope_inv_freq, ActLinear, Activation, Batch, Clamp,
+    DeviceBuffer, DeviceTower, Epilogue, FusedAct, Gate, GemmBias, GemmBuffer, GemmInputs,
+    GemmOutput, GemmShape, GraphKey, HostBatch, HostGemm, HostInputs, HostTensor, InputBuffers,
+    Mat, PassWorkspace, QkNorm, RopeLayout, RowsTarget, Stager, TensorStore, TowerBase,
 };
 
 use crate::config::GemmaConfig;
 use crate::error::GemmaError;
-use crate::forward::{validate, GemmaImage, GemmaStages, Grid, ATTENTION_SCALE};
+use crate::forward::{non_finite, validate_grid, GemmaImage, GemmaStages, Grid, ATTENTION_SCALE};
 use crate::weights::{GemmaWeights, Linear};
 
 mod forward;
@@ -440,13 +441,21 @@ impl DeviceTower for GemmaCuda {
         if images.is_empty() {
             return Err(GemmaError::Input("no images".into()).into());
         }
+        // The host path's checks in its order (image by image: the grid, then the values), with
+        // the values' finiteness checked while they are converted, in the same pass.
         for (index, img) in images.iter().enumerate() {
             let Grid {
                 patches,
                 positions,
                 gw,
                 gh,
-            } = validate(cfg, img, index)?;
+            } = match validate_grid(cfg, img, index) {
+                Ok(grid) => grid,
+                Err(e) => {
+                    let earlier = kept.iter().position(|p: &Cow<'_, [f32]>| !all_finite(p));
+                    return Err(earlier.map_or(e, non_finite).into());
+                }
+            };
             let n = positions.len() / 2;
             kept.push(patches);
             pos.extend_from_slice(&positions);
@@ -470,10 +479,11 @@ impl DeviceTower for GemmaCuda {
             rows_per,
             HostInputs {
                 // Converted straight from the prepared images (no f32 copy of the batch first).
-                rows: HostGemm::from_f32_parts(
+                rows: HostGemm::from_finite_f32_parts(
                     precision,
                     &kept.iter().map(|p| &p[..]).collect::<Vec<_>>(),
-                ),
+                )
+                .map_err(|e| non_finite(e.part))?,
                 pos,
                 cu,
             },
@@ -618,7 +628,7 @@ mod tests {
         let grids: Vec<Grid<'_>> = images
             .iter()
             .enumerate()
-            .map(|(i, img)| validate(&cfg, img, i).expect("valid"))
+            .map(|(i, img)| crate::forward::validate(&cfg, img, i).expect("valid"))
             .collect();
         let want: Vec<u16> = grids
             .iter()
