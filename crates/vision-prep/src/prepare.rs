@@ -571,23 +571,32 @@ pub(crate) fn prepare_resized(law: &Law, plan: Plan, v: RgbImage, cx: Cx<'_>) ->
             let (gh, gw) = (*gh as usize, *gw as usize);
             let scale = l.rescale_factor as f32;
             let row = p * p * 3;
-            // Written in order into an empty buffer: no zero fill of memory about to be overwritten.
-            let mut pv = cx.outputs.take_empty(gh * gw * row);
+            // One patch row of the grid per task (serial, 0.35 ms of gemma4's 1080p request on
+            // the H200 host: docs/PERF.md v0.29); every value of the buffer is written.
+            let (mut pv, _) = cx.outputs.take_kept(gh * gw * row);
+            let band = |(py, out): (usize, &mut [f32])| {
+                for (px, patch) in out.chunks_exact_mut(row.max(1)).enumerate() {
+                    for (ky, dst) in patch.chunks_exact_mut((p * 3).max(1)).enumerate() {
+                        let src = ((py * p + ky) * v.width + px * p) * 3;
+                        // `x · rescale_factor` in f32 (the one IEEE product upstream computes),
+                        // in a form the compiler vectorises.
+                        for (d, &s) in dst.iter_mut().zip(&v.data[src..src + p * 3]) {
+                            *d = f32::from(s) * scale;
+                        }
+                    }
+                }
+            };
+            if cx.parallel {
+                pv.par_chunks_mut((gw * row).max(1))
+                    .enumerate()
+                    .for_each(band);
+            } else {
+                pv.chunks_mut((gw * row).max(1)).enumerate().for_each(band);
+            }
             let mut pos = Vec::with_capacity(gh * gw * 2);
             for i in 0..gh * gw {
-                let (py, px) = (i / gw, i % gw);
-                for ky in 0..p {
-                    let src = ((py * p + ky) * v.width + px * p) * 3;
-                    // `x · rescale_factor` in f32 (the one IEEE product upstream computes), in a
-                    // form the compiler vectorises.
-                    pv.extend(
-                        v.data[src..src + p * 3]
-                            .iter()
-                            .map(|&s| f32::from(s) * scale),
-                    );
-                }
-                pos.push(px as i64);
-                pos.push(py as i64);
+                pos.push((i % gw) as i64);
+                pos.push((i / gw) as i64);
             }
             cx.scratch.give(v.data);
             vec![
