@@ -53,15 +53,6 @@ pub(crate) fn zeroed<T: Copy + Default>(n: usize) -> Vec<T> {
     v
 }
 
-/// An empty vector with room for `n` values, advised for huge pages when large: for outputs
-/// written in order with `extend`, which need no zero fill (calloc memsets the memory it reuses,
-/// the kernel zeroes the pages it maps: either is a pass over the whole tensor).
-pub(crate) fn with_capacity<T>(n: usize) -> Vec<T> {
-    let v = Vec::with_capacity(n);
-    advise_huge(v.as_ptr() as usize, n * std::mem::size_of::<T>());
-    v
-}
-
 #[cfg(target_os = "linux")]
 fn advise_huge(addr: usize, bytes: usize) {
     if bytes < 2 * HUGE_PAGE {
@@ -171,18 +162,6 @@ impl<T: Copy + Default> Scratch<T> {
         }
     }
 
-    /// An empty buffer with room for `n` values, for writing in order with `extend`: the smallest
-    /// kept one that fits, else a fresh [`with_capacity`] one.
-    pub(crate) fn take_empty(&self, n: usize) -> Vec<T> {
-        match self.find(n, false) {
-            Some(mut v) => {
-                v.clear();
-                v
-            }
-            None => with_capacity(n),
-        }
-    }
-
     /// Keep `v` for a later take; the oldest buffers go when over the cap.
     pub(crate) fn give(&self, v: Vec<T>) {
         let bytes = Self::bytes_of(&v);
@@ -242,7 +221,7 @@ mod tests {
     }
 
     /// `take` prefers a kept buffer already holding the values it asks for over a smaller-capacity
-    /// one it would have to fill out; `take_empty` goes by capacity alone.
+    /// one it would have to fill out.
     #[test]
     fn take_prefers_a_filled_buffer() {
         let s = Scratch::new(64 << 20);
@@ -257,18 +236,20 @@ mod tests {
         assert_eq!((a.as_ptr(), a.len()), (pb, 4 << 20));
         assert!(a.iter().all(|&x| x == 1), "the filled buffer, truncated");
         s.give(a);
-        let b = s.take_empty(4 << 20);
-        assert_eq!(b.as_ptr(), ps, "smallest capacity");
         // None filled far enough: the smallest with room, lengthened.
         let c = s.take(5 << 20);
-        assert_eq!((c.as_ptr(), c.len()), (pb, 5 << 20));
+        assert_eq!((c.as_ptr(), c.len()), (ps, 5 << 20));
+        assert!(
+            c[..1 << 20].iter().all(|&x| x == 2),
+            "the short buffer's values kept"
+        );
     }
 
     #[test]
-    fn output_buffers_come_back_empty_or_sized() {
+    fn output_buffers_come_back_sized() {
         let s = Scratch::<f32>::new(16 << 20);
-        let a = s.take_empty(1 << 20);
-        assert!(a.is_empty() && a.capacity() >= 1 << 20);
+        let a = s.take(1 << 20);
+        assert_eq!(a.len(), 1 << 20);
         let ptr = a.as_ptr();
         s.give(a);
         // Larger than needed: reused, sized to the request.
@@ -276,8 +257,8 @@ mod tests {
         assert_eq!((b.as_ptr(), b.len()), (ptr, 1000));
         s.give(b);
         // Smaller than needed: not reused, and still kept.
-        let c = s.take_empty(2 << 20);
-        assert!(c.as_ptr() != ptr && c.is_empty());
+        let c = s.take(2 << 20);
+        assert!(c.as_ptr() != ptr && c.len() == 2 << 20);
         assert_eq!(s.held_bytes(), 4 << 20);
         // The bound counts bytes, not values: two 4 MiB buffers and a 12 MiB one do not fit in 16.
         s.give(c);
