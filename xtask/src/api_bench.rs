@@ -102,7 +102,7 @@ pub fn run(args: &[String]) -> Result<()> {
         // ready (as a consumer that keeps them for a while does).
         // (end to end, until `encode_device` returned) per call, each sorted
         // Also each call's own stages (`DeviceEncoded::timings` and the wait), per call.
-        let timed = |hold: bool| -> Result<(Vec<f64>, Vec<f64>, Vec<[f64; 7]>)> {
+        let timed = |hold: bool| -> Result<(Vec<f64>, Vec<f64>, Vec<CallStages>)> {
             let mut times = Vec::with_capacity(a.iters);
             let mut returned = Vec::with_capacity(a.iters);
             let mut stages = Vec::with_capacity(a.iters);
@@ -209,18 +209,18 @@ pub fn run(args: &[String]) -> Result<()> {
     println!("| batch | calls | end to end | prepare | host layout (to bf16) | device setup | upload queued | launch | wait for the device |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for (b, calls) in &inline {
-        let row = |what: &str, v: &[f64; 7]| {
+        let row = |what: &str, v: &CallStages| {
             println!(
                 "| {b} | {what} | {:.2} | {:.2} | {:.3} | {:.3} | {:.3} | {:.3} | {:.2} |",
                 v[0], v[1], v[2], v[3], v[4], v[5], v[6]
             )
         };
-        let mut med = [0.0; 7];
+        let mut med: CallStages = [0.0; 7];
         for (k, m) in med.iter_mut().enumerate() {
             *m = median(calls.iter().map(|c| c[k]).collect());
         }
         row("median of each", &med);
-        let mut by_total: Vec<&[f64; 7]> = calls.iter().collect();
+        let mut by_total: Vec<&CallStages> = calls.iter().collect();
         by_total.sort_by(|x, y| x[0].total_cmp(&y[0]));
         if let (Some(mid), Some(first)) = (by_total.get(by_total.len() / 2), by_total.first()) {
             row("the median call", mid);
@@ -251,6 +251,10 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     Ok(())
 }
+
+/// One call's own stages, ms: end to end, then `RequestTimings`' five (prepare, host layout,
+/// device setup, upload queued, launch), then the wait on the rows after the call returned.
+type CallStages = [f64; 7];
 
 /// One request's stages, ms (medians of separate runs of each).
 struct Parts {
