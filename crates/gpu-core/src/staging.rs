@@ -555,23 +555,8 @@ fn pinned<T: Elem>(dev: &Device, len: usize) -> Result<PinnedHostSlice<T>> {
 /// Copies `src` into the start of `dst` on the calling thread: the device's thread stages while
 /// the producer keeps the rayon pool busy with decoding, and a parallel copy would queue behind
 /// that work (a single-threaded copy runs at ~10 GB/s, a few ms per pass).
-/// Bytes per task when copying a batch's values into an upload slot's page-locked memory. One
-/// thread copying gemma4's 3.7 MB of bf16 patch rows took 0.6–0.7 ms of a 14.6 ms batch-1
-/// request on the H200 host (docs/PERF.md v0.29); the pool's threads share it.
-const FILL_CHUNK_BYTES: usize = 256 << 10;
-
-/// Copies `src` into the start of `dst` (the caller checked it fits), on the worker pool when it
-/// spans more than one [`FILL_CHUNK_BYTES`] task.
-fn fill<T: Copy + Send + Sync>(dst: &mut [T], src: &[T]) {
-    let dst = &mut dst[..src.len()];
-    let chunk = (FILL_CHUNK_BYTES / std::mem::size_of::<T>().max(1)).max(1);
-    if src.len() <= chunk {
-        dst.copy_from_slice(src);
-        return;
-    }
-    dst.par_chunks_mut(chunk)
-        .zip(src.par_chunks(chunk))
-        .for_each(|(d, s)| d.copy_from_slice(s));
+fn fill<T: Copy>(dst: &mut [T], src: &[T]) {
+    dst[..src.len()].copy_from_slice(src);
 }
 
 impl Uploader {

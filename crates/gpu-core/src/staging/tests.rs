@@ -172,19 +172,3 @@ fn fill_copies_a_prefix() {
     assert_eq!(&dst[..src.len()], &src[..]);
     assert!(dst[src.len()..].iter().all(|&x| x == -1));
 }
-
-#[test]
-fn fill_copies_every_value_into_the_slot_start_whatever_the_chunking() {
-    let chunk = FILL_CHUNK_BYTES / std::mem::size_of::<bf16>();
-    for n in [0, 1, chunk - 1, chunk, chunk + 1, 3 * chunk + 7] {
-        let src: Vec<bf16> = (0..n).map(|i| bf16::from_bits((i * 7919) as u16)).collect();
-        let mut dst = vec![bf16::from_bits(0xFFFF); n + 5];
-        fill(&mut dst, &src);
-        let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&dst[..n]), bits(&src), "{n} values");
-        assert!(
-            dst[n..].iter().all(|v| v.to_bits() == 0xFFFF),
-            "{n} values: past the end"
-        );
-    }
-}
