@@ -935,6 +935,26 @@ impl Plan {
         let (sw, rows, cols) = self.geom[self.comp_of[j]];
         ((my * rows + self.dy[j]) * sw + mx * cols + self.dx[j]) * 64
     }
+
+    /// Block `j` of MCU `(mx, my)` in its component's plane of `planes` (as [`Plan::offset`]
+    /// places it), with the component; a block outside the planes is refused.
+    #[inline(always)]
+    fn block_mut<'p>(
+        &self,
+        planes: &'p mut [&mut [i16]],
+        j: usize,
+        mx: usize,
+        my: usize,
+    ) -> Result<(usize, &'p mut [i16; 64]), Declined> {
+        let c = self.comp_of[j];
+        let off = self.offset(j, mx, my);
+        let block = planes
+            .get_mut(c)
+            .and_then(|p| p.get_mut(off..))
+            .and_then(|s| s.first_chunk_mut::<64>())
+            .ok_or(BAD_FRAME)?;
+        Ok((c, block))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1127,13 +1147,7 @@ fn decode_interval_dense(
     let (mut mx, mut my) = (mcu0 % plan.mcus_x, mcu0 / plan.mcus_x - row0);
     for _ in 0..n {
         for j in 0..plan.bpm {
-            let c = plan.comp_of[j];
-            let off = plan.offset(j, mx, my);
-            let block = planes
-                .get_mut(c)
-                .and_then(|p| p.get_mut(off..))
-                .and_then(|s| s.first_chunk_mut::<64>())
-                .ok_or(BAD_FRAME)?;
+            let (c, block) = plan.block_mut(planes, j, mx, my)?;
             let (dc, ac) = plan.tables_of(c);
             let diff = decode_block(&mut br, dc, ac, &mut Dense(block))?;
             pred[c] += diff;
@@ -1850,13 +1864,7 @@ fn decode_bands(
                 if (key & 15) as usize != j {
                     return Err(BAD_FRAME);
                 }
-                let c = plan.comp_of[j];
-                let off = plan.offset(j, mx, my);
-                let block = slices
-                    .get_mut(c)
-                    .and_then(|s| s.get_mut(off..))
-                    .and_then(|s| s.first_chunk_mut::<64>())
-                    .ok_or(BAD_FRAME)?;
+                let (c, block) = plan.block_mut(slices, j, mx, my)?;
                 let (dct, act) = plan.tables_of(c);
                 decode_block(&mut br, dct, act, &mut Dense(block))?;
                 block[0] = dc as i16;
