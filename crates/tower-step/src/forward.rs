@@ -187,14 +187,47 @@ pub(crate) struct Grid<'a> {
     pub(crate) gw: usize,
 }
 
+impl Grid<'_> {
+    /// Whether the patch grid covers every pixel (each side a multiple of the patch size), so
+    /// the patch rows read every value of the view.
+    pub(crate) fn covers_every_pixel(&self, patch: usize) -> bool {
+        self.gh * patch == self.view.height && self.gw * patch == self.view.width
+    }
+
+    /// The error for a NaN or an infinity among this view's values.
+    pub(crate) fn non_finite(&self) -> StepError {
+        view_error(self.image, self.local, "non-finite pixel value".into())
+    }
+}
+
+/// An input error about one view of image `image` (a crop tile if `local`).
+fn view_error(image: usize, local: bool, m: String) -> StepError {
+    let what = if local { "crop" } else { "global view" };
+    StepError::Input(format!("image {image} {what}: {m}"))
+}
+
+/// One view checked: its length and patch grid ([`validate_shape`]), then its values.
 fn validate<'a>(
     cfg: &StepConfig,
     view: StepView<'a>,
     image: usize,
     local: bool,
 ) -> Result<Grid<'a>> {
-    let what = if local { "crop" } else { "global view" };
-    let bad = |m: String| StepError::Input(format!("image {image} {what}: {m}"));
+    let g = validate_shape(cfg, view, image, local)?;
+    if !gpu_core::all_finite(view.pixels) {
+        return Err(g.non_finite());
+    }
+    Ok(g)
+}
+
+/// One view's length against its sides and its patch grid (at least one patch), not its values.
+fn validate_shape<'a>(
+    cfg: &StepConfig,
+    view: StepView<'a>,
+    image: usize,
+    local: bool,
+) -> Result<Grid<'a>> {
+    let bad = |m: String| view_error(image, local, m);
     let len = view
         .height
         .checked_mul(view.width)
@@ -215,9 +248,6 @@ fn validate<'a>(
             view.height, view.width, cfg.patch
         )));
     }
-    if !gpu_core::all_finite(view.pixels) {
-        return Err(bad("non-finite pixel value".into()));
-    }
     Ok(Grid {
         view,
         image,
@@ -233,12 +263,55 @@ pub(crate) fn validate_images<'a>(
     cfg: &StepConfig,
     images: &[StepImage<'a>],
 ) -> Result<Vec<Grid<'a>>> {
+    walk_images(images, |view, i, local| validate(cfg, view, i, local))
+}
+
+/// [`validate_images`] that leaves the values of the views whose patch grid covers every pixel
+/// unchecked: the caller checks them while it reads them (the CUDA path's patch rows, one pass
+/// over the pixels instead of two), and reports the first such view in upstream order that holds
+/// a non-finite value with [`Grid::non_finite`] — after any error this returns, which is the one
+/// [`validate_images`] gives: on an error at a view, an earlier unchecked view with a non-finite
+/// value is reported instead, as the full check would have met it first.
+pub(crate) fn validate_images_deferring_values<'a>(
+    cfg: &StepConfig,
+    images: &[StepImage<'a>],
+) -> Result<Vec<Grid<'a>>> {
+    let mut unchecked: Vec<(usize, bool, &[f32])> = Vec::new();
+    let got = walk_images(images, |view, i, local| {
+        let g = validate_shape(cfg, view, i, local)?;
+        if g.covers_every_pixel(cfg.patch) {
+            unchecked.push((i, local, view.pixels));
+        } else if !gpu_core::all_finite(view.pixels) {
+            return Err(g.non_finite());
+        }
+        Ok(g)
+    });
+    got.map_err(|e| first_non_finite(&unchecked, e))
+}
+
+/// The non-finite error of the first of `views` (image, crop tile, values) that holds a NaN or an
+/// infinity, else `e`.
+fn first_non_finite(views: &[(usize, bool, &[f32])], e: StepError) -> StepError {
+    views
+        .iter()
+        .find(|(_, _, px)| !gpu_core::all_finite(px))
+        .map_or(e, |&(i, local, _)| {
+            view_error(i, local, "non-finite pixel value".into())
+        })
+}
+
+/// Every view of `images` through `check` in upstream order (per image its crops, then its global
+/// view, then the image's newline flags checked against its crops).
+fn walk_images<'a>(
+    images: &[StepImage<'a>],
+    mut check: impl FnMut(StepView<'a>, usize, bool) -> Result<Grid<'a>>,
+) -> Result<Vec<Grid<'a>>> {
     let mut grids = Vec::new();
     for (i, img) in images.iter().enumerate() {
         for &c in &img.crops {
-            grids.push(validate(cfg, c, i, true)?);
+            grids.push(check(c, i, true)?);
         }
-        grids.push(validate(cfg, img.global, i, false)?);
+        grids.push(check(img.global, i, false)?);
         if img.newline_mask.len() != img.crops.len() {
             return Err(StepError::Input(format!(
                 "image {i}: {} newline flags for {} crops",

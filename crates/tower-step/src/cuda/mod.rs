@@ -42,7 +42,8 @@ use gpu_core::{
 use crate::config::StepConfig;
 use crate::error::StepError;
 use crate::forward::{
-    attention_scale, grid_positions, validate_images, StepImage, StepRows, StepStages,
+    attention_scale, grid_positions, validate_images_deferring_values, StepImage, StepRows,
+    StepStages,
 };
 use crate::weights::StepWeights;
 
@@ -398,44 +399,57 @@ impl DeviceTower for StepCuda {
         precision: Precision,
         images: &[StepImage<'_>],
     ) -> CudaResult<StepHostBatch> {
-        let grids = validate_images(cfg, images)?;
+        // The host path's checks in its order, with the values of the views whose patches read
+        // every pixel checked while they are converted (one pass over the pixels, not two).
+        let grids = validate_images_deferring_values(cfg, images)?;
         if grids.is_empty() {
             return Err(StepError::Input("no images".into()).into());
         }
-        let plan = ViewPlan::new(&grids)?;
+        let first_non_finite = || grids.iter().find(|g| !gpu_core::all_finite(g.view.pixels));
+        let plan = match ViewPlan::new(&grids) {
+            Ok(plan) => plan,
+            Err(e) => return Err(first_non_finite().map_or(e, |g| g.non_finite().into())),
+        };
         let mut pos = Vec::new();
         for &i in &plan.order {
             pos.extend(grid_positions(grids[i].gh, grids[i].gw));
         }
         let k = cfg.patch_dim().next_multiple_of(8);
-        let rows = match precision {
+        /// The rows in their [`HostGemm`] variant, beside the first view with a non-finite value.
+        fn wrap<T>(
+            variant: impl FnOnce(Vec<T>) -> HostGemm,
+            (rows, non_finite): (Vec<T>, Option<usize>),
+        ) -> (HostGemm, Option<usize>) {
+            (variant(rows), non_finite)
+        }
+        let (rows, non_finite) = match precision {
             // bf16 into a kept conversion buffer (no fresh memory per encode: docs/PERF.md v0.7)
-            Precision::Bf16 => HostGemm::Bf16(patch_rows(
-                &grids,
-                &plan.order,
-                cfg.patch,
-                k,
-                bf16::from_f32,
-                gpu_core::recycled_bf16,
-            )),
+            Precision::Bf16 => wrap(
+                HostGemm::Bf16,
+                patch_rows(
+                    &grids,
+                    &plan.order,
+                    cfg.patch,
+                    k,
+                    bf16::from_f32,
+                    gpu_core::recycled_bf16,
+                ),
+            ),
             // f16: normalised pixels, far inside f16's range
-            Precision::F16 => HostGemm::F16(patch_rows(
-                &grids,
-                &plan.order,
-                cfg.patch,
-                k,
-                f16::from_f32,
-                |n| vec![f16::ZERO; n],
-            )),
-            Precision::F32 => HostGemm::F32(patch_rows(
-                &grids,
-                &plan.order,
-                cfg.patch,
-                k,
-                |x| x,
-                |n| vec![0.0; n],
-            )),
+            Precision::F16 => wrap(
+                HostGemm::F16,
+                patch_rows(&grids, &plan.order, cfg.patch, k, f16::from_f32, |n| {
+                    vec![f16::ZERO; n]
+                }),
+            ),
+            Precision::F32 => wrap(
+                HostGemm::F32,
+                patch_rows(&grids, &plan.order, cfg.patch, k, |x| x, |n| vec![0.0; n]),
+            ),
         };
+        if let Some(g) = non_finite.and_then(|i| grids.get(i)) {
+            return Err(g.non_finite().into());
+        }
         let cu = plan.cu_seqlens();
         let key = GraphKey {
             precision,

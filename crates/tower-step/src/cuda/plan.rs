@@ -2,6 +2,8 @@
 //! size), the patch rows in the GEMM's layout, the f32 im2col copies, and the stage activations
 //! put back in per-view order.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use gpu_core::conv3x3s2_out;
 use rayon::prelude::*;
 
@@ -239,7 +241,8 @@ pub(super) fn pad_cols(w: &[f32], cols: usize) -> Vec<f32> {
 /// the patch) and converted by `conv`: patchify ([`patchify`]'s (c, ky, kx) order), the GEMM's
 /// column padding and its precision in one pass, parallel over rows (it was three passes over the
 /// batch, two of them serial). `zeros(n)` gives the output buffer of `n` zeros (the padding
-/// columns are never written).
+/// columns are never written). Also returns the first of `grids` (by index, upstream order) with
+/// a NaN or an infinity among the values read, if any (every row is written either way).
 pub(super) fn patch_rows<T: Copy + Default + Send + Sync>(
     grids: &[Grid<'_>],
     order: &[usize],
@@ -247,7 +250,7 @@ pub(super) fn patch_rows<T: Copy + Default + Send + Sync>(
     k: usize,
     conv: impl Fn(f32) -> T + Sync,
     zeros: impl FnOnce(usize) -> Vec<T>,
-) -> Vec<T> {
+) -> (Vec<T>, Option<usize>) {
     // Each view of `order` with its first row.
     let mut starts = Vec::with_capacity(order.len());
     let mut rows = 0;
@@ -256,12 +259,14 @@ pub(super) fn patch_rows<T: Copy + Default + Send + Sync>(
         rows += grids[i].gh * grids[i].gw;
     }
     let mut out = zeros(rows * k);
+    let non_finite: Vec<AtomicBool> = grids.iter().map(|_| AtomicBool::new(false)).collect();
     out.par_chunks_mut(k).enumerate().for_each(|(row, dst)| {
         let (gi, first) = starts[starts.partition_point(|&(_, s)| s <= row) - 1];
         let g = &grids[gi];
         let (r, col) = ((row - first) / g.gw, (row - first) % g.gw);
         let (h, w) = (g.view.height, g.view.width);
         let mut at = 0;
+        let mut bad = false;
         for c in 0..NUM_CHANNELS {
             for ky in 0..p {
                 let start = c * h * w + (r * p + ky) * w + col * p;
@@ -269,13 +274,18 @@ pub(super) fn patch_rows<T: Copy + Default + Send + Sync>(
                     .iter_mut()
                     .zip(&g.view.pixels[start..start + p])
                 {
+                    bad |= !x.is_finite();
                     *d = conv(x);
                 }
                 at += p;
             }
         }
+        if bad {
+            non_finite[gi].store(true, Ordering::Relaxed);
+        }
     });
-    out
+    let first_bad = non_finite.iter().position(|b| b.load(Ordering::Relaxed));
+    (out, first_bad)
 }
 
 /// One strided copy of the f32 im2col: `rows` runs of `c` values, destination row stride

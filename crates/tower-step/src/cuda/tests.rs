@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::config::NUM_CHANNELS;
-use crate::forward::{patchify, Grid, StepView};
+use crate::forward::{patchify, validate_images, Grid, StepView};
 use gpu_core::host;
 use gpu_core::HostSource;
 use std::borrow::Cow;
@@ -59,7 +59,7 @@ fn patch_rows_equal_patchify_then_pad() {
     assert!(k > pd, "the case pads");
     assert_eq!(
         patch_rows(&grids, &order, p, k, |x| x, |n| vec![0.0; n]),
-        want
+        (want.clone(), None)
     );
     let want_bf16: Vec<bf16> = want.iter().map(|&x| bf16::from_f32(x)).collect();
     // a kept buffer that held other values is zeroed where the padding columns are
@@ -76,8 +76,171 @@ fn patch_rows_equal_patchify_then_pad() {
             bf16::from_f32,
             gpu_core::recycled_bf16
         ),
-        want_bf16
+        (want_bf16, None)
     );
+}
+
+/// `prepare_host` checks the values while it converts them, and refuses exactly what the host
+/// path's checks refuse, with the same message: the first bad view in upstream order (crops,
+/// then the global view, image by image), whatever the device order groups together, a NaN or
+/// an infinity before a later shape error, a shape error before a later NaN, a NaN outside the
+/// patch grid (a side not a multiple of the patch), and a NaN before the newline flags' check.
+#[test]
+fn prepare_host_refuses_what_the_host_checks_refuse() {
+    let t = fixture_tower();
+    let c = &t.config;
+    let p = c.patch;
+    // Views of 2×2 and 3×2 patches, and one of 2×2 patches with 5 pixel rows and 3 columns
+    // past them (never read by the patch rows).
+    let sq = vals(NUM_CHANNELS * 4 * p * p, 3);
+    let wide = vals(NUM_CHANNELS * 6 * p * p, 4);
+    let (oh, ow) = (2 * p + 5, 2 * p + 3);
+    let odd = vals(NUM_CHANNELS * oh * ow, 5);
+    let view = |px: &'static [f32], h: usize, w: usize| StepView {
+        pixels: px,
+        height: h,
+        width: w,
+    };
+    let leak = |mut v: Vec<f32>, at: Option<(usize, f32)>| -> &'static [f32] {
+        if let Some((i, x)) = at {
+            v[i] = x;
+        }
+        Box::leak(v.into_boxed_slice())
+    };
+    let good_sq = leak(sq.clone(), None);
+    let good_wide = leak(wide.clone(), None);
+    let good_odd = leak(odd.clone(), None);
+    let nan_sq = leak(sq.clone(), Some((sq.len() - 1, f32::NAN)));
+    let inf_wide = leak(wide.clone(), Some((7, f32::NEG_INFINITY)));
+    // The last value of the last pixel row: past the patch grid on both axes.
+    let nan_odd_outside = leak(odd.clone(), Some((odd.len() - 1, f32::NAN)));
+    let nan_odd_inside = leak(odd.clone(), Some((0, f32::INFINITY)));
+    let image = |crops: Vec<StepView<'static>>, global: StepView<'static>| StepImage {
+        newline_mask: vec![false; crops.len()],
+        crops,
+        global,
+    };
+    let s = |px| view(px, 2 * p, 2 * p);
+    let w = |px| view(px, 2 * p, 3 * p);
+    let o = |px| view(px, oh, ow);
+    let short = view(&good_sq[1..], 2 * p, 2 * p);
+    let mut no_flags = image(vec![s(good_sq), s(good_sq)], w(with_last_nan(&wide)));
+    no_flags.newline_mask.pop();
+    let cases: Vec<(&str, Vec<StepImage<'static>>)> = vec![
+        (
+            "all good",
+            vec![
+                image(vec![s(good_sq), w(good_wide)], o(good_odd)),
+                image(vec![], s(good_sq)),
+            ],
+        ),
+        (
+            "NaN in image 0's second crop",
+            vec![image(vec![s(good_sq), s(nan_sq)], w(good_wide))],
+        ),
+        (
+            "NaN in image 1's global view, grouped first on the device",
+            vec![
+                image(vec![w(good_wide)], w(good_wide)),
+                image(vec![w(good_wide)], s(nan_sq)),
+            ],
+        ),
+        (
+            "inf in image 0's global view before image 1's short crop",
+            vec![
+                image(vec![s(good_sq)], w(inf_wide)),
+                image(vec![short], s(good_sq)),
+            ],
+        ),
+        (
+            "a short crop before a NaN",
+            vec![image(vec![short, s(good_sq)], s(nan_sq))],
+        ),
+        (
+            "NaN outside the patch grid",
+            vec![image(vec![s(good_sq)], o(nan_odd_outside))],
+        ),
+        (
+            "inf inside the patch grid of an uneven view, after a NaN in a crop",
+            vec![image(vec![s(good_sq), s(nan_sq)], o(nan_odd_inside))],
+        ),
+        (
+            "inf inside an uneven view's grid",
+            vec![image(vec![s(good_sq)], o(nan_odd_inside))],
+        ),
+        ("NaN before the newline flags' check", vec![no_flags]),
+        (
+            "newline flags before a later NaN",
+            vec![
+                {
+                    let mut i = image(vec![s(good_sq)], s(good_sq));
+                    i.newline_mask.clear();
+                    i
+                },
+                image(vec![], s(nan_sq)),
+            ],
+        ),
+    ];
+    for (what, images) in &cases {
+        let want = validate_images(c, images)
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        for prec in [Precision::Bf16, Precision::F16, Precision::F32] {
+            let got = StepCuda::prepare_host(c, prec, images)
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            match (&got, &want) {
+                (Ok(()), Ok(())) => {}
+                (Err(g), Err(w)) => assert!(g.contains(w.as_str()), "{what} {prec:?}: {g} / {w}"),
+                _ => panic!("{what} {prec:?}: {got:?} against the host's {want:?}"),
+            }
+        }
+        assert_eq!(want.is_ok(), *what == "all good", "{what}: {want:?}");
+    }
+}
+
+/// A 2×3-patch view's values with a NaN at the end (the global view of the newline case).
+fn with_last_nan(wide: &[f32]) -> &'static [f32] {
+    let mut v = wide.to_vec();
+    if let Some(x) = v.last_mut() {
+        *x = f32::NAN;
+    }
+    Box::leak(v.into_boxed_slice())
+}
+
+/// `patch_rows` names the first view in upstream order that holds a non-finite value, not the
+/// first in device order.
+#[test]
+fn patch_rows_name_the_first_bad_view_upstream() {
+    let p = 2;
+    let sizes = [(2, 2), (1, 3), (2, 2)];
+    let mut planes: Vec<Vec<f32>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &(gh, gw))| vals(NUM_CHANNELS * gh * p * gw * p, 11 + i as u32))
+        .collect();
+    planes[2][3] = f32::NAN;
+    planes[1][0] = f32::INFINITY;
+    let grids: Vec<Grid<'_>> = sizes
+        .iter()
+        .zip(&planes)
+        .map(|(&(gh, gw), px)| Grid {
+            view: StepView {
+                pixels: px,
+                height: gh * p,
+                width: gw * p,
+            },
+            image: 0,
+            local: true,
+            gh,
+            gw,
+        })
+        .collect();
+    // Device order puts view 2 (a 2×2 grid, as view 0) before view 1.
+    let (_, bad) = patch_rows(&grids, &[0, 2, 1], p, 16, |x| x, |n| vec![0.0; n]);
+    assert_eq!(bad, Some(1));
+    let (_, bad) = patch_rows(&grids[..1], &[0], p, 16, |x| x, |n| vec![0.0; n]);
+    assert_eq!(bad, None);
 }
 
 /// The f32 im2col plan with the (ky, kx, c) weight gives the host twin's im2col with the
