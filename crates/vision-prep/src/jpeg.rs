@@ -379,6 +379,10 @@ pub(crate) fn decode_resized(
         Some(plan) if cuts.len() > 2 => decode_cuts_resized(
             bytes, width, height, max_memory, scratch, &cuts, &plan, parallel,
         )?,
+        // The resize is the identity: the decode itself.
+        _ if (out_w, out_h) == (w, h) => {
+            decode_cuts(bytes, width, height, max_memory, scratch, &cuts)?
+        }
         _ => {
             let rgb = decode_cuts(bytes, width, height, max_memory, scratch, &cuts)?;
             let out = resize_rgb_in(&rgb, w, h, out_w, out_h, filter, parallel, scratch);
@@ -592,6 +596,10 @@ fn own_decode_resized(
     let (w, h) = (width as usize, height as usize);
     let Some(plan) = plan else {
         let rgb = own_decode(bytes, width, height, max_memory, scratch, bands)?;
+        if (out_w, out_h) == (w, h) {
+            // The resize is the identity (glm5_next's content at the source's size): the decode.
+            return Some(rgb);
+        }
         let out = resize_rgb_in(&rgb, w, h, out_w, out_h, filter, parallel, scratch);
         scratch.give(rgb);
         return Some(out);
@@ -1346,8 +1354,10 @@ pub(crate) mod tests {
 
     /// Output sizes for a `w × h` source: down and up in both axes, one axis only, and the
     /// gemma4-like 2/3 downscale.
-    fn out_sizes(w: usize, h: usize) -> [(usize, usize); 5] {
+    fn out_sizes(w: usize, h: usize) -> [(usize, usize); 6] {
         [
+            // The identity (glm5_next's content at the source's size): the decode itself.
+            (w, h),
             (w * 2 / 3, h * 2 / 3),
             (w + 37, h * 5 / 4),
             ((w / 2).max(1), h),

@@ -203,6 +203,15 @@ fn identity_when_same_size() {
         resize_rgb(&src, 5, 4, 5, 4, Filter::Bicubic, false).expect("sizes"),
         src
     );
+    // Into a kept buffer that held other bytes, larger and smaller than the image.
+    let scratch = crate::pages::Scratch::new(1 << 20);
+    for stale in [vec![0xAB; src.len() + 17], vec![0xCD; 7]] {
+        scratch.give(stale);
+        assert_eq!(
+            resize_rgb_in(&src, 5, 4, 5, 4, Filter::Bicubic, false, &scratch),
+            src
+        );
+    }
 }
 
 fn fixture_dir() -> std::path::PathBuf {
