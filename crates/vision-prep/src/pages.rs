@@ -83,6 +83,9 @@ fn advise_huge(_addr: usize, _bytes: usize) {}
 pub(crate) struct Scratch<T = u8> {
     bufs: std::sync::Mutex<Vec<Vec<T>>>,
     cap: usize,
+    /// Values written to lengthen kept buffers (a serial fill on the taker's thread).
+    #[cfg(test)]
+    lengthened: std::sync::atomic::AtomicUsize,
 }
 
 /// The scratch of callers without one: takes allocate, gives drop.
@@ -108,6 +111,8 @@ impl<T: Copy + Default> Scratch<T> {
         Scratch {
             bufs: std::sync::Mutex::new(Vec::new()),
             cap,
+            #[cfg(test)]
+            lengthened: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -154,6 +159,9 @@ impl<T: Copy + Default> Scratch<T> {
                 if v.len() >= n {
                     v.truncate(n);
                 } else {
+                    #[cfg(test)]
+                    self.lengthened
+                        .fetch_add(n - v.len(), std::sync::atomic::Ordering::Relaxed);
                     v.resize(n, T::default());
                 }
                 (v, true)
@@ -174,6 +182,12 @@ impl<T: Copy + Default> Scratch<T> {
         while total > self.cap {
             total -= Self::bytes_of(&bufs.remove(0));
         }
+    }
+
+    /// Values written so far to lengthen kept buffers.
+    #[cfg(test)]
+    pub(crate) fn lengthened(&self) -> usize {
+        self.lengthened.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Bytes held now (capacities).
