@@ -54,18 +54,23 @@ fn pool() -> std::sync::MutexGuard<'static, Vec<Vec<bf16>>> {
     RECYCLED.with(|m| m.lock().unwrap_or_else(PoisonError::into_inner))
 }
 
-/// A buffer of `n` bf16 zeros for a [`HostGemm::Bf16`] that a tower fills itself, reusing the
-/// smallest of the conversion buffers kept from dropped batches that holds `n` (no fresh memory
-/// per encode; see [`RECYCLED_BUFFERS`]).
+/// A buffer of `n` bf16 values with unspecified contents, for a [`HostGemm::Bf16`] whose every
+/// element a tower writes itself: the smallest of the conversion buffers kept from dropped
+/// batches that holds `n` (no fresh memory per encode; see [`RECYCLED_BUFFERS`]), its old values
+/// kept and zeros past them. Not zeroed whole: that was a serial 12 MB fill on the calling thread
+/// for step3p7's six crops and global view at batch 1.
 pub fn recycled_bf16(n: usize) -> Vec<bf16> {
-    let mut v = take_bf16(n);
-    v.resize(n, bf16::ZERO);
+    let mut v = kept_bf16(n).unwrap_or_default();
+    if v.len() > n {
+        v.truncate(n);
+    } else {
+        v.resize(n, bf16::ZERO);
+    }
     v
 }
 
-/// An empty buffer with room for `n` bf16 values: the smallest kept conversion buffer that holds
-/// `n`, else a fresh one (whose pages the conversion's threads then fault in, in parallel).
-fn take_bf16(n: usize) -> Vec<bf16> {
+/// The smallest kept conversion buffer with room for `n` values, taken out of the pool as it was.
+fn kept_bf16(n: usize) -> Option<Vec<bf16>> {
     let mut pool = pool();
     let best = pool
         .iter()
@@ -73,8 +78,13 @@ fn take_bf16(n: usize) -> Vec<bf16> {
         .filter(|(_, v)| v.capacity() >= n)
         .min_by_key(|(_, v)| v.capacity())
         .map(|(i, _)| i);
-    let mut v = best.map(|i| pool.swap_remove(i)).unwrap_or_default();
-    drop(pool);
+    best.map(|i| pool.swap_remove(i))
+}
+
+/// An empty buffer with room for `n` bf16 values: the smallest kept conversion buffer that holds
+/// `n`, else a fresh one (whose pages the conversion's threads then fault in, in parallel).
+fn take_bf16(n: usize) -> Vec<bf16> {
+    let mut v = kept_bf16(n).unwrap_or_default();
     v.clear();
     v.reserve(n);
     v

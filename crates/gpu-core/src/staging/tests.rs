@@ -172,3 +172,22 @@ fn fill_copies_a_prefix() {
     assert_eq!(&dst[..src.len()], &src[..]);
     assert!(dst[src.len()..].iter().all(|&x| x == -1));
 }
+
+#[test]
+fn recycled_bf16_gives_n_values_from_a_kept_buffer() {
+    let nine = bf16::from_f32(9.0);
+    drop(HostGemm::Bf16(vec![nine; 1000]));
+    // Shorter: the kept values, cut.
+    let v = recycled_bf16(600);
+    assert_eq!(v.len(), 600);
+    assert!(v.capacity() >= 1000, "the kept buffer");
+    drop(HostGemm::Bf16(v));
+    // Longer than its values: the kept ones, then zeros.
+    let v = recycled_bf16(900);
+    assert_eq!(v.len(), 900);
+    assert!(v[..600].iter().all(|&x| x == nine));
+    assert!(v[600..].iter().all(|&x| x == bf16::ZERO));
+    // Nothing kept that holds it: fresh zeros.
+    let w = recycled_bf16(5000);
+    assert_eq!(w, vec![bf16::ZERO; 5000]);
+}

@@ -240,8 +240,8 @@ pub(super) fn pad_cols(w: &[f32], cols: usize) -> Vec<f32> {
 /// The patch rows of the views `order` picks from `grids`, each `k ≥ 3·p²` values wide (zero past
 /// the patch) and converted by `conv`: patchify ([`patchify`]'s (c, ky, kx) order), the GEMM's
 /// column padding and its precision in one pass, parallel over rows (it was three passes over the
-/// batch, two of them serial). `zeros(n)` gives the output buffer of `n` zeros (the padding
-/// columns are never written). Also returns the first of `grids` (by index, upstream order) with
+/// batch, two of them serial). `alloc(n)` gives the output buffer of `n` values, whatever they
+/// hold: every one is written, the padding columns with zeros. Also returns the first of `grids` (by index, upstream order) with
 /// a NaN or an infinity among the values read, if any (every row is written either way).
 pub(super) fn patch_rows<T: Copy + Default + Send + Sync>(
     grids: &[Grid<'_>],
@@ -249,7 +249,7 @@ pub(super) fn patch_rows<T: Copy + Default + Send + Sync>(
     p: usize,
     k: usize,
     conv: impl Fn(f32) -> T + Sync,
-    zeros: impl FnOnce(usize) -> Vec<T>,
+    alloc: impl FnOnce(usize) -> Vec<T>,
 ) -> (Vec<T>, Option<usize>) {
     // Each view of `order` with its first row.
     let mut starts = Vec::with_capacity(order.len());
@@ -258,7 +258,7 @@ pub(super) fn patch_rows<T: Copy + Default + Send + Sync>(
         starts.push((i, rows));
         rows += grids[i].gh * grids[i].gw;
     }
-    let mut out = zeros(rows * k);
+    let mut out = alloc(rows * k);
     let non_finite: Vec<AtomicBool> = grids.iter().map(|_| AtomicBool::new(false)).collect();
     out.par_chunks_mut(k).enumerate().for_each(|(row, dst)| {
         let (gi, first) = starts[starts.partition_point(|&(_, s)| s <= row) - 1];
@@ -280,6 +280,7 @@ pub(super) fn patch_rows<T: Copy + Default + Send + Sync>(
                 at += p;
             }
         }
+        dst[at..].fill(T::default());
         if bad {
             non_finite[gi].store(true, Ordering::Relaxed);
         }

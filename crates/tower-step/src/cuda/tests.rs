@@ -61,6 +61,11 @@ fn patch_rows_equal_patchify_then_pad() {
         patch_rows(&grids, &order, p, k, |x| x, |n| vec![0.0; n]),
         (want.clone(), None)
     );
+    // Every element is written, the padding columns too, whatever the buffer held.
+    assert_eq!(
+        patch_rows(&grids, &order, p, k, |x| x, |n| vec![7.0; n]),
+        (want.clone(), None)
+    );
     let want_bf16: Vec<bf16> = want.iter().map(|&x| bf16::from_f32(x)).collect();
     // a kept buffer that held other values is zeroed where the padding columns are
     drop(HostGemm::Bf16(vec![
