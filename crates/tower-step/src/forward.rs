@@ -196,8 +196,13 @@ impl Grid<'_> {
 
     /// The error for a NaN or an infinity among this view's values.
     pub(crate) fn non_finite(&self) -> StepError {
-        view_error(self.image, self.local, "non-finite pixel value".into())
+        non_finite(self.image, self.local)
     }
+}
+
+/// The error for a NaN or an infinity among the values of a view of image `image`.
+fn non_finite(image: usize, local: bool) -> StepError {
+    view_error(image, local, "non-finite pixel value".into())
 }
 
 /// An input error about one view of image `image` (a crop tile if `local`).
@@ -295,9 +300,7 @@ fn first_non_finite(views: &[(usize, bool, &[f32])], e: StepError) -> StepError 
     views
         .iter()
         .find(|(_, _, px)| !gpu_core::all_finite(px))
-        .map_or(e, |&(i, local, _)| {
-            view_error(i, local, "non-finite pixel value".into())
-        })
+        .map_or(e, |&(i, local, _)| non_finite(i, local))
 }
 
 /// Every view of `images` through `check` in upstream order (per image its crops, then its global

@@ -341,8 +341,9 @@ const HPASS_CHUNK_ROWS: usize = 32;
 /// is decoded in several bands and the width changes, each band hands its rows, every
 /// [`HPASS_CHUNK_ROWS`], to the resize's horizontal pass on the pool's other threads while it
 /// decodes on, so after the last band only its last chunk's horizontal pass and the vertical pass
-/// remain. Otherwise (one band, or the same width) it decodes, then resizes. Buffers come from
-/// (and the decoded image goes back to) `scratch`; `parallel` splits the resize's rows over the
+/// remain. Otherwise (one band, or the same width) it decodes, then resizes; at the source's own
+/// size the decode is the result. Buffers come from (and the decoded image, once resized, goes
+/// back to) `scratch`; `parallel` splits the resize's rows over the
 /// pool where it runs after the decode. A decode error is the one [`decode_banded`] reports.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_resized(
