@@ -643,7 +643,7 @@ fn tower_only(
     let t = Instant::now();
     let mut in_flight = None;
     for h in hosts {
-        let staged = cuda.stage(h)?;
+        let staged = cuda.stage(h, gpu_core::HostCopy::OneThread)?;
         if let Some(prev) = in_flight.take() {
             DeviceTower::rows(cuda, &prev)?;
         }

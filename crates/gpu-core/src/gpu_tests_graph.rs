@@ -107,18 +107,25 @@ fn a_capture_that_synchronises_fails_and_the_stream_runs_again() {
 fn staged_inputs_arrive_in_the_fixed_buffers_and_expire_after_two_more() {
     let d = dev();
     let mut up = Uploader::new(&d).unwrap();
-    let mut fixed = InputBuffers::alloc(&d, Precision::Bf16, 1 << 20, 1 << 12, 64).unwrap();
+    let mut fixed = InputBuffers::alloc(&d, Precision::Bf16, 1 << 21, 1 << 12, 64).unwrap();
     let mut r = Rng::new(9);
+    // 0.74–3.7 MB of bf16 rows: a spread copy takes 1–3 threads on them.
     let batches: Vec<HostInputs> = (0..5)
         .map(|i| HostInputs {
-            rows: HostGemm::from_f32(Precision::Bf16, r.vec(1000 * (i + 1) * 37, 2.0)),
+            rows: HostGemm::from_f32(Precision::Bf16, r.vec(10_000 * (i + 1) * 37, 2.0)),
             pos: (0..(200 * (i + 1)) as i32).collect(),
             cu: vec![0, 7, 100 * (i as i32 + 1)],
         })
         .collect();
     let mut staged = Vec::new();
     for (i, b) in batches.iter().enumerate() {
-        staged.push(up.stage(&d, b).unwrap());
+        // Both ways of copying into the slot, alternately.
+        let copy = if i % 2 == 0 {
+            HostCopy::Spread
+        } else {
+            HostCopy::OneThread
+        };
+        staged.push(up.stage(&d, b, copy).unwrap());
         // Load the previous one while this one is in flight, as a pipeline does.
         if i > 0 {
             d.load_inputs(&staged[i - 1], Some(&up), &mut fixed)

@@ -88,8 +88,8 @@ pub use qkv_attn::{QkNorm, QkvAttention};
 pub use rows_out::{OwnedRows, RowsDtype, RowsTarget, PER_THREAD_DEFAULT_STREAM};
 pub use runner::{split_rows, PassRunner, TowerBase};
 pub use staging::{
-    all_finite, recycled_bf16, DeviceInputs, HostGemm, HostInputs, InputBuffers, NonFinite,
-    Uploader, UPLOAD_SLOTS,
+    all_finite, recycled_bf16, DeviceInputs, HostCopy, HostGemm, HostInputs, InputBuffers,
+    NonFinite, Uploader, SPREAD_COPY_MIN_BYTES, SPREAD_COPY_THREADS, UPLOAD_SLOTS,
 };
 pub use tier::{parse_tier, Arch, F16Attention, KernelSet, Tier, TierError, FORCE_TIER_ENV};
 pub use tower::{DeviceTower, TowerResult};

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::{
-    attention_head_dim, CudaError, Device, DeviceInputs, GraphStats, GraphStatus, Graphs,
+    attention_head_dim, CudaError, Device, DeviceInputs, GraphStats, GraphStatus, Graphs, HostCopy,
     HostInputs, InputBuffers, Precision, Result, Uploader,
 };
 
@@ -79,14 +79,16 @@ impl<W> Default for PassRunner<W> {
 
 impl<W> PassRunner<W> {
     /// Queues the upload of a host-prepared batch's inputs from page-locked memory on a copy
-    /// stream of its own and returns at once; valid until two more are staged.
+    /// stream of its own and returns at once; valid until two more are staged. `copy` says
+    /// which threads copy the inputs into the page-locked memory.
     pub fn stage(
         &mut self,
         dev: &Device,
         precision: Precision,
         host: &HostInputs,
+        copy: HostCopy,
     ) -> Result<DeviceInputs> {
-        Uploader::stage_into(&mut self.uploader, dev, precision, host)
+        Uploader::stage_into(&mut self.uploader, dev, precision, host, copy)
     }
 
     /// Turns CUDA graphs of the 16-bit forward on (the default) or off (every forward eager).

@@ -12,7 +12,7 @@
 //! **Architecture Invariant:** the copy stream only ever writes an uploader's own slots; every
 //! buffer a forward reads is written on the compute stream.
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::{CudaEvent, CudaStream, PinnedHostSlice};
@@ -562,11 +562,90 @@ fn pinned<T: Elem>(dev: &Device, len: usize) -> Result<PinnedHostSlice<T>> {
         .map_err(|e| GpuError::from_alloc(e, len * std::mem::size_of::<T>()))
 }
 
-/// Copies `src` into the start of `dst` on the calling thread: the device's thread stages while
-/// the producer keeps the rayon pool busy with decoding, and a parallel copy would queue behind
-/// that work (a single-threaded copy runs at ~10 GB/s, a few ms per pass).
-fn fill<T: Copy>(dst: &mut [T], src: &[T]) {
-    dst[..src.len()].copy_from_slice(src);
+/// Who copies a host batch into the upload slot's page-locked memory ([`Uploader::stage`]).
+///
+/// One thread copies at 5–6 GB/s on the GPU hosts: gemma4's 3.7 MB of bf16 patch rows took
+/// 0.62–0.68 ms of a 14.6 ms batch-1 request (docs/PERF.md v0.29), and glm5_next's 25 MB at
+/// 1920×1080 would take about 4.5. Never the rayon pool: in a
+/// stream it is busy decoding the next pass, and a request that holds the tower's lock must not
+/// queue behind another request's decode on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostCopy {
+    /// The staging thread alone: for a stream of passes ([`crate::DeviceTower::stage`] from the
+    /// device's thread), where every core is busy preparing the next pass.
+    OneThread,
+    /// The staging thread and up to [`SPREAD_COPY_THREADS`]` − 1` short-lived threads of their own,
+    /// each a contiguous part of at least [`SPREAD_COPY_MIN_BYTES`]: for one request whose
+    /// preparation is done, so the cores are idle while it waits on this copy.
+    Spread,
+}
+
+/// The most threads (the staging thread included) a [`HostCopy::Spread`] copy uses: one core's
+/// copy is bound by its own load and store queues, and several cores together reach most of the
+/// host's memory bandwidth.
+pub const SPREAD_COPY_THREADS: usize = 8;
+
+/// The least bytes each thread of a [`HostCopy::Spread`] copy takes (a smaller copy stays on the
+/// staging thread): the staging thread starts the others one after another, tens of µs each, the
+/// time one thread copies a few hundred KiB in.
+pub const SPREAD_COPY_MIN_BYTES: usize = 1 << 20;
+
+/// The cores this process may run on, read once: on Linux `available_parallelism` reads the
+/// affinity mask and the cgroup's quota files, tens of µs that a copy of a few hundred µs should
+/// not pay each time.
+fn host_cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// How many threads [`HostCopy::Spread`] uses for `bytes` on a host of `cores` cores (1: the
+/// staging thread alone).
+fn spread_threads(bytes: usize, cores: usize) -> usize {
+    (bytes / SPREAD_COPY_MIN_BYTES).clamp(1, SPREAD_COPY_THREADS.min(cores.max(1)))
+}
+
+/// One part of a spread copy (destination, source), taken by the first thread to claim it.
+type CopyPart<'a, T> = Mutex<Option<(&'a mut [T], &'a [T])>>;
+
+/// Copies `src` into the start of `dst`, on the calling thread or spread as `how` says. A helper
+/// thread that cannot be started leaves its part to the calling thread: the bytes are the same.
+fn fill<T: Copy + Send + Sync>(dst: &mut [T], src: &[T], how: HostCopy) {
+    let dst = &mut dst[..src.len()];
+    let threads = match how {
+        HostCopy::OneThread => 1,
+        HostCopy::Spread => spread_threads(std::mem::size_of_val(src), host_cores()),
+    };
+    if threads <= 1 {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let part = src.len().div_ceil(threads);
+    // Each part is taken once, by whichever thread claims it first; the calling thread claims
+    // parts too, so a helper that could not be started leaves its part to it.
+    let parts: Vec<CopyPart<'_, T>> = dst
+        .chunks_mut(part)
+        .zip(src.chunks(part))
+        .map(|p| Mutex::new(Some(p)))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let work = || {
+        while let Some(slot) = parts.get(next.fetch_add(1, Ordering::Relaxed)) {
+            let taken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+            if let Some((d, s)) = taken {
+                d.copy_from_slice(s);
+            }
+        }
+    };
+    std::thread::scope(|scope| {
+        for _ in 1..threads {
+            // A thread that cannot be started (a thread limit) is no error: its part is claimed
+            // by the others.
+            let _ = std::thread::Builder::new()
+                .name("vt-upload-copy".into())
+                .spawn_scoped(scope, work);
+        }
+        work();
+    });
 }
 
 impl Uploader {
@@ -577,6 +656,7 @@ impl Uploader {
         dev: &Device,
         precision: Precision,
         host: &HostInputs,
+        copy: HostCopy,
     ) -> Result<DeviceInputs> {
         if host.rows.precision() != precision {
             return Err(GpuError::Staging(format!(
@@ -588,7 +668,7 @@ impl Uploader {
             Some(up) => up,
             None => slot.insert(Uploader::new(dev)?),
         };
-        up.stage(dev, host)
+        up.stage(dev, host, copy)
     }
 
     /// An uploader with its own copy stream on `dev`; slot memory is allocated on first use.
@@ -630,10 +710,16 @@ impl Uploader {
             .sum()
     }
 
-    /// Copies `host` into the next slot's page-locked memory and queues its upload on the copy
-    /// stream; returns at once (the copies run while the compute stream works). The result is
-    /// valid for [`Device::load_inputs`] until [`UPLOAD_SLOTS`] more batches are staged.
-    pub fn stage(&mut self, dev: &Device, host: &HostInputs) -> Result<DeviceInputs> {
+    /// Copies `host` into the next slot's page-locked memory (by the threads `copy` says) and
+    /// queues its upload on the copy stream; returns at once (the copies run while the compute
+    /// stream works). The result is valid for [`Device::load_inputs`] until [`UPLOAD_SLOTS`]
+    /// more batches are staged.
+    pub fn stage(
+        &mut self,
+        dev: &Device,
+        host: &HostInputs,
+        copy: HostCopy,
+    ) -> Result<DeviceInputs> {
         let index = self.next;
         self.next = (self.next + 1) % UPLOAD_SLOTS;
         let lens = host.lens();
@@ -677,26 +763,26 @@ impl Uploader {
         match (&mut h.rows, &host.rows, &mut d.rows) {
             (PinnedRows::Bf16(ph), HostGemm::Bf16(v), GemmBuffer::Bf16(dv)) => {
                 let ph = ph.as_mut_slice()?;
-                fill(ph, v);
+                fill(ph, v, copy);
                 queue(&self.stream, &ph[..v.len()], dv)?;
             }
             (PinnedRows::F16(ph), HostGemm::F16(v), GemmBuffer::F16(dv)) => {
                 let ph = ph.as_mut_slice()?;
-                fill(ph, v);
+                fill(ph, v, copy);
                 queue(&self.stream, &ph[..v.len()], dv)?;
             }
             (PinnedRows::F32(ph), HostGemm::F32(v), GemmBuffer::F32(dv)) => {
                 let ph = ph.as_mut_slice()?;
-                fill(ph, v);
+                fill(ph, v, copy);
                 queue(&self.stream, &ph[..v.len()], dv)?;
             }
             _ => return Err(GpuError::Staging("slot precision mismatch".into())),
         }
         let ph = h.pos.as_mut_slice()?;
-        fill(ph, &host.pos);
+        fill(ph, &host.pos, HostCopy::OneThread);
         queue(&self.stream, &ph[..host.pos.len()], &mut d.pos)?;
         let ch = h.cu.as_mut_slice()?;
-        fill(ch, &host.cu);
+        fill(ch, &host.cu, HostCopy::OneThread);
         queue(&self.stream, &ch[..host.cu.len()], &mut d.cu)?;
         s.uploaded.record(&self.stream)?;
         self.generation += 1;

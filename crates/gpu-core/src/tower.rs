@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use crate::{
-    Batch, CudaError, Device, DeviceBuffer, GraphKey, GraphStats, GraphStatus, HostBatch, PassRows,
-    PassRunner, PassWorkspace, Precision, Ran, RowsTarget, TowerBase,
+    Batch, CudaError, Device, DeviceBuffer, GraphKey, GraphStats, GraphStatus, HostBatch, HostCopy,
+    PassRows, PassRunner, PassWorkspace, Precision, Ran, RowsTarget, TowerBase,
 };
 
 /// Short for the result of a [`DeviceTower`] `D`'s calls: gpu-core's one [`CudaError`] over the
@@ -202,10 +202,16 @@ pub trait DeviceTower: Send {
 
     /// Queues the upload of a host batch from page-locked memory on a copy stream of its own and
     /// returns at once: the copy overlaps whatever the device is running. The batch stays valid
-    /// until two more are staged ([`crate::UPLOAD_SLOTS`]).
-    fn stage(&mut self, host: HostBatch<Self::Meta>) -> TowerResult<Batch<Self::Meta>, Self> {
+    /// until two more are staged ([`crate::UPLOAD_SLOTS`]). `copy` says which threads copy the
+    /// batch into the page-locked memory: [`HostCopy::OneThread`] in a stream of passes,
+    /// [`HostCopy::Spread`] for one request whose preparation is done.
+    fn stage(
+        &mut self,
+        host: HostBatch<Self::Meta>,
+        copy: HostCopy,
+    ) -> TowerResult<Batch<Self::Meta>, Self> {
         let (dev, precision) = (self.device().clone(), self.precision());
-        Ok(host.upload_with(|inputs| self.passes_mut().stage(&dev, precision, inputs))?)
+        Ok(host.upload_with(|inputs| self.passes_mut().stage(&dev, precision, inputs, copy))?)
     }
 
     /// Runs the whole forward on `batch`; the rows stay on the device ([`DeviceTower::rows`]).

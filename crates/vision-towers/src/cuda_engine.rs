@@ -6,7 +6,7 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use gpu_core::{Batch, DeviceTower, HostBatch, RowsTarget};
+use gpu_core::{Batch, DeviceTower, HostBatch, HostCopy, RowsTarget};
 use tower_core::ClassifiedError;
 
 use crate::device_rows::{Dest, DeviceResult, DeviceRows, Job, RequestTimings};
@@ -26,7 +26,11 @@ struct CudaSession<'a, T: DeviceTower> {
 impl<T: DeviceTower<Family: ClassifiedError>> StreamSession for CudaSession<'_, T> {
     fn stage(&mut self, ticket: PassTicket, patches: usize) -> Result<(), InputError> {
         let host = self.inbox.take(ticket)?;
-        let batch = self.tower.stage(host).map_err(|e| cuda_err(e, patches))?;
+        // The device's thread stages while the producer keeps the pool busy with the next pass.
+        let batch = self
+            .tower
+            .stage(host, HostCopy::OneThread)
+            .map_err(|e| cuda_err(e, patches))?;
         self.staged = Some(batch);
         Ok(())
     }
@@ -138,7 +142,10 @@ pub(crate) fn run_job<T: DeviceTower<Family: ClassifiedError>>(
     for ((host, rows), range) in hosts.into_iter().zip(job.passes) {
         let n = job.pass_patches(range);
         let pass = |tower: &mut T, target: &mut RowsTarget<'_>| -> Result<(), InputError> {
-            let batch = tower.stage(host).map_err(|e| cuda_err(e, n))?;
+            // Every pass of the request was prepared above, so the cores are idle here.
+            let batch = tower
+                .stage(host, HostCopy::Spread)
+                .map_err(|e| cuda_err(e, n))?;
             let staged = Instant::now();
             timings.upload += staged - mark;
             mark = staged;

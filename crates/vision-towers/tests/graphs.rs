@@ -96,7 +96,7 @@ macro_rules! graph_tower {
                 let host = $cuda::prepare_host(self.cuda.config(), self.cuda.precision(), &images)
                     .expect("host batch");
                 let b = if staged {
-                    self.cuda.stage(host)
+                    self.cuda.stage(host, gpu_core::HostCopy::OneThread)
                 } else {
                     self.cuda.prepare(&images)
                 };

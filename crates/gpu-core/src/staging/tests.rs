@@ -165,12 +165,39 @@ fn f16_rounds_as_half_and_refuses_values_beyond_its_range() {
 }
 
 #[test]
-fn fill_copies_a_prefix() {
-    let src: Vec<i32> = (0..700_001).collect();
-    let mut dst = vec![-1i32; 800_000];
-    fill(&mut dst, &src);
-    assert_eq!(&dst[..src.len()], &src[..]);
-    assert!(dst[src.len()..].iter().all(|&x| x == -1));
+fn fill_copies_a_prefix_either_way() {
+    // Under one spread part, one part and a bit, uneven parts, and every thread's worth and more.
+    let part = SPREAD_COPY_MIN_BYTES / 4;
+    for n in [
+        0,
+        1,
+        part - 1,
+        part + 3,
+        700_001,
+        SPREAD_COPY_THREADS * part + 5 * part + 17,
+    ] {
+        let src: Vec<i32> = (0..n as i32).map(|i| i.wrapping_mul(-7)).collect();
+        for how in [HostCopy::OneThread, HostCopy::Spread] {
+            let mut dst = vec![-1i32; n + 1000];
+            fill(&mut dst, &src, how);
+            assert_eq!(&dst[..n], &src[..], "{n} {how:?}");
+            assert!(dst[n..].iter().all(|&x| x == -1), "{n} {how:?}");
+        }
+    }
+}
+
+#[test]
+fn a_spread_copy_gives_each_thread_at_least_its_minimum() {
+    let min = SPREAD_COPY_MIN_BYTES;
+    assert_eq!(spread_threads(0, 16), 1);
+    assert_eq!(spread_threads(min - 1, 16), 1);
+    assert_eq!(spread_threads(2 * min, 16), 2);
+    assert_eq!(spread_threads(3 * min - 1, 16), 2);
+    // gemma4's 3.7 MB at batch 1: three threads; glm5_next's 25 MB: every thread allowed.
+    assert_eq!(spread_threads(3_677_184, 16), 3);
+    assert_eq!(spread_threads(25_317_888, 16), SPREAD_COPY_THREADS);
+    assert_eq!(spread_threads(100 * min, 2), 2);
+    assert_eq!(spread_threads(100 * min, 0), 1);
 }
 
 #[test]
