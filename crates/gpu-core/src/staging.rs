@@ -61,11 +61,8 @@ fn pool() -> std::sync::MutexGuard<'static, Vec<Vec<bf16>>> {
 /// for step3p7's six crops and global view at batch 1.
 pub fn recycled_bf16(n: usize) -> Vec<bf16> {
     let mut v = kept_bf16(n).unwrap_or_default();
-    if v.len() > n {
-        v.truncate(n);
-    } else {
-        v.resize(n, bf16::ZERO);
-    }
+    // Cuts a longer buffer, lengthens a shorter one with zeros.
+    v.resize(n, bf16::ZERO);
     v
 }
 

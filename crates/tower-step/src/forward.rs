@@ -175,6 +175,7 @@ pub struct StepStages {
 }
 
 /// A validated view: where it sits and its patch grid.
+#[derive(Clone, Copy)]
 pub(crate) struct Grid<'a> {
     pub(crate) view: StepView<'a>,
     /// The image (request) it belongs to.
@@ -196,13 +197,13 @@ impl Grid<'_> {
 
     /// The error for a NaN or an infinity among this view's values.
     pub(crate) fn non_finite(&self) -> StepError {
-        non_finite(self.image, self.local)
+        view_error(self.image, self.local, "non-finite pixel value".into())
     }
 }
 
-/// The error for a NaN or an infinity among the values of a view of image `image`.
-fn non_finite(image: usize, local: bool) -> StepError {
-    view_error(image, local, "non-finite pixel value".into())
+/// The first of `grids` with a NaN or an infinity among its values (all of them, read whole).
+pub(crate) fn first_non_finite<'g, 'a>(grids: &'g [Grid<'a>]) -> Option<&'g Grid<'a>> {
+    grids.iter().find(|g| !gpu_core::all_finite(g.view.pixels))
 }
 
 /// An input error about one view of image `image` (a crop tile if `local`).
@@ -281,26 +282,17 @@ pub(crate) fn validate_images_deferring_values<'a>(
     cfg: &StepConfig,
     images: &[StepImage<'a>],
 ) -> Result<Vec<Grid<'a>>> {
-    let mut unchecked: Vec<(usize, bool, &[f32])> = Vec::new();
+    let mut unchecked: Vec<Grid<'a>> = Vec::new();
     let got = walk_images(images, |view, i, local| {
         let g = validate_shape(cfg, view, i, local)?;
         if g.covers_every_pixel(cfg.patch) {
-            unchecked.push((i, local, view.pixels));
+            unchecked.push(g);
         } else if !gpu_core::all_finite(view.pixels) {
             return Err(g.non_finite());
         }
         Ok(g)
     });
-    got.map_err(|e| first_non_finite(&unchecked, e))
-}
-
-/// The non-finite error of the first of `views` (image, crop tile, values) that holds a NaN or an
-/// infinity, else `e`.
-fn first_non_finite(views: &[(usize, bool, &[f32])], e: StepError) -> StepError {
-    views
-        .iter()
-        .find(|(_, _, px)| !gpu_core::all_finite(px))
-        .map_or(e, |&(i, local, _)| non_finite(i, local))
+    got.map_err(|e| first_non_finite(&unchecked).map_or(e, Grid::non_finite))
 }
 
 /// Every view of `images` through `check` in upstream order (per image its crops, then its global

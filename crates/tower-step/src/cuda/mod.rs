@@ -42,8 +42,8 @@ use gpu_core::{
 use crate::config::StepConfig;
 use crate::error::StepError;
 use crate::forward::{
-    attention_scale, grid_positions, validate_images_deferring_values, StepImage, StepRows,
-    StepStages,
+    attention_scale, first_non_finite, grid_positions, validate_images_deferring_values, StepImage,
+    StepRows, StepStages,
 };
 use crate::weights::StepWeights;
 
@@ -405,10 +405,9 @@ impl DeviceTower for StepCuda {
         if grids.is_empty() {
             return Err(StepError::Input("no images".into()).into());
         }
-        let first_non_finite = || grids.iter().find(|g| !gpu_core::all_finite(g.view.pixels));
         let plan = match ViewPlan::new(&grids) {
             Ok(plan) => plan,
-            Err(e) => return Err(first_non_finite().map_or(e, |g| g.non_finite().into())),
+            Err(e) => return Err(first_non_finite(&grids).map_or(e, |g| g.non_finite().into())),
         };
         let mut pos = Vec::new();
         for &i in &plan.order {

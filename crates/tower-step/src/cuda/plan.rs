@@ -241,8 +241,9 @@ pub(super) fn pad_cols(w: &[f32], cols: usize) -> Vec<f32> {
 /// the patch) and converted by `conv`: patchify ([`patchify`]'s (c, ky, kx) order), the GEMM's
 /// column padding and its precision in one pass, parallel over rows (it was three passes over the
 /// batch, two of them serial). `alloc(n)` gives the output buffer of `n` values, whatever they
-/// hold: every one is written, the padding columns with zeros. Also returns the first of `grids` (by index, upstream order) with
-/// a NaN or an infinity among the values read, if any (every row is written either way).
+/// hold: every one is written, the padding columns with zeros. Also returns the first of `grids`
+/// (by index, upstream order) with a NaN or an infinity among the values read, if any (every row
+/// is written either way).
 pub(super) fn patch_rows<T: Copy + Default + Send + Sync>(
     grids: &[Grid<'_>],
     order: &[usize],

@@ -22,20 +22,12 @@ fn vals(n: usize, seed: u32) -> Vec<f32> {
     gpu_core::host::test_values(n, seed)
 }
 
-/// The one-pass patch rows equal patchify, then the column padding, then the precision, for
-/// views of several grids in a permuted order, in both precisions.
-#[test]
-fn patch_rows_equal_patchify_then_pad() {
-    let p = 3;
-    let sizes = [(4, 5), (2, 2), (6, 3), (4, 5)];
-    let planes: Vec<Vec<f32>> = sizes
+/// Crop views of image 0, one per `(gh, gw)` of `sizes` over the matching plane of `planes`, with
+/// sides of `p`-pixel patches.
+fn crop_grids<'a>(sizes: &[(usize, usize)], planes: &'a [Vec<f32>], p: usize) -> Vec<Grid<'a>> {
+    sizes
         .iter()
-        .enumerate()
-        .map(|(i, &(gh, gw))| vals(NUM_CHANNELS * gh * p * gw * p, 7 + i as u32))
-        .collect();
-    let grids: Vec<Grid<'_>> = sizes
-        .iter()
-        .zip(&planes)
+        .zip(planes)
         .map(|(&(gh, gw), px)| Grid {
             view: StepView {
                 pixels: px,
@@ -47,7 +39,21 @@ fn patch_rows_equal_patchify_then_pad() {
             gh,
             gw,
         })
+        .collect()
+}
+
+/// The one-pass patch rows equal patchify, then the column padding, then the precision, for
+/// views of several grids in a permuted order, in both precisions.
+#[test]
+fn patch_rows_equal_patchify_then_pad() {
+    let p = 3;
+    let sizes = [(4, 5), (2, 2), (6, 3), (4, 5)];
+    let planes: Vec<Vec<f32>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &(gh, gw))| vals(NUM_CHANNELS * gh * p * gw * p, 7 + i as u32))
         .collect();
+    let grids = crop_grids(&sizes, &planes, p);
     let order = [2, 0, 3, 1];
     let mut flat = Vec::new();
     for &i in &order {
@@ -226,21 +232,7 @@ fn patch_rows_name_the_first_bad_view_upstream() {
         .collect();
     planes[2][3] = f32::NAN;
     planes[1][0] = f32::INFINITY;
-    let grids: Vec<Grid<'_>> = sizes
-        .iter()
-        .zip(&planes)
-        .map(|(&(gh, gw), px)| Grid {
-            view: StepView {
-                pixels: px,
-                height: gh * p,
-                width: gw * p,
-            },
-            image: 0,
-            local: true,
-            gh,
-            gw,
-        })
-        .collect();
+    let grids = crop_grids(&sizes, &planes, p);
     // Device order puts view 2 (a 2×2 grid, as view 0) before view 1.
     let (_, bad) = patch_rows(&grids, &[0, 2, 1], p, 16, |x| x, |n| vec![0.0; n]);
     assert_eq!(bad, Some(1));
