@@ -635,24 +635,22 @@ fn tower_only(
         say!("past the {deadline:.0} s deadline: the staged measurement is skipped");
         return Ok((tower_s, None, prints));
     }
-    // (b) host-prepared passes staged from page-locked memory, as the stream's device thread does.
+    // (b) host-prepared passes staged from page-locked memory, as the stream's device thread does:
+    // each launched behind the one in flight, whose rows are then read back while it runs.
     let hosts = groups
         .iter()
         .map(|g| StepCuda::prepare_host(cuda.config(), cuda.precision(), g))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let t = Instant::now();
-    let mut in_flight = None;
+    let mut queue = gpu_core::PassQueue::new();
     for h in hosts {
         let staged = cuda.stage(h, gpu_core::HostCopy::OneThread)?;
-        if let Some(prev) = in_flight.take() {
-            DeviceTower::rows(cuda, &prev)?;
+        queue.launch(cuda, staged)?;
+        if queue.len() == gpu_core::PASSES_IN_FLIGHT {
+            queue.collect(cuda)?;
         }
-        DeviceTower::run(cuda, &staged, false)?;
-        in_flight = Some(staged);
     }
-    if let Some(prev) = in_flight {
-        DeviceTower::rows(cuda, &prev)?;
-    }
+    while queue.collect(cuda)?.is_some() {}
     Ok((tower_s, Some(t.elapsed().as_secs_f64()), prints))
 }
 

@@ -10,13 +10,14 @@ use crate::{split_rows, DeviceBuffer, DeviceInputs, GpuError, GraphKey, HostInpu
 /// How one image's rows come out of a pass's rows (`[rows, width]`, as the projection laid them
 /// out): plain `Vec<f32>`s cut at each image's row count, or a family's own split.
 pub trait PassRows<M>: Sized {
-    /// The rows of each image of `batch`.
-    fn split(batch: &Batch<M>, all: Vec<f32>, width: usize) -> Vec<Self>;
+    /// The rows of each image of `batch`, from `all`, the pass's rows image after image in the
+    /// LM width (`width` values a row).
+    fn split(batch: &Batch<M>, all: &[f32], width: usize) -> Vec<Self>;
 }
 
 impl<M> PassRows<M> for Vec<f32> {
-    fn split(batch: &Batch<M>, all: Vec<f32>, width: usize) -> Vec<Self> {
-        split_rows(&all, batch.rows_per_image(), width)
+    fn split(batch: &Batch<M>, all: &[f32], width: usize) -> Vec<Self> {
+        split_rows(all, batch.rows_per_image(), width)
     }
 }
 

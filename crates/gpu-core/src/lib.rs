@@ -32,6 +32,7 @@ pub mod host;
 pub mod kernels;
 mod mixed;
 mod ops;
+mod pass_queue;
 mod profile;
 mod qkv_attn;
 mod rows_out;
@@ -83,6 +84,7 @@ pub use ops::{
     FusedAct, Gate, HalfElem, InterleavedGateUp, Mat, NormOut, QkvSpec, RopeLayout, RopeSpec,
     GATE_UP_GROUP, MAX_F32_ATTN_HEAD_DIM, MAX_NORM_WIDTH,
 };
+pub use pass_queue::{PassQueue, PASSES_IN_FLIGHT};
 pub use profile::OpTime;
 pub use qkv_attn::{QkNorm, QkvAttention};
 pub use rows_out::{OwnedRows, RowsDtype, RowsTarget, PER_THREAD_DEFAULT_STREAM};

@@ -263,6 +263,11 @@ impl OwnedRows {
         Ok(())
     }
 
+    /// The event recorded after the tower's last write ([`Device::mark_ready`]).
+    pub(crate) fn ready(&self) -> &CudaEvent {
+        &self.ready
+    }
+
     /// Blocks the calling thread until the rows are written.
     pub fn synchronize(&self) -> Result<()> {
         Ok(self.ready.synchronize()?)

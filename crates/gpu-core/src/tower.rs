@@ -171,8 +171,19 @@ pub trait DeviceTower: Send {
     /// Downloads the rows of the last pass over `batch` from the workspace, per image (waits).
     fn rows(&self, batch: &Batch<Self::Meta>) -> TowerResult<Vec<Self::Rows>, Self> {
         let all = self.download_rows(batch.rows(), |ws| ws.rows())?;
+        self.rows_of(batch, &all)
+    }
+
+    /// The rows of a pass over `batch` per image, from `all`, all of its rows read back (image
+    /// after image in the LM width); in f16 an error when any is not finite
+    /// ([`DeviceTower::refuse_non_finite`]).
+    fn rows_of(
+        &self,
+        batch: &Batch<Self::Meta>,
+        all: &[f32],
+    ) -> TowerResult<Vec<Self::Rows>, Self> {
         match self.precision() {
-            Precision::F16 => self.refuse_non_finite(crate::all_finite(&all))?,
+            Precision::F16 => self.refuse_non_finite(crate::all_finite(all))?,
             Precision::Bf16 | Precision::F32 => {}
         }
         Ok(Self::Rows::split(batch, all, self.width()))
@@ -250,6 +261,22 @@ pub trait DeviceTower: Send {
         batch: &Batch<Self::Meta>,
         mut out: RowsTarget<'_>,
     ) -> TowerResult<Ran, Self> {
+        let ran = self.launch_into(batch, out.reborrow())?;
+        match self.precision() {
+            Precision::F16 => self.refuse_non_finite(self.device().rows_finite(&out)?)?,
+            Precision::Bf16 | Precision::F32 => {}
+        }
+        Ok(ran)
+    }
+
+    /// [`DeviceTower::run_into`] without f16's finiteness check: queued, never waits. Whoever
+    /// reads the rows back checks them ([`DeviceTower::rows_of`] does), as a queue of passes
+    /// whose rows are read while the next pass runs must ([`crate::PassQueue`]).
+    fn launch_into(
+        &mut self,
+        batch: &Batch<Self::Meta>,
+        mut out: RowsTarget<'_>,
+    ) -> TowerResult<Ran, Self> {
         let rows = Self::batch_rows(batch);
         if out.len() != rows * self.width() {
             return Err(Self::unsupported(format!(
@@ -262,10 +289,6 @@ pub trait DeviceTower: Send {
         let (_, ran) = self.with_workspace(batch, false, |t, ws| {
             t.pass(ws, batch, false, Some(out.reborrow()))
         })?;
-        match self.precision() {
-            Precision::F16 => self.refuse_non_finite(self.device().rows_finite(&out)?)?,
-            Precision::Bf16 | Precision::F32 => {}
-        }
         Ok(ran)
     }
 

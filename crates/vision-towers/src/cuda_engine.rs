@@ -3,24 +3,26 @@
 //! of passes ([`cuda_session`]: each pass staged, launched and collected with the tower's lock
 //! held).
 
+use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use gpu_core::{Batch, DeviceTower, HostBatch, HostCopy, RowsTarget};
+use gpu_core::{Batch, DeviceTower, HostBatch, HostCopy, PassQueue, RowsTarget};
 use tower_core::ClassifiedError;
 
 use crate::device_rows::{Dest, DeviceResult, DeviceRows, Job, RequestTimings};
 use crate::session::{not_staged, Inbox, PassTicket, StreamSession};
 use crate::tower_error::{cuda_err, InputError};
 
-/// The CUDA path's session: the tower's lock, the staged batch and the batch in flight.
+/// The CUDA path's session: the tower's lock, the staged batch and the passes launched, whose
+/// rows are read back while the next pass runs ([`PassQueue`]).
 struct CudaSession<'a, T: DeviceTower> {
     tower: MutexGuard<'a, T>,
     inbox: Inbox<HostBatch<T::Meta>>,
     staged: Option<Batch<T::Meta>>,
-    in_flight: Option<Batch<T::Meta>>,
-    /// Patches of the pass in flight (for out-of-memory messages).
-    patches: usize,
+    launched: PassQueue<T::Meta>,
+    /// Patches of the passes launched, oldest first (for out-of-memory messages).
+    patches: VecDeque<usize>,
 }
 
 impl<T: DeviceTower<Family: ClassifiedError>> StreamSession for CudaSession<'_, T> {
@@ -36,25 +38,21 @@ impl<T: DeviceTower<Family: ClassifiedError>> StreamSession for CudaSession<'_, 
     }
 
     fn launch(&mut self, patches: usize) -> Result<(), InputError> {
-        self.patches = patches;
         let batch = self.staged.take().ok_or_else(not_staged)?;
-        match self.tower.run_pass(&batch) {
-            Ok(()) => {
-                self.in_flight = Some(batch);
-                Ok(())
-            }
-            Err(e) => Err(cuda_err(e, patches)),
-        }
+        self.launched
+            .launch(&mut *self.tower, batch)
+            .map_err(|e| cuda_err(e, patches))?;
+        self.patches.push_back(patches);
+        Ok(())
     }
 
     fn collect(&mut self) -> Result<Option<Vec<Vec<f32>>>, InputError> {
-        let patches = self.patches;
-        match self.in_flight.take() {
-            Some(b) => Ok(Some(
-                self.tower.pass_rows(&b).map_err(|e| cuda_err(e, patches))?,
-            )),
-            None => Ok(None),
-        }
+        let patches = self.patches.pop_front().unwrap_or(0);
+        let rows = self
+            .launched
+            .collect(&*self.tower)
+            .map_err(|e| cuda_err(e, patches))?;
+        Ok(rows.map(|r| r.into_iter().map(Into::into).collect()))
     }
 }
 
@@ -68,8 +66,8 @@ pub(crate) fn cuda_session<'a, T: DeviceTower<Family: ClassifiedError>>(
         tower,
         inbox,
         staged: None,
-        in_flight: None,
-        patches: 0,
+        launched: PassQueue::new(),
+        patches: VecDeque::new(),
     })
 }
 

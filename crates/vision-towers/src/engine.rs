@@ -3,6 +3,7 @@
 //! ([`TowerEngine`]). Requests reach it as where their images come from ([`Inputs`]); the engine
 //! reads its family's typed images out of them, so no code above it matches on a family.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Mutex, PoisonError};
 
@@ -308,13 +309,14 @@ impl PassMaker for HostMaker {
     }
 }
 
-/// The host path's session: a pass is computed at launch; its rows wait for the collect.
+/// The host path's session: a pass is computed at launch; its rows wait for their collect.
 struct HostSession<'a> {
     engine: &'a dyn TowerEngine,
     ceiling: usize,
     inbox: Inbox<Vec<Prepared>>,
     staged: Option<Vec<Prepared>>,
-    done: Option<Vec<Vec<f32>>>,
+    /// The rows of the passes launched and not collected, oldest first.
+    done: VecDeque<Vec<Vec<f32>>>,
 }
 
 impl StreamSession for HostSession<'_> {
@@ -325,12 +327,13 @@ impl StreamSession for HostSession<'_> {
 
     fn launch(&mut self, _patches: usize) -> Result<(), InputError> {
         let prepared = self.staged.take().ok_or_else(not_staged)?;
-        self.done = Some(self.engine.run(Inputs::Prepared(&prepared), self.ceiling)?);
+        let rows = self.engine.run(Inputs::Prepared(&prepared), self.ceiling)?;
+        self.done.push_back(rows);
         Ok(())
     }
 
     fn collect(&mut self) -> Result<Option<Vec<Vec<f32>>>, InputError> {
-        Ok(self.done.take())
+        Ok(self.done.pop_front())
     }
 }
 
@@ -347,7 +350,7 @@ fn host_stream(
             ceiling,
             inbox,
             staged: None,
-            done: None,
+            done: VecDeque::new(),
         }),
     )
 }

@@ -5,7 +5,8 @@
 //! builds each pass's input (on CUDA the tower's host half of `prepare`: validation, patch rows
 //! in the GEMM precision, which needs no device); the session ([`StreamSession`], on the thread
 //! that holds the tower) stages it (on CUDA: uploaded from page-locked memory on a copy stream)
-//! while the previous pass runs, launches it, and collects its rows before the next is launched.
+//! while the previous pass runs, launches it behind that pass, and collects its rows after the
+//! next is launched (on CUDA read back while the next pass runs: gpu-core's `PassQueue`).
 //! The input travels as its family's type from one end to the other; nothing is type-erased.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -31,10 +32,11 @@ pub(crate) trait StreamSession {
     /// Stages the pass of `ticket` (`patches` patches): on CUDA its upload is queued on the copy
     /// stream and overlaps the pass in flight.
     fn stage(&mut self, ticket: PassTicket, patches: usize) -> Result<(), InputError>;
-    /// Launches the staged pass of `patches` patches (CUDA: queued, returns at once; host: runs
-    /// it). Its rows come from the next [`StreamSession::collect`].
+    /// Launches the staged pass of `patches` patches (CUDA: queued behind the pass in flight,
+    /// returns at once; host: runs it). At most two passes are launched and not collected.
     fn launch(&mut self, patches: usize) -> Result<(), InputError>;
-    /// The rows of the pass in flight, per image (waits for it); `None` when none is in flight.
+    /// The rows of the oldest pass launched and not collected, per image (waits for it); `None`
+    /// when there is none.
     fn collect(&mut self) -> Result<Option<Vec<Vec<f32>>>, InputError>;
 }
 

@@ -4,8 +4,9 @@
 //! them in parallel (rayon), cuts them into passes by the [`BatchPolicy`] and builds each pass's
 //! tower input (on CUDA already in the GEMM precision); the calling thread holds the tower and,
 //! for each pass, stages it (on CUDA: an asynchronous upload from page-locked memory on a copy
-//! stream), collects the rows of the pass before it, and launches it. So pass k+1 is decoded
-//! and uploaded while pass k runs on the device.
+//! stream), launches it behind the pass in flight, then collects the rows of the pass before it
+//! and hands them to the sink. So pass k+1 is decoded and uploaded while pass k runs on the
+//! device, and pass k's rows are read back while pass k+1 runs.
 //!
 //! Order and errors: results reach the sink in input order, one per image. An image refused by
 //! admission, decoding or the processor, or over the patch ceiling, is an `Err` for its index and
@@ -14,8 +15,8 @@
 //! image reaches the sink.
 //!
 //! Memory: one pass waits between the threads, so at most about five passes' worth of images
-//! are held at once (the producer's chunk and its open pass, the one waiting, the one staged,
-//! the one on the device), whatever the stream's length.
+//! are held at once (the producer's chunk and its open pass, the one waiting, the one staged and
+//! launched, the one on the device, whose rows are read back next), whatever the stream's length.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -377,18 +378,13 @@ impl Model {
                     session
                         .stage(input, patches)
                         .map_err(|e| self.pass_err(first, last, e))?;
-                    let done = match in_flight.pop_front() {
-                        Some(prev) => {
-                            let (f, l) = span(&prev);
-                            let rows = session.collect().map_err(|e| self.pass_err(f, l, e))?;
-                            Some((prev, rows))
-                        }
-                        None => None,
-                    };
-                    // Launch first, then hand the previous pass's rows to the sink while the
-                    // device runs this one.
+                    // Launch this pass behind the one in flight, then read the previous pass's
+                    // rows back and hand them to the sink while the device runs this one: the
+                    // device goes from pass to pass without waiting for the host.
                     let launched = session.launch(patches);
-                    if let Some((prev, rows)) = done {
+                    if let Some(prev) = in_flight.pop_front() {
+                        let (f, l) = span(&prev);
+                        let rows = session.collect().map_err(|e| self.pass_err(f, l, e))?;
                         self.deliver(prev, rows, sink, stats)?;
                     }
                     launched.map_err(|e| self.pass_err(first, last, e))?;

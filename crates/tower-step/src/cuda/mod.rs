@@ -144,8 +144,8 @@ impl PassWorkspace for Workspace {
 /// Per image its crops' rows in crop order, then the global view's (upstream order), with the
 /// newline mask.
 impl PassRows<StepMeta> for StepRows {
-    fn split(batch: &StepBatch, all: Vec<f32>, width: usize) -> Vec<StepRows> {
-        batch.plan.split_rows(&all, width, &batch.masks)
+    fn split(batch: &StepBatch, all: &[f32], width: usize) -> Vec<StepRows> {
+        batch.plan.split_rows(all, width, &batch.masks)
     }
 }
 
