@@ -124,7 +124,7 @@ pub struct Device {
     /// Per-operation events while a profile is recorded ([`Device::profile_begin`]).
     pub(crate) prof: crate::profile::Recorder,
     /// Fill every new buffer with 0xff bytes ([`POISON_ALLOC_ENV`]).
-    poison_alloc: bool,
+    pub(crate) poison_alloc: bool,
 }
 
 /// The environment variable that makes every buffer [`Device::alloc`] hands out start as 0xff

@@ -242,6 +242,14 @@ fn poison_alloc_fills_every_new_buffer_with_nan() {
     assert!(d.download(&h).unwrap().iter().all(|v| v.is_nan()));
     let i = d.alloc::<i32>(33).unwrap();
     assert!(d.download(&i).unwrap().iter().all(|v| *v == -1));
+    // rows a caller owns (and a stream's pass queue reads back) too
+    for dtype in [crate::RowsDtype::F32, crate::RowsDtype::Bf16] {
+        let rows = d.alloc_rows(1031, dtype).unwrap();
+        d.mark_ready(&rows).unwrap();
+        let bytes = rows.download_bytes().unwrap();
+        assert_eq!(bytes.len(), 1031 * dtype.size());
+        assert!(bytes.iter().all(|b| *b == 0xff), "{dtype:?} rows not poisoned");
+    }
 }
 
 #[test]

@@ -403,8 +403,9 @@ fn release_deferred() {
 
 impl Device {
     /// Allocates `len` elements of `dtype` for rows a caller will own (contents unspecified
-    /// until a tower writes them). The memory comes from the release stream's pool and the
-    /// compute stream is ordered after the allocation.
+    /// until a tower writes them; 0xff bytes, NaN, under [`crate::POISON_ALLOC_ENV`], as
+    /// [`Device::alloc`]'s). The memory comes from the release stream's pool and the compute
+    /// stream is ordered after the allocation.
     pub fn alloc_rows(&self, len: usize, dtype: RowsDtype) -> Result<OwnedRows> {
         release_deferred();
         let bytes = len
@@ -419,6 +420,11 @@ impl Device {
             let (addr, _guard) = mem.device_ptr(&self.release);
             addr
         };
+        if self.poison_alloc {
+            // SAFETY: `addr` holds `bytes.max(1)` bytes of the allocation just made, ordered on
+            // the release stream, which the compute stream waits for below.
+            unsafe { result::memset_d8_async(addr, 0xff, bytes.max(1), self.release.cu_stream()) }?;
+        }
         let allocated = self.ctx.new_event(None)?;
         allocated.record(&self.release)?;
         self.stream.wait(&allocated)?;
