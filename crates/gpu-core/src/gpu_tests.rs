@@ -248,7 +248,10 @@ fn poison_alloc_fills_every_new_buffer_with_nan() {
         d.mark_ready(&rows).unwrap();
         let bytes = rows.download_bytes().unwrap();
         assert_eq!(bytes.len(), 1031 * dtype.size());
-        assert!(bytes.iter().all(|b| *b == 0xff), "{dtype:?} rows not poisoned");
+        assert!(
+            bytes.iter().all(|b| *b == 0xff),
+            "{dtype:?} rows not poisoned"
+        );
     }
 }
 
