@@ -417,3 +417,153 @@ impl Model {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::path::Path;
+    use std::sync::mpsc::sync_channel;
+
+    use vision_prep::{ImageSource, Plan, PrepSettings};
+
+    use super::{StreamStats, Unit};
+    use crate::model::{Encoded, Model, ModelError};
+    use crate::session::{pass_channel, PassTicket, StreamSession};
+    use crate::tower_error::InputError;
+    use crate::{Device, TowerError, TowerOptions};
+
+    /// A session that records the calls the device's thread makes and hands back zero rows of
+    /// each pass's planned size.
+    struct Recorder {
+        width: usize,
+        /// Rows per image of each pass, in the order the passes are staged.
+        passes: VecDeque<Vec<usize>>,
+        staged: Option<(usize, Vec<usize>)>,
+        launched: VecDeque<(usize, Vec<usize>)>,
+        next: usize,
+        calls: Vec<String>,
+        most_launched: usize,
+    }
+
+    impl StreamSession for Recorder {
+        fn stage(&mut self, _ticket: PassTicket, _patches: usize) -> Result<(), InputError> {
+            let rows = self.passes.pop_front().unwrap_or_default();
+            self.calls.push(format!("stage {}", self.next));
+            self.staged = Some((self.next, rows));
+            self.next += 1;
+            Ok(())
+        }
+
+        fn launch(&mut self, _patches: usize) -> Result<(), InputError> {
+            let (k, rows) = self.staged.take().ok_or_else(crate::session::not_staged)?;
+            self.calls.push(format!("launch {k}"));
+            self.launched.push_back((k, rows));
+            self.most_launched = self.most_launched.max(self.launched.len());
+            Ok(())
+        }
+
+        fn collect(&mut self) -> Result<Option<Vec<Vec<f32>>>, InputError> {
+            Ok(self.launched.pop_front().map(|(k, rows)| {
+                self.calls.push(format!("collect {k}"));
+                rows.iter().map(|r| vec![0.0; r * self.width]).collect()
+            }))
+        }
+    }
+
+    fn fixture_plans(m: &Model, names: &[&str]) -> Vec<Plan> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/images");
+        names
+            .iter()
+            .map(|n| {
+                let bytes = std::fs::read(dir.join(n)).expect("fixture image");
+                m.plan(ImageSource::Bytes(&bytes)).expect("plan")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_device_thread_launches_a_pass_before_it_collects_the_one_before() {
+        let m = Model::open_with(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/gemma4"),
+            &TowerOptions {
+                device: Device::Cpu,
+                ..TowerOptions::default()
+            },
+            PrepSettings::default(),
+        )
+        .expect("fixture model");
+        let plans = fixture_plans(
+            &m,
+            &[
+                "coffee_144x96.jpg",
+                "camera_gray_96x96.png",
+                "tiny_20x15.png",
+            ],
+        );
+        // passes: images 0-1, then 2 refused, then image 3, then images 4-5
+        let passes: Vec<(usize, Vec<Plan>)> = vec![
+            (0, plans[..2].to_vec()),
+            (3, vec![plans[2].clone()]),
+            (4, vec![plans[1].clone(), plans[0].clone()]),
+        ];
+        let (mut out, _inbox) = pass_channel::<()>();
+        let (tx, rx) = sync_channel::<Unit>(8);
+        let pass = |(first, plans): &(usize, Vec<Plan>), input| Unit::Pass {
+            first: *first,
+            plans: plans.clone(),
+            patches: 1,
+            input,
+        };
+        tx.send(pass(&passes[0], out.send(()).expect("ticket")))
+            .expect("send");
+        tx.send(Unit::Failed {
+            index: 2,
+            error: ModelError::Tower(TowerError::Unsupported("refused".into())),
+        })
+        .expect("send");
+        for p in &passes[1..] {
+            tx.send(pass(p, out.send(()).expect("ticket")))
+                .expect("send");
+        }
+        drop(tx);
+        let mut session = Recorder {
+            width: m.tower().width(),
+            passes: passes
+                .iter()
+                .map(|(_, p)| p.iter().map(|p| p.rows as usize).collect())
+                .collect(),
+            staged: None,
+            launched: VecDeque::new(),
+            next: 0,
+            calls: Vec::new(),
+            most_launched: 0,
+        };
+        let mut seen: Vec<(usize, Result<Encoded, ModelError>)> = Vec::new();
+        let mut stats = StreamStats::default();
+        m.consume(rx, &mut session, &mut |i, r| seen.push((i, r)), &mut stats)
+            .expect("the stream runs to its end");
+        // pass k+1 is launched before pass k is collected, except where a refused image must
+        // reach the sink after the pass before it
+        assert_eq!(
+            session.calls,
+            [
+                "stage 0",
+                "launch 0",
+                "collect 0",
+                "stage 1",
+                "launch 1",
+                "stage 2",
+                "launch 2",
+                "collect 1",
+                "collect 2",
+            ],
+        );
+        assert_eq!(session.most_launched, 2);
+        assert_eq!(
+            seen.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4, 5]
+        );
+        assert!(seen.iter().all(|(i, r)| r.is_ok() == (*i != 2)));
+        assert_eq!((stats.encoded, stats.failed, stats.passes.len()), (5, 1, 3));
+    }
+}
