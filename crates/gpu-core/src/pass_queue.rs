@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, CudaStream, PinnedHostSlice};
 
+use crate::staging::pinned;
 use crate::tower::TowerResult;
 use crate::{Batch, Device, DeviceTower, GpuError, OwnedRows, Result, RowsDtype};
 
@@ -46,7 +47,7 @@ impl Readback {
         }
         if len > self.host.len() {
             // the old memory goes first: no copy reads it (every read waits for its copy)
-            self.host = pinned_f32(dev, len)?;
+            self.host = pinned(dev, len)?;
         }
         dev.ctx.bind_to_thread()?;
         self.stream.wait(rows.ready())?;
@@ -61,14 +62,6 @@ impl Readback {
         self.stream.synchronize()?;
         Ok(host)
     }
-}
-
-/// Page-locked host memory for `len` f32 (contents unspecified), read by the host.
-fn pinned_f32(dev: &Device, len: usize) -> Result<PinnedHostSlice<f32>> {
-    // SAFETY: f32 is plain old data; flags 0 asks for ordinary (cached, not write-combined)
-    // page-locked memory, which the host reads.
-    unsafe { dev.ctx.alloc_pinned_with_flags::<f32>(len.max(1), 0) }
-        .map_err(|e| GpuError::from_alloc(e, len * 4))
 }
 
 /// One pass launched and not yet collected.
@@ -183,7 +176,7 @@ impl<M> PassQueue<M> {
             Some(r) => r,
             None => self.readback.insert(Readback {
                 stream: dev.ctx.new_stream().map_err(GpuError::from)?,
-                host: pinned_f32(dev, len)?,
+                host: pinned(dev, len)?,
             }),
         };
         let read = readback.read(dev, &rows, len);

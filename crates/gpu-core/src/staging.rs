@@ -552,7 +552,7 @@ impl Drop for Uploader {
 }
 
 /// Page-locked host memory for `len` elements (contents unspecified).
-fn pinned<T: Elem>(dev: &Device, len: usize) -> Result<PinnedHostSlice<T>> {
+pub(crate) fn pinned<T: Elem>(dev: &Device, len: usize) -> Result<PinnedHostSlice<T>> {
     // SAFETY: T is plain old data (f32, bf16, f16, i32): any bit pattern is a value; flags 0 asks for
     // ordinary (cached, not write-combined) page-locked memory, which the host also reads.
     unsafe { dev.ctx.alloc_pinned_with_flags::<T>(len.max(1), 0) }
